@@ -1,0 +1,36 @@
+# Every target bootstraps .venv on first use (Python 3.11+, pip).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench vmtest realk8s clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m tests.sandbox demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check guest_agent host_agent tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+bench: $(STAMP)
+	$(BIN)/python -m tests.bench
+
+vmtest: $(STAMP)
+	$(BIN)/python -m pytest -q -m vm -p no:cacheprovider tests/vm
+
+realk8s: $(STAMP)
+	$(BIN)/python -m pytest -q -m realk8s tests/realk8s
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
