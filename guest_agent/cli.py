@@ -1,0 +1,94 @@
+"""``imex-guest-agent``: run | once | status | render | cloudinit.
+
+Subcommands import their modules lazily so ``render`` works with the bare
+standard library (no dnspython, pyroute2 or watchfiles needed to preview a
+file). Every error is one line on stderr naming what is wrong, exit 2 for
+bad input and config, 1 for runtime failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from guest_agent.config import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_settings
+from guest_agent.hostsfile import merge_hosts
+from guest_agent.model import EnsembleId, ModelError, members_from_json, pins_of
+from guest_agent.render import render_nodes_config
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
+    print(f"imex-guest-agent: error: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_render(args: argparse.Namespace, settings: Settings) -> int:
+    """Print the nodes file or the whole merged hosts file; touch nothing."""
+    try:
+        raw = json.loads(Path(args.members).read_text(encoding="utf-8"))
+    except OSError as exc:
+        return _fail(f"--members {args.members}: {exc.strerror}")
+    except json.JSONDecodeError as exc:
+        return _fail(f"--members {args.members}: not valid JSON: {exc}")
+    try:
+        members = members_from_json(raw, settings.max_members)
+    except ModelError as exc:
+        return _fail(f"--members {args.members}: {exc}")
+    ens = EnsembleId(settings.namespace, settings.ensemble)
+    pins = pins_of(members)
+    if args.what == "nodes_config":
+        out = render_nodes_config(ens, settings.max_members, settings.mode, pins)
+    else:
+        source = args.hosts_input or settings.hosts_file
+        try:
+            existing = Path(source).read_bytes()
+        except FileNotFoundError:
+            existing = b""
+        except OSError as exc:
+            return _fail(f"--hosts-input {source}: {exc.strerror}")
+        out = merge_hosts(existing, ens, settings.max_members, pins)
+    sys.stdout.buffer.write(out)
+    sys.stdout.flush()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="imex-guest-agent",
+        description="Keeps an IMEX ensemble's nodes_config and /etc/hosts true inside a VM.",
+    )
+    parser.add_argument("--config", default=DEFAULT_CONFIG_PATH, help="TOML config file")
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS, help="TOML config file")
+    common.add_argument("--json", action="store_true", help="JSON output / logs")
+
+    sub.add_parser("run", parents=[common], help="run the daemon")
+    sub.add_parser("once", parents=[common], help="one discover-and-apply pass")
+    sub.add_parser("status", parents=[common], help="show the agent's status")
+    render = sub.add_parser("render", parents=[common], help="print a file without writing it")
+    render.add_argument("--members", required=True, help='JSON list of {"index": 0, "ip": "..."}')
+    render.add_argument("--what", required=True, choices=("nodes_config", "hosts"))
+    render.add_argument("--hosts-input", help="hosts file to merge into (default: hosts_file)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    if args.command == "render":
+        return cmd_render(args, settings)
+    return _fail(f"{args.command}: not implemented yet", 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Guest agent settings: TOML in, one frozen ``Settings`` out.
+
+Everything is checked at start so a typo never becomes a silent default on a
+rack: unknown keys, wrong types and bad values raise ConfigError naming the
+key. The settings object is passed explicitly; nothing reads globals.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from guest_agent.model import (
+    DEFAULT_MAX_MEMBERS,
+    DEFAULT_PORT,
+    DEFAULT_ZONE,
+    ModelError,
+    check_dns_label,
+)
+
+DEFAULT_CONFIG_PATH = "/etc/imex-guest-agent/config.toml"
+
+ImexControl = Literal["systemd", "process", "none"]
+OnChange = Literal["signal", "restart"]
+OwnSlot = Literal["auto", "published", "local"]
+Mode = Literal["names", "ips"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key and the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class Nameserver:
+    ip: str
+    port: int = 53
+
+    def __str__(self) -> str:
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The guest agent's whole configuration (DESIGN.md "Guest agent")."""
+
+    ensemble: str
+    namespace: str
+    cluster_domain: str = DEFAULT_ZONE
+    max_members: int = DEFAULT_MAX_MEMBERS
+    port: int = DEFAULT_PORT
+    mode: Mode = "names"
+    registry_url: str | None = None
+    token_file: str | None = None
+    nameservers: tuple[Nameserver, ...] = ()
+    nodes_config: str = "/etc/nvidia-imex/nodes_config.cfg"
+    hosts_file: str = "/etc/hosts"
+    imex_control: ImexControl = "systemd"
+    imex_unit: str = "nvidia-imex.service"
+    imex_command: tuple[str, ...] = ("/usr/bin/nvidia-imex", "-c", "/etc/nvidia-imex/config.cfg")
+    imex_ctl: tuple[str, ...] = ("/usr/bin/nvidia-imex-ctl",)
+    on_change: OnChange = "signal"
+    poll_interval: float = 2.0
+    own_index: int | None = None
+    own_slot: OwnSlot = "auto"
+    status_file: str = "/run/imex-guest-agent/status.json"
+    #: IMEX acts on at most one SIGUSR1 per 5 s (FACTS.md).
+    signal_interval: float = 5.0
+    #: ips mode: wait this long without a further change before restarting IMEX.
+    settle_time: float = 2.0
+    #: Restart IMEX when it has not said READY for this long.
+    ready_grace: float = 120.0
+    dns_timeout: float = 2.0
+    longpoll_timeout: float = 30.0
+    source: str = field(default="<defaults>", compare=False)
+
+
+def _want(key: str, value: object, kind: type | tuple[type, ...], what: str) -> None:
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ConfigError(f"{key}: expected {what}, got a boolean")
+    if not isinstance(value, kind):
+        raise ConfigError(f"{key}: expected {what}, got {type(value).__name__} {value!r}")
+
+
+def _str(key: str, v: object) -> str:
+    _want(key, v, str, "a string")
+    assert isinstance(v, str)
+    if not v:
+        raise ConfigError(f"{key}: must not be empty")
+    return v
+
+
+def _choice(*choices: str) -> Callable[[str, object], str]:
+    def check(key: str, v: object) -> str:
+        s = _str(key, v)
+        if s not in choices:
+            raise ConfigError(f"{key}: must be one of {', '.join(map(repr, choices))}, not {s!r}")
+        return s
+
+    return check
+
+
+def _int_range(lo: int, hi: int) -> Callable[[str, object], int]:
+    def check(key: str, v: object) -> int:
+        _want(key, v, int, "an integer")
+        assert isinstance(v, int)
+        if not lo <= v <= hi:
+            raise ConfigError(f"{key}: must be between {lo} and {hi}, not {v}")
+        return v
+
+    return check
+
+
+def _seconds(lo: float, hi: float) -> Callable[[str, object], float]:
+    def check(key: str, v: object) -> float:
+        _want(key, v, (int, float), "a number of seconds")
+        assert isinstance(v, int | float)
+        if not lo <= float(v) <= hi:
+            raise ConfigError(f"{key}: must be between {lo} and {hi} seconds, not {v}")
+        return float(v)
+
+    return check
+
+
+def _argv(key: str, v: object) -> tuple[str, ...]:
+    _want(key, v, list, "a list of strings (argv)")
+    assert isinstance(v, list)
+    if not v or not all(isinstance(a, str) and a for a in v):
+        raise ConfigError(f"{key}: must be a non-empty list of non-empty strings")
+    return tuple(v)
+
+
+def _label(key: str, v: object) -> str:
+    try:
+        return check_dns_label(_str(key, v), key)
+    except ModelError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+
+
+def _domain(key: str, v: object) -> str:
+    s = _str(key, v).strip(".")
+    try:
+        for part in s.split("."):
+            check_dns_label(part, "label")
+    except ModelError as exc:
+        raise ConfigError(f"{key}: {s!r} is not a DNS domain") from exc
+    return s
+
+
+def _url(key: str, v: object) -> str:
+    s = _str(key, v)
+    parts = urlsplit(s)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{key}: {s!r} is not an http(s) URL")
+    return s.rstrip("/")
+
+
+def _path(key: str, v: object) -> str:
+    s = _str(key, v)
+    if not s.startswith("/"):
+        raise ConfigError(f"{key}: {s!r} must be an absolute path")
+    return s
+
+
+def parse_nameserver(key: str, text: str) -> Nameserver:
+    """``IP``, ``IP:PORT`` or ``[IPv6]:PORT``."""
+    host, port = text, 53
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ConfigError(f"{key}: {text!r} is not IP, IP:PORT or [IPv6]:PORT")
+        if rest:
+            port = _port_of(key, text, rest[1:])
+    elif text.count(":") == 1:
+        host, _, p = text.partition(":")
+        port = _port_of(key, text, p)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {text!r} is not IP, IP:PORT or [IPv6]:PORT") from exc
+    return Nameserver(str(ip), port)
+
+
+def _port_of(key: str, text: str, p: str) -> int:
+    if not p.isdigit() or not 0 < int(p) < 65536:
+        raise ConfigError(f"{key}: {text!r} has a bad port")
+    return int(p)
+
+
+def _nameservers(key: str, v: object) -> tuple[Nameserver, ...]:
+    _want(key, v, list, 'a list of "IP" or "IP:PORT" strings')
+    assert isinstance(v, list)
+    out = []
+    for item in v:
+        _want(key, item, str, "a list of strings")
+        out.append(parse_nameserver(key, item))
+    return tuple(out)
+
+
+_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "ensemble": _label,
+    "namespace": _label,
+    "cluster_domain": _domain,
+    "max_members": _int_range(1, 1024),
+    "port": _int_range(1, 65535),
+    "mode": _choice("names", "ips"),
+    "registry_url": _url,
+    "token_file": _path,
+    "nameservers": _nameservers,
+    "nodes_config": _path,
+    "hosts_file": _path,
+    "imex_control": _choice("systemd", "process", "none"),
+    "imex_unit": _str,
+    "imex_command": _argv,
+    "imex_ctl": _argv,
+    "on_change": _choice("signal", "restart"),
+    "poll_interval": _seconds(0.05, 3600),
+    "own_index": _int_range(0, 1023),
+    "own_slot": _choice("auto", "published", "local"),
+    "status_file": _path,
+    "signal_interval": _seconds(0.0, 600),
+    "settle_time": _seconds(0.0, 600),
+    "ready_grace": _seconds(0.0, 86400),
+    "dns_timeout": _seconds(0.05, 60),
+    "longpoll_timeout": _seconds(0.1, 60),
+}
+assert set(_CHECKS) == {f.name for f in fields(Settings)} - {"source"}
+
+
+def settings_from_mapping(raw: Mapping[str, object], source: str = "<mapping>") -> Settings:
+    """Validate ``raw`` (parsed TOML) into Settings; ConfigError names the bad key."""
+    unknown = sorted(set(raw) - set(_CHECKS))
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_CHECKS))})"
+        )
+    for required in ("ensemble", "namespace"):
+        if required not in raw:
+            raise ConfigError(f"{source}: {required}: required key is missing")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            values[key] = _CHECKS[key](key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
+    settings = Settings(**values, source=source)
+    if settings.own_index is not None and settings.own_index >= settings.max_members:
+        raise ConfigError(
+            f"{source}: own_index: {settings.own_index} is out of range for "
+            f"max_members = {settings.max_members}"
+        )
+    if settings.imex_control == "process" and "imex_command" not in raw:
+        raise ConfigError(f'{source}: imex_command: required when imex_control = "process"')
+    if settings.mode == "ips" and settings.own_slot == "local":
+        raise ConfigError(
+            f'{source}: own_slot: "local" cannot work in mode "ips" (the nodes file must be '
+            "identical on every member); use bridge binding"
+        )
+    return settings
+
+
+def load_settings(path: str | Path = DEFAULT_CONFIG_PATH) -> Settings:
+    """Read and validate the TOML file at ``path``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from exc
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    return settings_from_mapping(raw, str(path))
