@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["cloudinit"]:
+        # The user-data generator has its own flags and needs no agent config.
+        from guest_agent.cloudinit import main as cloudinit_main
+
+        return cloudinit_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -87,7 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc))
     if args.command == "render":
         return cmd_render(args, settings)
-    return _fail(f"{args.command}: not implemented yet", 1)
+    # The daemon's modules need the [guest] extra; import them only here.
+    from guest_agent import agent
+
+    return agent.main(args, settings)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,233 @@
+"""In-memory ensemble state: the one source of truth of the host agent.
+
+The reconciler writes it (``State.set`` with the whole desired member list of
+an ensemble, level-triggered); the EndpointSlice publisher and the registry
+read the same immutable ``EnsembleSnapshot``. So the slice, the JSON and the
+text views can never disagree about who is in an ensemble.
+
+Generation rule (DESIGN.md "Registry HTTP API"): one number per ensemble that
+grows by one on every change of the published slot->IP map, never otherwise;
+the first value is the agent's start time in milliseconds (or the moment the
+ensemble first appears, if later), so a restarted agent never reissues a
+number a guest holds.
+
+Waiting: long-pollers of one ensemble share one future that is resolved on
+the next generation change, and timeouts share one timer per 100 ms bucket,
+so thousands of waiters cost one wake-up, not a task or timer each.
+Everything here runs on the event loop thread; nothing blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from guest_agent.model import EnsembleId, Member
+
+_BUCKET_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleSpec:
+    """What the ensemble's Service says (labels and annotations, parsed)."""
+
+    ens: EnsembleId
+    max_members: int
+    port: int
+    network: str | None = None
+    token_sha256: str | None = None
+    uid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedMember:
+    """A member as published, with the time its slot got its current IP."""
+
+    member: Member
+    since: float
+
+    @property
+    def index(self) -> int:
+        return self.member.index
+
+
+@dataclass(frozen=True, slots=True)
+class GuestReport:
+    """A guest's last status report (the PUT body, validated) and when it came."""
+
+    received_at: float
+    from_ip: str
+    fields: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleSnapshot:
+    spec: EnsembleSpec
+    generation: int
+    members: tuple[PublishedMember, ...]
+    problems: tuple[str, ...]
+    changed_at: float
+    reports: Mapping[int, GuestReport] = field(default_factory=dict)
+
+    @property
+    def ens(self) -> EnsembleId:
+        return self.spec.ens
+
+    def pins(self) -> dict[int, str]:
+        """index -> IP of the published members (what guests pin)."""
+        return {p.member.index: p.member.ip for p in self.members}
+
+    def member(self, index: int) -> PublishedMember | None:
+        for p in self.members:
+            if p.member.index == index:
+                return p
+        return None
+
+
+class _Entry:
+    __slots__ = ("changed", "snapshot")
+
+    def __init__(self, snapshot: EnsembleSnapshot) -> None:
+        self.snapshot = snapshot
+        self.changed: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        if self.changed is not None and not self.changed.done():
+            self.changed.set_result(None)
+        self.changed = None
+
+
+class State:
+    """All ensembles the agent knows, keyed by EnsembleId."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._start_ms = int(clock() * 1000)
+        self._entries: dict[EnsembleId, _Entry] = {}
+        self._deadlines: dict[int, asyncio.Future[None]] = {}
+        self.synced = False
+        self.closed = False
+
+    # -- writing (reconciler) ------------------------------------------------
+
+    def set(
+        self, spec: EnsembleSpec, members: Iterable[Member], problems: Iterable[str]
+    ) -> tuple[EnsembleSnapshot, bool]:
+        """Replace an ensemble's whole state; returns (snapshot, map_changed).
+
+        The generation grows by one only when the slot->IP map changed.
+        """
+        now = self._clock()
+        ordered = sorted(members, key=lambda m: m.index)
+        entry = self._entries.get(spec.ens)
+        problems_t = tuple(problems)
+        if entry is None:
+            generation = max(self._start_ms, int(now * 1000))
+            published = tuple(PublishedMember(m, now) for m in ordered)
+            snap = EnsembleSnapshot(spec, generation, published, problems_t, now)
+            self._entries[spec.ens] = _Entry(snap)
+            return snap, True
+        old = entry.snapshot
+        old_by_index = {p.member.index: p for p in old.members}
+        published = tuple(
+            PublishedMember(
+                m,
+                old_by_index[m.index].since
+                if m.index in old_by_index and old_by_index[m.index].member.ip == m.ip
+                else now,
+            )
+            for m in ordered
+        )
+        changed = {m.index: m.ip for m in ordered} != old.pins()
+        reports = {i: r for i, r in old.reports.items() if any(m.index == i for m in ordered)}
+        snap = EnsembleSnapshot(
+            spec,
+            old.generation + 1 if changed else old.generation,
+            published,
+            problems_t,
+            now if changed else old.changed_at,
+            reports,
+        )
+        entry.snapshot = snap
+        if changed:
+            entry.wake()
+        return snap, changed
+
+    def drop(self, ens: EnsembleId) -> bool:
+        """Forget an ensemble (its Service is gone); waiters are answered."""
+        entry = self._entries.pop(ens, None)
+        if entry is None:
+            return False
+        entry.wake()
+        return True
+
+    def report(self, ens: EnsembleId, index: int, report: GuestReport) -> EnsembleSnapshot | None:
+        """Store a guest's report; does not change the generation."""
+        entry = self._entries.get(ens)
+        if entry is None:
+            return None
+        reports = dict(entry.snapshot.reports)
+        reports[index] = report
+        entry.snapshot = replace(entry.snapshot, reports=reports)
+        return entry.snapshot
+
+    def mark_synced(self) -> None:
+        self.synced = True
+
+    def close(self) -> None:
+        """Answer every pending long-poll (graceful shutdown)."""
+        self.closed = True
+        for entry in self._entries.values():
+            entry.wake()
+        for fut in self._deadlines.values():
+            if not fut.done():
+                fut.set_result(None)
+        self._deadlines.clear()
+
+    # -- reading (publisher, registry) ---------------------------------------
+
+    def get(self, ens: EnsembleId) -> EnsembleSnapshot | None:
+        entry = self._entries.get(ens)
+        return entry.snapshot if entry is not None else None
+
+    def all(self) -> list[EnsembleSnapshot]:
+        return [self._entries[k].snapshot for k in sorted(self._entries, key=lambda e: e.key)]
+
+    def waiters(self) -> int:
+        """Ensembles with at least one pending long-poll (for metrics)."""
+        return sum(1 for e in self._entries.values() if e.changed is not None)
+
+    async def wait_for_change(
+        self, ens: EnsembleId, generation: int, timeout: float
+    ) -> EnsembleSnapshot | None:
+        """The snapshot once its generation differs from ``generation``, or at ``timeout``."""
+        entry = self._entries.get(ens)
+        if entry is None or entry.snapshot.generation != generation or timeout <= 0:
+            return entry.snapshot if entry is not None else None
+        if self.closed:
+            return entry.snapshot
+        loop = asyncio.get_running_loop()
+        if entry.changed is None or entry.changed.done():
+            entry.changed = loop.create_future()
+        await asyncio.wait(
+            (entry.changed, self._deadline(loop, timeout)), return_when=asyncio.FIRST_COMPLETED
+        )
+        return self.get(ens)
+
+    def _deadline(self, loop: asyncio.AbstractEventLoop, timeout: float) -> asyncio.Future[None]:
+        bucket = math.ceil((loop.time() + timeout) / _BUCKET_S)
+        fut = self._deadlines.get(bucket)
+        if fut is None:
+            fut = loop.create_future()
+            self._deadlines[bucket] = fut
+            loop.call_at(bucket * _BUCKET_S, self._expire, bucket)
+        return fut
+
+    def _expire(self, bucket: int) -> None:
+        fut = self._deadlines.pop(bucket, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
