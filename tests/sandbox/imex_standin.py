@@ -1,0 +1,762 @@
+"""A stand-in for the NVIDIA IMEX daemon (``nvidia-imex``), as far as peer discovery sees it.
+
+Why it exists: there is no GPU and no nvidia-imex here (FACTS.md, "This machine"), yet the
+guest agent's whole job is to keep IMEX's view of its peers true. This process reproduces
+the parts of IMEX's behaviour that the agent depends on (FACTS.md, "The IMEX daemon"):
+
+* ``config.cfg`` and the nodes file are read **once**, at start. Nothing re-reads them.
+* Each nodes-file line is a node; its position is the node id. Every entry is resolved with
+  the system resolver (``getaddrinfo``, so ``/etc/hosts`` counts). The own node is the
+  entry whose address is on a local interface (or equals ``BIND_INTERFACE_IP``); with no
+  match the daemon exits non-zero with "No matching network interface found for any IP
+  addresses in the node configuration file", as IMEX does.
+* It listens on ``SERVER_PORT`` on its own address and keeps one outgoing connection to
+  every other node, retrying forever (500 ms doubling to 3 s) and resolving the name again
+  on every attempt. A missing peer does not keep it from READY.
+* Peers exchange a hash of their nodes file and their node id in a one-line handshake. A
+  different hash marks the connection as a node-map mismatch (``MISMATCH``; ``!M!`` in
+  ``nvidia-imex-ctl -N``), communication disabled until a restart, as IMEX does. A peer
+  that answers with another node id (a stale address now used by another member) is not
+  accepted: the connection counts as DISCONNECTED and is retried. (Whether real IMEX
+  compares names or resolved addresses is undocumented; the stand-in hashes the file's
+  lines as written.)
+* SIGUSR1 restarts all outgoing connections, re-resolving names, at most once per 5 s; a
+  SIGUSR1 inside the window is ignored (counted as received, not acted). SIGTERM, SIGINT
+  and SIGQUIT stop cleanly (peers see the connections close). SIGHUP only logs.
+* States: INITIALIZING -> WAITING_FOR_PEERS -> READY (-> SHUTTING_DOWN).
+* ``IMEX_CMD_PORT`` (when ``IMEX_CMD_ENABLED=1``) serves the ``nvidia-imex-ctl`` stand-in
+  (:mod:`tests.sandbox.imex_ctl`) with one JSON request and one JSON reply per connection.
+* ``DAEMONIZE=1`` forks after the checks; the parent exits 0 only once the child listens
+  (systemd ``Type=forking``), writing ``--pid-file`` when given.
+
+For tests, ``--state-file PATH`` keeps a JSON file with the state, node id, peers (name,
+resolved address, status) and counters: ``starts`` (kept across restarts with the same
+file), ``signals_received``, ``signals_acted``, ``signals_ignored`` and a ``signal_log``.
+``--ready-delay`` and ``--stuck-state`` let tests hold the daemon out of READY.
+
+Concurrency: one asyncio loop; each peer link is one task that owns its socket; signal
+handlers only set flags or restart tasks from the loop. Bad input on any socket closes that
+connection with a log line and never stops the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sandbox.imex")
+
+STATES = (
+    "INITIALIZING",
+    "STARTING_AUTH_SERVER",
+    "WAITING_FOR_PEERS",
+    "WAITING_FOR_RECOVERY",
+    "INIT_GPU",
+    "READY",
+    "SHUTTING_DOWN",
+    "UNAVAILABLE",
+)
+DEFAULT_VERSION = "580.82.07"
+NO_MATCH_MESSAGE = (
+    "No matching network interface found for any IP addresses in the node configuration file"
+)
+USR1_WINDOW_S = 5.0
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 3.0
+PING_INTERVAL_S = 0.5
+PEER_TIMEOUT_S = 3.0
+CONNECT_TIMEOUT_S = 2.0
+MAX_LINE = 64 * 1024
+
+JsonDict = dict[str, Any]
+
+
+class ImexStandinError(Exception):
+    """The stand-in cannot start (bad config, unreadable nodes file, no local match)."""
+
+
+class ConfigFileError(ImexStandinError):
+    """config.cfg is unreadable or holds a bad value."""
+
+
+class NoLocalMatchError(ImexStandinError):
+    """No nodes-file entry resolves to a local address."""
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class ImexConfig:
+    """The config.cfg keys the stand-in honours (others are accepted and ignored)."""
+
+    server_port: int = 50000
+    node_config_file: Path = Path("/etc/nvidia-imex/nodes_config.cfg")
+    bind_interface_ip: str = ""
+    cmd_enabled: bool = True
+    cmd_port: int = 50005
+    cmd_bind_interface_ip: str = ""
+    log_file_name: str = ""
+    daemonize: bool = False
+    raw: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def cmd_address(self) -> str:
+        """Where the command port listens: the configured IP or loopback."""
+        return self.cmd_bind_interface_ip or "127.0.0.1"
+
+
+def _int(key: str, value: str, lo: int = 0, hi: int = 65535) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigFileError(f"{key}={value!r}: not an integer") from None
+    if not lo <= n <= hi:
+        raise ConfigFileError(f"{key}={value!r}: out of range {lo}..{hi}")
+    return n
+
+
+def _bool(key: str, value: str) -> bool:
+    if value not in ("0", "1"):
+        raise ConfigFileError(f"{key}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+def _ip_or_empty(key: str, value: str) -> str:
+    if not value:
+        return ""
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ConfigFileError(f"{key}={value!r}: not an IP address") from None
+
+
+def parse_config(text: str, *, base: Path | None = None) -> ImexConfig:
+    """Pure: parse config.cfg text (``KEY=VALUE`` lines, ``#`` comments)."""
+    values: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ConfigFileError(f"line {n}: {line!r} is not KEY=VALUE")
+        values[key.strip()] = value.strip()
+    kw: dict[str, Any] = {"raw": tuple(values.items())}
+    if "SERVER_PORT" in values:
+        kw["server_port"] = _int("SERVER_PORT", values["SERVER_PORT"], 1)
+    if values.get("IMEX_NODE_CONFIG_FILE"):
+        p = Path(values["IMEX_NODE_CONFIG_FILE"])
+        kw["node_config_file"] = p if p.is_absolute() or base is None else base / p
+    if "BIND_INTERFACE_IP" in values:
+        kw["bind_interface_ip"] = _ip_or_empty("BIND_INTERFACE_IP", values["BIND_INTERFACE_IP"])
+    if "IMEX_CMD_ENABLED" in values:
+        kw["cmd_enabled"] = _bool("IMEX_CMD_ENABLED", values["IMEX_CMD_ENABLED"])
+    if "IMEX_CMD_PORT" in values:
+        kw["cmd_port"] = _int("IMEX_CMD_PORT", values["IMEX_CMD_PORT"], 1)
+    if "IMEX_CMD_BIND_INTERFACE_IP" in values:
+        kw["cmd_bind_interface_ip"] = _ip_or_empty(
+            "IMEX_CMD_BIND_INTERFACE_IP", values["IMEX_CMD_BIND_INTERFACE_IP"])
+    if "LOG_FILE_NAME" in values:
+        kw["log_file_name"] = values["LOG_FILE_NAME"]
+    if "DAEMONIZE" in values:
+        kw["daemonize"] = _bool("DAEMONIZE", values["DAEMONIZE"])
+    return ImexConfig(**kw)
+
+
+def load_config(path: Path) -> ImexConfig:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigFileError(f"cannot read config {path}: {e}") from e
+    try:
+        return parse_config(text)
+    except ConfigFileError as e:
+        raise ConfigFileError(f"{path}: {e}") from e
+
+
+def render_config(
+    *,
+    server_port: int = 50000,
+    node_config_file: str | Path,
+    cmd_port: int = 50005,
+    bind_interface_ip: str = "",
+    cmd_bind_interface_ip: str = "",
+    log_file_name: str | Path = "",
+    daemonize: bool = False,
+) -> str:
+    """config.cfg text for tests, in the shape of IMEX's shipped file."""
+    return (
+        f"SERVER_PORT={server_port}\n"
+        f"IMEX_NODE_CONFIG_FILE={node_config_file}\n"
+        f"BIND_INTERFACE_IP={bind_interface_ip}\n"
+        "IMEX_CMD_ENABLED=1\n"
+        f"IMEX_CMD_PORT={cmd_port}\n"
+        f"IMEX_CMD_BIND_INTERFACE_IP={cmd_bind_interface_ip}\n"
+        "IMEX_WAIT_FOR_QUORUM=NONE\n"
+        "IMEX_NODE_DISCONNECTED_GRACE_TIME=-1\n"
+        f"LOG_FILE_NAME={log_file_name}\n"
+        f"DAEMONIZE={1 if daemonize else 0}\n"
+        "IMEX_ENABLE_AUTH_ENCRYPTION=0\n"
+    )
+
+
+def read_nodes(path: Path) -> list[str]:
+    """Nodes file entries in order; blank lines and ``#`` comments do not count as nodes."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ImexStandinError(f"cannot read node configuration file {path}: {e}") from e
+    entries = [ln.strip() for ln in text.splitlines()]
+    return [e for e in entries if e and not e.startswith("#")]
+
+
+def nodes_hash(entries: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
+
+
+def local_addresses() -> set[str]:
+    """Addresses on this network namespace's interfaces (``ip -j addr``)."""
+    try:
+        out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, check=True,
+                             text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ImexStandinError(f"cannot list local addresses: {e}") from e
+    addrs: set[str] = set()
+    for link in json.loads(out or "[]"):
+        for info in link.get("addr_info", []):
+            if info.get("local"):
+                addrs.add(str(ipaddress.ip_address(info["local"].split("%")[0])))
+    return addrs
+
+
+def resolve_all(host: str) -> list[str]:
+    """Every address the system resolver gives for ``host`` (empty when it fails)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        log.info("cannot resolve %s: %s", host, e)
+        return []
+    out: list[str] = []
+    for info in infos:
+        ip = str(info[4][0]).split("%")[0]
+        if ip not in out:
+            out.append(ip)
+    return out
+
+
+def find_own_node(
+    entries: Sequence[str],
+    resolve: Callable[[str], list[str]],
+    local: set[str],
+    bind_ip: str = "",
+) -> tuple[int, str]:
+    """Pure given its inputs: (node id, own address) or :class:`NoLocalMatchError`."""
+    wanted = {bind_ip} if bind_ip else local
+    for i, entry in enumerate(entries):
+        for ip in resolve(entry):
+            if ip in wanted:
+                return i, ip
+    raise NoLocalMatchError(NO_MATCH_MESSAGE)
+
+
+# --------------------------------------------------------------------------- daemon
+
+
+@dataclass
+class Options:
+    config_path: Path
+    config: ImexConfig
+    state_file: Path | None = None
+    pid_file: Path | None = None
+    ready_delay: float = 0.0
+    stuck_state: str | None = None
+    usr1_window: float = USR1_WINDOW_S
+    version: str = DEFAULT_VERSION
+
+
+@dataclass
+class PeerLink:
+    index: int
+    host: str
+    status: str = "DISCONNECTED"
+    changed: int = field(default_factory=lambda: int(time.time()))
+    ip: str | None = None
+    remote: JsonDict | None = None
+    last_error: str = ""
+    task: asyncio.Task[None] | None = None
+    connects: int = 0
+
+    def set_status(self, status: str) -> None:
+        if status != self.status:
+            self.status = status
+            self.changed = int(time.time())
+
+
+async def _read_json_line(reader: asyncio.StreamReader, timeout: float) -> JsonDict:
+    line = await asyncio.wait_for(reader.readline(), timeout)
+    if not line:
+        raise ConnectionError("connection closed")
+    if not line.endswith(b"\n"):
+        raise ValueError("line too long or unterminated")
+    obj = json.loads(line)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj
+
+
+def _write_json_line(writer: asyncio.StreamWriter, obj: JsonDict) -> None:
+    writer.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+
+class ImexStandin:
+    """The daemon: one instance per process (see the module docstring)."""
+
+    def __init__(self, opts: Options, entries: list[str], node_id: int, own_ip: str) -> None:
+        self.opts = opts
+        self.cfg = opts.config
+        self.entries = entries
+        self.node_id = node_id
+        self.own_ip = own_ip
+        self.map_hash = nodes_hash(entries)
+        self.state = "INITIALIZING"
+        self.links = {i: PeerLink(i, e) for i, e in enumerate(entries) if i != node_id}
+        self.signals_received = 0
+        self.signals_acted = 0
+        self.signals_ignored = 0
+        self.signal_log: list[JsonDict] = []
+        self.last_acted: float | None = None
+        self.starts = self._previous_starts() + 1
+        self._stop = asyncio.Event()
+        self._servers: list[asyncio.base_events.Server] = []
+        self._incoming: set[asyncio.StreamWriter] = set()
+
+    # ---- views
+    def own_view(self) -> JsonDict:
+        return {
+            "status": self.state,
+            "host": self.entries[self.node_id],
+            "connections": {
+                str(i): {"host": ln.host, "status": ln.status, "changed": ln.changed}
+                for i, ln in sorted(self.links.items())
+            },
+            "version": self.opts.version,
+        }
+
+    def domain_view(self) -> JsonDict:
+        nodes: dict[str, JsonDict] = {str(self.node_id): self.own_view()}
+        for i, ln in self.links.items():
+            if ln.status == "CONNECTED" and ln.remote is not None:
+                nodes[str(i)] = ln.remote
+            else:
+                nodes[str(i)] = {"status": "UNAVAILABLE", "host": ln.host, "connections": {},
+                                 "version": ""}
+        nodes = dict(sorted(nodes.items(), key=lambda kv: int(kv[0])))
+        if self.state != "READY":
+            domain = "DOWN"
+        elif all(ln.status == "CONNECTED" for ln in self.links.values()):
+            domain = "UP"
+        else:
+            domain = "DEGRADED"
+        return {"nodes": nodes, "timestamp": int(time.time()), "status": domain}
+
+    def state_doc(self) -> JsonDict:
+        return {
+            "pid": os.getpid(),
+            "state": self.state,
+            "node_id": self.node_id,
+            "own_ip": self.own_ip,
+            "map_hash": self.map_hash,
+            "nodes": self.entries,
+            "starts": self.starts,
+            "signals_received": self.signals_received,
+            "signals_acted": self.signals_acted,
+            "signals_ignored": self.signals_ignored,
+            "signal_log": self.signal_log,
+            "peers": {
+                str(i): {"host": ln.host, "ip": ln.ip, "status": ln.status,
+                         "connects": ln.connects, "last_error": ln.last_error}
+                for i, ln in sorted(self.links.items())
+            },
+            "running": self.state != "SHUTTING_DOWN",
+            "updated": time.time(),
+        }
+
+    def _previous_starts(self) -> int:
+        if self.opts.state_file is None:
+            return 0
+        try:
+            return int(json.loads(self.opts.state_file.read_text()).get("starts", 0))
+        except (OSError, ValueError, AttributeError, TypeError):
+            return 0
+
+    def write_state(self) -> None:
+        if self.opts.state_file is None:
+            return
+        tmp = self.opts.state_file.with_name(self.opts.state_file.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(self.state_doc(), indent=1, sort_keys=True))
+            os.replace(tmp, self.opts.state_file)
+        except OSError as e:
+            log.warning("cannot write state file %s: %s", self.opts.state_file, e)
+
+    def set_state(self, state: str) -> None:
+        if state != self.state:
+            log.info("state %s -> %s", self.state, state)
+            self.state = state
+            self.write_state()
+
+    # ---- signals
+    def on_usr1(self) -> None:
+        now = time.monotonic()
+        self.signals_received += 1
+        acted = self.last_acted is None or now - self.last_acted >= self.opts.usr1_window
+        self.signal_log.append({"t": time.time(), "acted": acted})
+        if acted:
+            self.last_acted = now
+            self.signals_acted += 1
+            log.info("SIGUSR1: restarting all outgoing connections (re-resolving names)")
+            for ln in self.links.values():
+                self._restart_link(ln)
+        else:
+            self.signals_ignored += 1
+            log.info("SIGUSR1 ignored: less than %.0f s since the last one acted on",
+                     self.opts.usr1_window)
+        self.write_state()
+
+    def on_hup(self) -> None:
+        log.info("SIGHUP: state=%s node=%d peers=%s", self.state, self.node_id,
+                 {i: ln.status for i, ln in self.links.items()})
+
+    # ---- peer links
+    def _restart_link(self, ln: PeerLink) -> None:
+        if ln.task is not None:
+            ln.task.cancel()
+            ln.remote = None
+            ln.set_status("DISCONNECTED")
+        ln.task = asyncio.get_running_loop().create_task(self._peer_loop(ln),
+                                                         name=f"peer-{ln.index}")
+
+    def _hello(self) -> JsonDict:
+        return {"type": "hello", "node_id": self.node_id, "map_hash": self.map_hash,
+                "version": self.opts.version}
+
+    async def _peer_loop(self, ln: PeerLink) -> None:
+        loop = asyncio.get_running_loop()
+        delay = RETRY_FIRST_S
+        port = self.cfg.server_port
+        while True:
+            writer: asyncio.StreamWriter | None = None
+            try:
+                infos = await loop.getaddrinfo(ln.host, port, type=socket.SOCK_STREAM)
+                ip = str(infos[0][4][0])
+                if ip != ln.ip:
+                    log.info("peer %d %s resolves to %s", ln.index, ln.host, ip)
+                ln.ip = ip
+                fam_own = ipaddress.ip_address(self.own_ip).version
+                local = (self.own_ip, 0) if ipaddress.ip_address(ip).version == fam_own else None
+                reader, w = await asyncio.wait_for(
+                    asyncio.open_connection(ip, port, local_addr=local, limit=MAX_LINE),
+                    CONNECT_TIMEOUT_S)
+                writer = w
+                _write_json_line(w, self._hello())
+                await w.drain()
+                hello = await _read_json_line(reader, PEER_TIMEOUT_S)
+                if hello.get("node_id") != ln.index:
+                    raise ValueError(f"peer at {ip} says it is node {hello.get('node_id')}, "
+                                     f"expected {ln.index}")
+                ln.connects += 1
+                if hello.get("map_hash") != self.map_hash:
+                    log.warning("peer %d (%s): node map mismatch, communication disabled",
+                                ln.index, ln.host)
+                    ln.set_status("MISMATCH")
+                else:
+                    log.info("peer %d (%s at %s) connected", ln.index, ln.host, ip)
+                    ln.set_status("CONNECTED")
+                ln.last_error = ""
+                self.write_state()
+                delay = RETRY_FIRST_S
+                while True:
+                    _write_json_line(w, {"type": "ping"})
+                    await w.drain()
+                    pong = await _read_json_line(reader, PEER_TIMEOUT_S)
+                    view = pong.get("status")
+                    if isinstance(view, dict):
+                        ln.remote = view
+                    await asyncio.sleep(PING_INTERVAL_S)
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ValueError, TimeoutError, ConnectionError, IndexError) as e:
+                msg = str(e) or type(e).__name__
+                if ln.status != "DISCONNECTED" or msg != ln.last_error:
+                    log.info("peer %d (%s): %s; retrying", ln.index, ln.host, msg)
+                ln.last_error = msg
+                ln.remote = None
+                ln.set_status("DISCONNECTED")
+                self.write_state()
+            finally:
+                if writer is not None:
+                    writer.close()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _serve_peer(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        self._incoming.add(writer)
+        try:
+            hello = await _read_json_line(reader, PEER_TIMEOUT_S)
+            if hello.get("type") != "hello":
+                raise ValueError("expected hello")
+            if hello.get("map_hash") != self.map_hash:
+                log.warning("incoming node %s: node map mismatch", hello.get("node_id"))
+            _write_json_line(writer, self._hello())
+            await writer.drain()
+            while True:
+                msg = await _read_json_line(reader, PEER_TIMEOUT_S * 4)
+                if msg.get("type") == "ping":
+                    _write_json_line(writer, {"type": "pong", "status": self.own_view()})
+                    await writer.drain()
+        except (OSError, ValueError, TimeoutError, ConnectionError) as e:
+            log.debug("incoming connection ended: %s", e)
+        finally:
+            self._incoming.discard(writer)
+            writer.close()
+
+    # ---- command port
+    async def _serve_cmd(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        try:
+            req = await _read_json_line(reader, 5)
+            cmd = req.get("cmd")
+            if cmd == "state":
+                reply: JsonDict = {"state": self.state}
+            elif cmd == "nodes":
+                reply = self.domain_view()
+            elif cmd == "stats":
+                reply = self.state_doc()
+            else:
+                reply = {"error": f"unknown command {cmd!r}"}
+            _write_json_line(writer, reply)
+            await writer.drain()
+        except (OSError, ValueError, TimeoutError, ConnectionError) as e:
+            log.info("command connection: %s", e)
+        finally:
+            writer.close()
+
+    # ---- lifecycle
+    async def start(self) -> None:
+        self._servers.append(await asyncio.start_server(
+            self._serve_peer, self.own_ip, self.cfg.server_port, limit=MAX_LINE,
+            reuse_address=True))
+        if self.cfg.cmd_enabled:
+            self._servers.append(await asyncio.start_server(
+                self._serve_cmd, self.cfg.cmd_address, self.cfg.cmd_port, limit=MAX_LINE,
+                reuse_address=True))
+        log.info("node %d (%s) listening on %s:%d; %d peers", self.node_id,
+                 self.entries[self.node_id], self.own_ip, self.cfg.server_port, len(self.links))
+        self.set_state("WAITING_FOR_PEERS")
+        for ln in self.links.values():
+            self._restart_link(ln)
+
+    async def run(self, started: Callable[[], None] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGUSR1, self.on_usr1)
+        loop.add_signal_handler(signal.SIGHUP, self.on_hup)
+        self.write_state()
+        await self.start()
+        if started is not None:
+            started()
+        ready = loop.create_task(self._become_ready())
+        try:
+            await self._stop.wait()
+        finally:
+            ready.cancel()
+            await self.shutdown()
+
+    async def _become_ready(self) -> None:
+        if self.opts.stuck_state:
+            self.set_state(self.opts.stuck_state)
+            return
+        if self.opts.ready_delay > 0:
+            await asyncio.sleep(self.opts.ready_delay)
+        self.set_state("READY")
+
+    async def shutdown(self) -> None:
+        self.set_state("SHUTTING_DOWN")
+        tasks = [ln.task for ln in self.links.values() if ln.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for srv in self._servers:
+            srv.close()
+        for w in list(self._incoming):
+            w.close()
+        for srv in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(srv.wait_closed(), 2)
+        log.info("stopped")
+        self.write_state()
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _setup_logging(cfg: ImexConfig, verbose: bool) -> None:
+    handler: logging.Handler
+    if cfg.log_file_name:
+        handler = logging.FileHandler(cfg.log_file_name)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s imex-standin[%(process)d] %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def prepare(opts: Options) -> tuple[list[str], int, str]:
+    """The start-up checks IMEX does before it serves anything (raises on failure)."""
+    entries = read_nodes(opts.config.node_config_file)
+    if not entries:
+        raise ImexStandinError(
+            f"node configuration file {opts.config.node_config_file} holds no nodes")
+    node_id, own_ip = find_own_node(entries, resolve_all, local_addresses(),
+                                    opts.config.bind_interface_ip)
+    return entries, node_id, own_ip
+
+
+def _run(opts: Options, entries: list[str], node_id: int, own_ip: str,
+         started: Callable[[], None] | None) -> int:
+    async def amain() -> None:
+        daemon = ImexStandin(opts, entries, node_id, own_ip)
+        await daemon.run(started)
+
+    asyncio.run(amain())
+    return 0
+
+
+def _daemonize(opts: Options, go: Callable[[Callable[[], None]], int]) -> int:
+    """Fork like a ``Type=forking`` service: the parent exits once the child listens."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid > 0:
+        os.close(wfd)
+        with os.fdopen(rfd, "rb") as r:
+            msg = r.read()
+        if msg.startswith(b"OK"):
+            return 0
+        sys.stderr.write(msg.decode(errors="replace") or "nvidia-imex stand-in failed\n")
+        return 1
+    # child
+    os.close(rfd)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    if opts.config.log_file_name:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+
+    def started() -> None:
+        if opts.pid_file is not None:
+            opts.pid_file.write_text(f"{os.getpid()}\n")
+        os.write(wfd, b"OK\n")
+        os.close(wfd)
+
+    try:
+        rc = go(started)
+    except BaseException as e:  # report to the waiting parent, then exit
+        with contextlib.suppress(OSError):
+            os.write(wfd, f"nvidia-imex stand-in: {e}\n".encode())
+        os._exit(1)
+    os._exit(rc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="nvidia-imex (stand-in)",
+                                description="IMEX daemon stand-in for tests")
+    p.add_argument("-c", "--config", type=Path, default=Path("/etc/nvidia-imex/config.cfg"))
+    p.add_argument("--state-file", type=Path)
+    p.add_argument("--pid-file", type=Path)
+    p.add_argument("--ready-delay", type=float, default=0.0,
+                   help="seconds in WAITING_FOR_PEERS before READY")
+    p.add_argument("--stuck-state", choices=STATES,
+                   help="never reach READY; stay in this state")
+    p.add_argument("--usr1-window", type=float, default=USR1_WINDOW_S,
+                   help="SIGUSR1 rate limit in seconds (IMEX: 5)")
+    p.add_argument("--version-string", default=DEFAULT_VERSION)
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+    except ConfigFileError as e:
+        print(f"nvidia-imex: {e}", file=sys.stderr)
+        return 1
+    opts = Options(config_path=args.config, config=cfg, state_file=args.state_file,
+                   pid_file=args.pid_file, ready_delay=args.ready_delay,
+                   stuck_state=args.stuck_state, usr1_window=args.usr1_window,
+                   version=args.version_string)
+    _setup_logging(cfg, args.verbose)
+    try:
+        entries, node_id, own_ip = prepare(opts)
+    except ImexStandinError as e:
+        log.error("%s", e)
+        if cfg.log_file_name:
+            print(f"nvidia-imex: {e}", file=sys.stderr)
+        return 1
+
+    def go(started: Callable[[], None] | None) -> int:
+        try:
+            return _run(opts, entries, node_id, own_ip, started)
+        except OSError as e:
+            raise ImexStandinError(f"cannot listen: {e}") from e
+
+    if cfg.daemonize:
+        return _daemonize(opts, go)
+    if opts.pid_file is not None:
+        opts.pid_file.write_text(f"{os.getpid()}\n")
+    try:
+        return go(None)
+    except ImexStandinError as e:
+        log.error("%s", e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = [
+    "NO_MATCH_MESSAGE",
+    "STATES",
+    "ConfigFileError",
+    "ImexConfig",
+    "ImexStandin",
+    "ImexStandinError",
+    "NoLocalMatchError",
+    "Options",
+    "find_own_node",
+    "load_config",
+    "nodes_hash",
+    "parse_config",
+    "read_nodes",
+    "render_config",
+]
