@@ -1,0 +1,1 @@
+"""Tests against a real kube-apiserver, etcd, kube-controller-manager and CoreDNS."""

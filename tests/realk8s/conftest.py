@@ -1,0 +1,69 @@
+"""Fixtures for the real control plane.
+
+The binaries are built (or found warm in the cache) once, after collection and
+only when a realk8s test is selected, so `make test`, which deselects the tier,
+never starts a Go build, and a cold build is not charged to any test's timeout.
+One control plane serves the whole session; tests isolate themselves by
+namespace. Teardown runs even when a test or the start itself fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.realk8s.harness import Api, ControlPlane, build_binaries
+
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+OPENAPI = Path(os.environ.get("REALK8S_KUBEVIRT_OPENAPI",
+                              REFERENCE / "kubevirt-openapi.json"))
+
+_BIN: dict[str, Path] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not any(item.get_closest_marker("realk8s") for item in session.items):
+        return
+    t0 = time.monotonic()
+    _BIN["dir"] = build_binaries()
+    took = time.monotonic() - t0
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"realk8s: binaries in {_BIN['dir']} ({took:.1f}s)")
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    bin_dir = _BIN.get("dir") or build_binaries()
+    cp = ControlPlane(bin_dir=bin_dir, vmi_openapi=OPENAPI)
+    try:
+        cp.start()
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            times = ", ".join(f"{k} {v:.1f}s" for k, v in cp.startup_seconds.items())
+            reporter.write_line(f"\nrealk8s: control plane up: {times}")
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def admin(control_plane: ControlPlane) -> Api:
+    assert control_plane.admin is not None
+    return control_plane.admin
+
+
+@pytest.fixture
+def namespace(admin: Api) -> Iterator[str]:
+    name = f"rk8s-{uuid.uuid4().hex[:8]}"
+    admin.create("/api/v1/namespaces",
+                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        admin.delete(f"/api/v1/namespaces/{name}")

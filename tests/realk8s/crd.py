@@ -1,0 +1,164 @@
+"""KubeVirt's VirtualMachineInstance CRD, built from KubeVirt's published OpenAPI v2 spec.
+
+Pure functions, no I/O beyond reading the spec file. The apiserver only accepts a
+*structural* openAPIV3Schema, so the v2 definitions are rewritten, not copied:
+
+- every ``$ref`` is inlined (the VMI's definition graph has no cycles; a cycle, if
+  one appeared, becomes an object that preserves unknown fields rather than an
+  endless expansion);
+- ``type`` lists become what a structural schema can say: ``[T, "null"]`` is
+  ``T`` + ``nullable``; ``["string", "integer"|"number", ...]`` (Quantity,
+  IntOrString ports) is ``x-kubernetes-int-or-string``;
+- untyped nodes preserve unknown fields; typed objects without properties are
+  KubeVirt's empty option structs (``masquerade: {}``) and stay empty objects;
+- ``default``, ``description`` and list/map-type hints are dropped: defaults would
+  make the apiserver rewrite fixtures behind the test's back, descriptions only
+  cost size, and list-map keys must be required fields, which the v2 spec does
+  not guarantee;
+- ``metadata`` at the root is a bare object (the apiserver owns its schema).
+
+Status is a subresource, as in KubeVirt, so a main-resource write drops status
+changes and ``/status`` is the only way to set them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+GROUP = "kubevirt.io"
+VERSION = "v1"
+PLURAL = "virtualmachineinstances"
+KIND = "VirtualMachineInstance"
+ROOT_DEFINITION = "v1.VirtualMachineInstance"
+
+_KEEP = {
+    "type",
+    "format",
+    "required",
+    "enum",
+    "nullable",
+    "minimum",
+    "maximum",
+    "pattern",
+    "maxLength",
+    "minLength",
+    "maxItems",
+    "minItems",
+}
+_INT_OR_STRING_FORMATS = {"int-or-string"}
+_VALID_FORMATS = {"int32", "int64", "float", "double", "byte", "date-time", "date"}
+
+Schema = dict[str, Any]
+
+
+class SpecError(Exception):
+    """The OpenAPI document lacks what the CRD needs (a definition, a resolvable $ref)."""
+
+
+def _ref_name(ref: str) -> str:
+    prefix = "#/definitions/"
+    if not ref.startswith(prefix):
+        raise SpecError(f"unsupported $ref {ref!r} (only {prefix}... is resolved)")
+    return ref[len(prefix) :]
+
+
+def _convert(node: Schema, defs: dict[str, Schema], stack: tuple[str, ...]) -> Schema:
+    if "$ref" in node:
+        name = _ref_name(node["$ref"])
+        if name in stack:
+            return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        if name not in defs:
+            raise SpecError(f"$ref to missing definition {name!r}")
+        return _convert(defs[name], defs, (*stack, name))
+
+    out: Schema = {k: v for k, v in node.items() if k in _KEEP}
+    typ = node.get("type")
+    if isinstance(typ, list):
+        kinds = [t for t in typ if t != "null"]
+        if "null" in typ:
+            out["nullable"] = True
+        if "string" in kinds and ({"integer", "number"} & set(kinds)):
+            out.pop("type", None)
+            out["x-kubernetes-int-or-string"] = True
+        elif len(kinds) == 1:
+            out["type"] = kinds[0]
+        else:
+            out.pop("type", None)
+            out["x-kubernetes-preserve-unknown-fields"] = True
+    fmt = out.get("format")
+    if fmt in _INT_OR_STRING_FORMATS:
+        out.pop("format")
+        out.pop("type", None)
+        out["x-kubernetes-int-or-string"] = True
+    elif fmt is not None and fmt not in _VALID_FORMATS:
+        out.pop("format")
+
+    if "properties" in node:
+        out["type"] = "object"
+        out["properties"] = {
+            key: _convert(sub, defs, stack) for key, sub in node["properties"].items()
+        }
+    elif isinstance(node.get("additionalProperties"), dict):
+        out["type"] = "object"
+        out["additionalProperties"] = _convert(node["additionalProperties"], defs, stack)
+    if "items" in node:
+        out["items"] = _convert(node["items"], defs, stack)
+
+    if (
+        "type" not in out
+        and "x-kubernetes-int-or-string" not in out
+        and "x-kubernetes-preserve-unknown-fields" not in out
+    ):
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def vmi_schema(openapi: Schema) -> Schema:
+    """The structural openAPIV3Schema of ``v1.VirtualMachineInstance``."""
+    defs = openapi.get("definitions")
+    if not isinstance(defs, dict) or ROOT_DEFINITION not in defs:
+        raise SpecError(f"the OpenAPI document has no definitions[{ROOT_DEFINITION!r}]")
+    schema = _convert(defs[ROOT_DEFINITION], defs, (ROOT_DEFINITION,))
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
+
+
+def vmi_crd(openapi: Schema) -> Schema:
+    """A CustomResourceDefinition for VMIs: namespaced, v1 served and stored, status subresource."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "plural": PLURAL,
+                "singular": "virtualmachineinstance",
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "shortNames": ["vmi", "vmis"],
+                "categories": ["all"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": vmi_schema(openapi)},
+                    "subresources": {"status": {}},
+                }
+            ],
+        },
+    }
+
+
+def load_vmi_crd(spec_path: Path) -> Schema:
+    """Read KubeVirt's OpenAPI JSON and build the VMI CRD from it."""
+    try:
+        openapi = json.loads(spec_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"cannot read OpenAPI spec {spec_path}: {exc}") from exc
+    return vmi_crd(openapi)

@@ -1,0 +1,507 @@
+"""A real, single-node Kubernetes control plane on loopback, for tests.
+
+Start order is dependency order and every step waits for the previous one to
+answer, never for a fixed time: etcd (``/health``), kube-apiserver (``/readyz``
+with the admin token), the VMI CRD (``Established``), kube-controller-manager
+(its ``/healthz``), then CoreDNS (its ``ready`` plugin, which only answers 200
+once the ``kubernetes`` plugin has synced its informers).
+
+Ports are picked by binding port 0 and releasing it just before the process
+starts; a component that then fails to bind makes ``start`` fail with its log
+tail, which names the cause.
+
+Credentials: a private CA issues the apiserver's serving certificate; the admin
+is a static token in ``system:masters``; workloads (CoreDNS, the host agent)
+are ServiceAccounts whose tokens come from the real TokenRequest API and whose
+rights come only from RBAC objects the test applies, so a missing or excessive
+permission shows exactly as in a cluster.
+
+Teardown (``stop``) kills every process group it started (SIGTERM, then SIGKILL
+after a deadline) and removes the work directory; it is idempotent and safe to
+call after a partial start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.realk8s.crd import load_vmi_crd
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build.sh"
+CLUSTER_DOMAIN = "cluster.local"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+class HarnessError(Exception):
+    """A control-plane component failed to build, start or answer."""
+
+
+def build_binaries(timeout: float = 3600.0) -> Path:
+    """Run build.sh (seconds when warm) and return its bin directory.
+
+    ``REALK8S_BIN`` short-circuits the build with a directory of ready binaries.
+    """
+    override = os.environ.get("REALK8S_BIN")
+    if override:
+        return Path(override)
+    try:
+        proc = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)],
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        raise HarnessError(f"{BUILD_SCRIPT} failed: {exc}") from exc
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(
+    check: Callable[[], bool], what: str, timeout: float, on_timeout: Callable[[], str] = str
+) -> None:
+    """Poll ``check`` (which may raise: counts as not yet) until true or the deadline."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except HarnessError:
+            raise
+        except Exception as exc:  # anything else means "not yet"
+            last = exc
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+    raise HarnessError(f"timed out after {timeout:.0f}s waiting for {what}"
+                       f" (last error: {last!r}){on_timeout()}")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return ""
+        return f"\n--- last lines of {self.log} ---\n" + "\n".join(text)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(grace)
+
+
+class Api:
+    """A thin synchronous REST client (httpx) for one identity; the tests' view of the API."""
+
+    def __init__(self, server: str, ca: Path, token: str) -> None:
+        self.server = server
+        self.client = httpx.Client(
+            base_url=server,
+            verify=str(ca),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30.0,
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json",
+                params: Mapping[str, str] | None = None) -> httpx.Response:
+        headers = {"Content-Type": content_type} if body is not None else {}
+        data = None if body is None else json.dumps(body)
+        return self.client.request(method, path, content=data, headers=headers, params=params)
+
+    def ok(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        resp = self.request(method, path, body, **kw)
+        if resp.status_code >= 300:
+            raise HarnessError(f"{method} {path} -> {resp.status_code}: {resp.text}")
+        return resp.json()
+
+    def get(self, path: str) -> Any:
+        return self.ok("GET", path)
+
+    def create(self, path: str, body: Any) -> Any:
+        return self.ok("POST", path, body)
+
+    def delete(self, path: str) -> httpx.Response:
+        return self.request("DELETE", path)
+
+    def apply(self, path: str, body: Any, manager: str = "realk8s-test") -> Any:
+        """Server-side apply (create or update) of ``body`` at its object path."""
+        return self.ok("PATCH", path, body, content_type="application/apply-patch+yaml",
+                       params={"fieldManager": manager, "force": "true"})
+
+    @contextlib.contextmanager
+    def watch(self, path: str, resource_version: str,
+              timeout: float = 30.0) -> Iterator[tuple[int, Iterator[dict[str, Any]]]]:
+        """Open a watch; yields (HTTP status, iterator of decoded events)."""
+        params = {"watch": "1", "resourceVersion": resource_version,
+                  "allowWatchBookmarks": "false",
+                  "timeoutSeconds": str(int(timeout))}
+        with self.client.stream("GET", path, params=params,
+                                timeout=httpx.Timeout(timeout + 5)) as resp:
+            def events() -> Iterator[dict[str, Any]]:
+                for line in resp.iter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+            yield resp.status_code, events()
+
+
+def kubeconfig(server: str, ca: Path, token: str, user: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "realk8s",
+                      "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "realk8s", "context": {"cluster": "realk8s", "user": user}}],
+        "current-context": "realk8s",
+    }
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    try:
+        subprocess.run(["openssl", *args], cwd=cwd, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except subprocess.CalledProcessError as exc:
+        raise HarnessError(f"openssl {' '.join(args)} failed: {exc.stderr!r}") from exc
+
+
+def make_pki(pki: Path) -> None:
+    """CA, apiserver serving cert (127.0.0.1, localhost) and the SA signing key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=realk8s-ca", "-keyout", "ca.key", "-out", "ca.crt", cwd=pki)
+    (pki / "san.cnf").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
+        "extendedKeyUsage=serverAuth\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
+             "-keyout", "apiserver.key", "-out", "apiserver.csr", cwd=pki)
+    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "2", "-extfile", "san.cnf",
+             "-out", "apiserver.crt", cwd=pki)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+# RBAC CoreDNS needs for the kubernetes plugin (what a cluster's system:coredns grants).
+COREDNS_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
+     "verbs": ["list", "watch"]},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+     "verbs": ["list", "watch"]},
+]
+
+
+@dataclass
+class ControlPlane:
+    """One etcd + kube-apiserver + kube-controller-manager + CoreDNS, on 127.0.0.1."""
+
+    bin_dir: Path
+    vmi_openapi: Path
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rk8s-")))
+    procs: dict[str, Proc] = field(default_factory=dict)
+    admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    etcd_url: str = ""
+    server: str = ""
+    dns_port: int = 0
+    admin: Api | None = None
+    startup_seconds: dict[str, float] = field(default_factory=dict)
+
+    # ---- paths
+    @property
+    def pki(self) -> Path:
+        return self.workdir / "pki"
+
+    @property
+    def ca(self) -> Path:
+        return self.pki / "ca.crt"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.workdir / "admin.kubeconfig"
+
+    # ---- lifecycle
+    def start(self) -> None:
+        t0 = time.monotonic()
+        try:
+            for step in (self._start_etcd, self._start_apiserver, self._register_crd,
+                         self._start_controller_manager, self._start_coredns):
+                t = time.monotonic()
+                step()
+                self.startup_seconds[step.__name__.removeprefix("_")] = time.monotonic() - t
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds["total"] = time.monotonic() - t0
+
+    def stop(self) -> None:
+        if self.admin is not None:
+            self.admin.close()
+            self.admin = None
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+        self.procs.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Proc:
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd=self.workdir, env={**os.environ, **(env or {})})
+        proc = Proc(name, popen, log)
+        self.procs[name] = proc
+        return proc
+
+    def _await(self, proc: Proc, what: str, check: Callable[[], bool], timeout: float) -> None:
+        def ready() -> bool:
+            if not proc.alive():
+                raise HarnessError(f"{proc.name} exited with {proc.popen.returncode}"
+                                   f"{proc.tail()}")
+            return check()
+
+        wait_until(ready, what, timeout, proc.tail)
+
+    # ---- etcd
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        proc = self._spawn("etcd", [
+            str(self.bin_dir / "etcd"), "--name", "rk8s",
+            "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"rk8s=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync", "--log-level", "warn",
+        ])
+
+        def healthy() -> bool:
+            r = httpx.get(f"{self.etcd_url}/health", timeout=2)
+            return r.status_code == 200 and r.json().get("health") == "true"
+
+        self._await(proc, "etcd /health", healthy, 60)
+
+    def etcd_revision(self) -> int:
+        r = httpx.post(f"{self.etcd_url}/v3/kv/range",
+                       json={"key": "AA=="}, timeout=10)  # base64 of "\0": any key
+        r.raise_for_status()
+        return int(r.json()["header"]["revision"])
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what the apiserver does
+        every 5 minutes in a cluster); returns that revision."""
+        rev = self.etcd_revision()
+        r = httpx.post(f"{self.etcd_url}/v3/kv/compaction",
+                       json={"revision": str(rev), "physical": True}, timeout=30)
+        if r.status_code != 200:
+            raise HarnessError(f"etcd compaction to {rev} failed: {r.status_code} {r.text}")
+        return rev
+
+    # ---- kube-apiserver
+    def _start_apiserver(self, port: int | None = None) -> None:
+        if not (self.pki / "ca.crt").exists():
+            make_pki(self.pki)
+            (self.workdir / "tokens.csv").write_text(
+                f"{self.admin_token},realk8s-admin,realk8s-admin,system:masters\n")
+        port = port or free_port()
+        self.server = f"https://127.0.0.1:{port}"
+        pki = self.pki
+        proc = self._spawn("kube-apiserver", [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--token-auth-file={self.workdir / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer={SA_ISSUER}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--endpoint-reconciler-type=none",
+            "--anonymous-auth=false",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--v=1",
+        ])
+        self.admin = Api(self.server, self.ca, self.admin_token)
+        self.admin_kubeconfig.write_text(yaml.safe_dump(
+            kubeconfig(self.server, self.ca, self.admin_token, "realk8s-admin")))
+
+        def ready() -> bool:
+            assert self.admin is not None
+            return self.admin.request("GET", "/readyz").status_code == 200
+
+        self._await(proc, "kube-apiserver /readyz", ready, 120)
+
+    def restart_apiserver(self) -> None:
+        """Stop and start kube-apiserver on the same etcd (its watch cache starts afresh)
+        and on the same port, so clients holding the old address reconnect."""
+        old = self.procs.pop("kube-apiserver")
+        old.stop()
+        if self.admin is not None:
+            self.admin.close()
+        # Same port: clients (the host agent) keep their kubeconfig.
+        self._start_apiserver(port=int(self.server.rsplit(":", 1)[1]))
+
+    # ---- CRD
+    def _register_crd(self) -> None:
+        assert self.admin is not None
+        crd = load_vmi_crd(self.vmi_openapi)
+        name = crd["metadata"]["name"]
+        self.admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+
+        def established() -> bool:
+            assert self.admin is not None
+            obj = self.admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conds = obj.get("status", {}).get("conditions", [])
+            if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                return False
+            # Established precedes the REST endpoint by a moment; wait for a real list.
+            return self.admin.request(
+                "GET", "/apis/kubevirt.io/v1/virtualmachineinstances").status_code == 200
+
+        wait_until(established, f"CRD {name} Established", 60)
+
+    # ---- kube-controller-manager
+    def _start_controller_manager(self) -> None:
+        port = free_port()
+        kc = str(self.admin_kubeconfig)
+        proc = self._spawn("kube-controller-manager", [
+            str(self.bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+            "--controllers=garbage-collector-controller,namespace-controller",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            "--v=1",
+        ])
+
+        def healthy() -> bool:
+            r = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=False, timeout=2)
+            return r.status_code == 200
+
+        self._await(proc, "kube-controller-manager /healthz", healthy, 90)
+
+    # ---- identities
+    def service_account_token(self, namespace: str, name: str,
+                              cluster_role_rules: list[dict[str, Any]] | None = None,
+                              cluster_role: str | None = None) -> str:
+        """Create namespace + ServiceAccount (idempotent), bind it to ``cluster_role``
+        (created from ``cluster_role_rules`` when given) and mint a token for it with
+        the TokenRequest API."""
+        api = self.admin
+        assert api is not None
+        api.apply(f"/api/v1/namespaces/{namespace}",
+                  {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        api.apply(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
+                  {"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": name, "namespace": namespace}})
+        if cluster_role_rules is not None:
+            cluster_role = cluster_role or f"realk8s:{namespace}:{name}"
+            api.apply(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{cluster_role}",
+                      {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                       "metadata": {"name": cluster_role}, "rules": cluster_role_rules})
+        if cluster_role is not None:
+            binding = f"realk8s:{namespace}:{name}"
+            api.apply(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding}",
+                      {"apiVersion": "rbac.authorization.k8s.io/v1",
+                       "kind": "ClusterRoleBinding", "metadata": {"name": binding},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                   "kind": "ClusterRole", "name": cluster_role},
+                       "subjects": [{"kind": "ServiceAccount", "name": name,
+                                     "namespace": namespace}]})
+        tr = api.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+                        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                         "spec": {"expirationSeconds": 7200}})
+        return str(tr["status"]["token"])
+
+    def write_kubeconfig(self, path: Path, token: str, user: str) -> Path:
+        path.write_text(yaml.safe_dump(kubeconfig(self.server, self.ca, token, user)))
+        return path
+
+    # ---- CoreDNS
+    def _start_coredns(self) -> None:
+        token = self.service_account_token("kube-system", "coredns", COREDNS_RULES)
+        kc = self.write_kubeconfig(self.workdir / "coredns.kubeconfig", token, "coredns")
+        self.dns_port = free_port_udp_tcp()
+        ready_port = free_port()
+        corefile = self.workdir / "Corefile"
+        corefile.write_text(
+            f".:{self.dns_port} {{\n"
+            "    bind 127.0.0.1\n"
+            "    errors\n"
+            f"    ready 127.0.0.1:{ready_port}\n"
+            f"    kubernetes {CLUSTER_DOMAIN} {{\n"
+            f"        kubeconfig {kc} realk8s\n"
+            "        ttl 5\n"
+            "    }\n"
+            "}\n")
+        proc = self._spawn("coredns", [str(self.bin_dir / "coredns"), "-conf", str(corefile)])
+
+        def ready() -> bool:
+            return httpx.get(f"http://127.0.0.1:{ready_port}/ready", timeout=2).status_code == 200
+
+        self._await(proc, "CoreDNS /ready", ready, 60)
+
+
+def free_port_udp_tcp() -> int:
+    """A port free for both UDP and TCP on 127.0.0.1 (DNS listens on both)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            u.bind(("127.0.0.1", 0))
+            port = int(u.getsockname()[1])
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
+                try:
+                    t.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise HarnessError("no port free for both UDP and TCP on 127.0.0.1")
