@@ -1,0 +1,694 @@
+"""The registry: the host agent's ensembles over HTTP (DESIGN.md "Registry HTTP API").
+
+Reads the same ``State`` the EndpointSlice publisher reads, so the JSON, the
+text views and DNS always agree on who is in an ensemble and on the
+generation. Everything runs on the event loop thread; no handler blocks.
+
+Long-poll (``?wait=G&timeout=S``): a request whose ``G`` equals the current
+generation parks in ``State.wait_for_change``, where all waiters of one
+ensemble share one future (and timeouts share one timer per 100 ms bucket):
+a change costs one wake-up per ensemble, not a task or timer per request. The
+answer is always the *current* snapshot, so it carries the current
+generation, also after a timeout. ``timeout`` is capped at
+``RegistryConfig.longpoll_cap``. On shutdown ``State.close()`` answers every
+parked request at once; ``RegistryServer`` calls it *before* uvicorn starts
+waiting for open connections, otherwise a shutdown would hang for a whole
+long-poll (uvicorn runs the ASGI lifespan shutdown only after connections
+have closed).
+
+Guest status (``PUT .../members/{index}/status``) is checked in this order,
+so a caller learns nothing it is not entitled to: body size (413, before
+anything is parsed, also for chunked bodies), ensemble exists (404), bearer
+token (401: sha256 of the token compared in constant time with the Service's
+``imex-ensemble.io/token-sha256``), member published (404), caller address
+equals the member's published IP (403; ``X-Forwarded-For`` is honoured only
+when the direct peer is in a trusted proxy network), body schema (422). The
+report is stored with ``State.report`` and never changes the generation.
+
+Every error is JSON ``{"error": "<what is wrong and what to do>"}``. Uvicorn
+must run with ``proxy_headers=False`` (see ``server_config``): otherwise it
+rewrites the peer address from ``X-Forwarded-For`` itself for loopback
+peers, behind the back of ``trusted_proxies``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import prometheus_client
+import uvicorn
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from guest_agent.model import EnsembleId, ModelError
+from host_agent import views
+from host_agent.state import EnsembleSnapshot, EnsembleSpec, GuestReport, State
+
+log = logging.getLogger(__name__)
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_TEXT = "text/plain; charset=utf-8"
+_GENERATION_HEADER = "X-Imex-Generation"
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    """The registry's settings (one frozen object, passed explicitly).
+
+    ``trusted_proxies``: networks whose ``X-Forwarded-For`` names the real
+    caller (``--trusted-proxy CIDR``). ``report_stale_after``: seconds after
+    which a guest's last report is shown as stale. ``longpoll_default`` is
+    used when ``wait`` comes without ``timeout``; ``longpoll_cap`` bounds any
+    ``timeout``.
+    """
+
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+    report_stale_after: float = 120.0
+    max_body_bytes: int = 16384
+    longpoll_cap: float = 60.0
+    longpoll_default: float = 30.0
+
+
+class RegistryError(Exception):
+    """A request the registry refuses; ``message`` tells the caller what to do."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+# -- metrics ------------------------------------------------------------------
+
+
+class RegistryMetrics:
+    """The registry's Prometheus metrics, registered on the agent's registry."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self.requests = Counter(
+            "imex_registry_requests",
+            "Registry HTTP requests by route template, method and status code.",
+            ("route", "method", "code"),
+            registry=registry,
+        )
+        self.waiters = Gauge(
+            "imex_registry_longpoll_waiters",
+            "Long-poll requests currently parked waiting for a generation change.",
+            registry=registry,
+        )
+        self.reports = Counter(
+            "imex_registry_reports",
+            "Guest status reports accepted, by ensemble.",
+            ("namespace", "ensemble"),
+            registry=registry,
+        )
+        self.auth_failures = Counter(
+            "imex_registry_auth_failures",
+            "Guest status reports refused by authentication or address checks, by reason.",
+            ("reason",),
+            registry=registry,
+        )
+
+
+# -- request and response bodies (the OpenAPI schema) ---------------------------
+
+_Sha = Annotated[str | None, Field(default=None, pattern=r"^[0-9a-f]{64}$")]
+_Count = Annotated[int, Field(default=0, ge=0, le=2**63 - 1)]
+
+
+class StatusReport(BaseModel):
+    """A guest's report (``PUT .../members/{index}/status``); unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    imex_state: Annotated[str, Field(min_length=1, max_length=64)]
+    generation_applied: Annotated[int | None, Field(default=None, ge=0, le=2**63 - 1)]
+    nodes_config_sha256: _Sha
+    hosts_sha256: _Sha
+    signals: _Count
+    restarts: _Count
+    agent_version: Annotated[str | None, Field(default=None, max_length=64)]
+
+
+class ErrorOut(BaseModel):
+    error: str
+
+
+class GuestOut(BaseModel):
+    imex_state: str | None
+    generation_applied: int | None
+    nodes_config_sha256: str | None
+    hosts_sha256: str | None
+    signals: int | None
+    restarts: int | None
+    agent_version: str | None
+    received_at: str
+    from_ip: str
+    age_s: float
+    stale: bool
+
+
+class MemberOut(BaseModel):
+    index: int
+    slot: str
+    ip: str
+    vmi: str | None
+    node: str | None
+    phase: str | None
+    ready: bool | None
+    since: str
+    guest: GuestOut | None
+
+
+class EnsembleOut(BaseModel):
+    namespace: str
+    name: str
+    domain_id: str
+    generation: int
+    max_members: int
+    port: int
+    members: list[MemberOut]
+    problems: list[str]
+
+
+class SummaryOut(BaseModel):
+    namespace: str
+    name: str
+    generation: int
+    members: int = Field(description="number of published members")
+    ready: int = Field(description="number of published members that are ready")
+
+
+class ListOut(BaseModel):
+    items: list[SummaryOut]
+
+
+class StatusAccepted(BaseModel):
+    generation: int = Field(description="the ensemble's current generation")
+    received_at: str
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorOut} for code in codes}
+
+
+_TEXT_200: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/plain": {"schema": {"type": "string"}}}}
+}
+
+
+# -- pure request checks ----------------------------------------------------------
+
+
+def _unmapped(addr: IPAddress) -> IPAddress:
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def _parse_addr(text: str, what: str) -> IPAddress:
+    raw = text.strip()
+    if raw.startswith("[") and "]" in raw:
+        raw = raw[1 : raw.index("]")]
+    try:
+        return _unmapped(ipaddress.ip_address(raw))
+    except ValueError as exc:
+        raise RegistryError(400, f"{what} {text.strip()!r} is not an IP address") from exc
+
+
+def caller_address(
+    peer: str | None, forwarded_for: list[str], trusted: tuple[IPNetwork, ...]
+) -> IPAddress:
+    """The caller's address: the direct peer, or, when the peer is a trusted
+    proxy, the rightmost ``X-Forwarded-For`` hop that is not a trusted proxy.
+    """
+    if peer is None:
+        raise RegistryError(403, "cannot tell the caller's address; refusing the report")
+    addr = _parse_addr(peer, "peer address")
+    hops = [h for header in forwarded_for for h in header.split(",") if h.strip()]
+    if not hops or not any(addr in net for net in trusted):
+        return addr
+    for pos in range(len(hops) - 1, -1, -1):
+        addr = _parse_addr(hops[pos], "X-Forwarded-For entry")
+        if not any(addr in net for net in trusted):
+            return addr
+    return addr
+
+
+def check_token(spec: EnsembleSpec, authorization: str | None) -> str | None:
+    """None when the bearer token matches ``spec.token_sha256``, else the failure reason.
+
+    The comparison of the hex digests is constant-time (``hmac.compare_digest``).
+    """
+    expected = (spec.token_sha256 or "").strip().lower()
+    if not expected:
+        return "no_token_configured"
+    if not _SHA256_HEX.match(expected):
+        return "bad_token_annotation"
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return "missing_token"
+    got = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+    if not hmac.compare_digest(got, expected):
+        return "wrong_token"
+    return None
+
+
+def _token_message(reason: str, ens: EnsembleId) -> str:
+    ann = "imex-ensemble.io/token-sha256"
+    return {
+        "no_token_configured": (
+            f"ensemble {ens.key} accepts no reports: its Service has no {ann} annotation "
+            f"(set it to the hex sha256 of the guests' token)"
+        ),
+        "bad_token_annotation": (
+            f"ensemble {ens.key} accepts no reports: its Service's {ann} annotation is not "
+            f"64 hex digits (set it to the hex sha256 of the guests' token)"
+        ),
+        "missing_token": (
+            "missing bearer token: send 'Authorization: Bearer <token>' with the token "
+            f"whose sha256 is the {ann} annotation of Service {ens.key}"
+        ),
+        "wrong_token": (
+            f"wrong token for ensemble {ens.key}: its sha256 does not match the {ann} "
+            "annotation (check the guest's token_file)"
+        ),
+    }[reason]
+
+
+def _validation_message(errors: list[dict[str, Any]] | Any) -> tuple[str, list[dict[str, Any]]]:
+    detail = [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", ""))} for e in errors
+    ]
+    text = "; ".join(f"{'.'.join(d['loc']) or 'body'}: {d['msg']}" for d in detail)
+    return text or "invalid request", detail
+
+
+# -- ASGI middleware ----------------------------------------------------------------
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    response = JSONResponse(body, status_code=status)
+    await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413 before the app parses them.
+
+    A declared Content-Length over the limit is refused at once; a body
+    without one (chunked) is read up to the limit and refused as soon as it
+    exceeds it. A body within the limit is handed to the app unchanged.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is None and b"transfer-encoding" not in headers:
+            await self.app(scope, receive, send)
+            return
+        too_big = {"error": f"request body larger than {self.limit} bytes; reports are small"}
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await _send_json(send, 413, too_big)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await _send_json(send, 413, too_big)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class RequestMetrics:
+    """Count every response by route template, method and status code."""
+
+    def __init__(self, app: ASGIApp, metrics: RegistryMetrics, routes: Any) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    def _route(self, scope: Scope) -> str:
+        route = scope.get("route")
+        if route is not None and hasattr(route, "path"):
+            return str(route.path)
+        for candidate in self.routes:
+            match, _ = candidate.matches(scope)
+            if match == Match.FULL:
+                return str(candidate.path)
+        return "unmatched"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.requests.labels(self._route(scope), scope["method"], str(status)).inc()
+
+
+Namespace = Annotated[
+    str, Path(pattern=_DNS_LABEL, max_length=63, description="the Service's namespace")
+]
+Name = Annotated[
+    str, Path(pattern=_DNS_LABEL, max_length=63, description="the ensemble Service's name")
+]
+Wait = Annotated[
+    int | None,
+    Query(ge=0, description="hold the answer until the generation differs from this"),
+]
+Timeout = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds to hold the answer (default 30, capped at 60 unless configured "
+        "otherwise); then the current state is answered",
+    ),
+]
+Format = Annotated[Literal["json", "table"], Query(description="json (default) or table")]
+NodesMode = Annotated[Literal["names", "ips"], Query(description="names (default) or ips")]
+SlotIndex = Annotated[int, Path(ge=0, le=2**31, description="the member's slot index")]
+
+
+# -- the app ----------------------------------------------------------------------------
+
+
+def create_app(
+    state: State, config: RegistryConfig, metrics_registry: prometheus_client.CollectorRegistry
+) -> FastAPI:
+    """The registry's ASGI app: reads ``state``, registers metrics on ``metrics_registry``."""
+    metrics = RegistryMetrics(metrics_registry)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.close()  # late but harmless; RegistryServer closes earlier
+
+    app = FastAPI(
+        title="imex-ensemble registry",
+        summary="Ensemble membership of KubeVirt VMs for NVIDIA IMEX, and the guests' reports.",
+        version="1",
+        lifespan=lifespan,
+    )
+
+    def now() -> float:
+        return time.time()
+
+    # -- errors: always {"error": "..."} --
+
+    @app.exception_handler(RegistryError)
+    async def on_registry_error(_: Request, exc: RegistryError) -> Response:
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"no route {request.url.path}; the API is described at /docs"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}; see /docs"
+        else:
+            message = str(exc.detail)
+        return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(_: Request, exc: RequestValidationError) -> Response:
+        text, detail = _validation_message(exc.errors())
+        return JSONResponse({"error": text, "detail": detail}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        log.exception("registry: %s %s failed", request.method, request.url.path)
+        return JSONResponse(
+            {"error": f"internal error ({type(exc).__name__}); see the host agent's log"},
+            status_code=500,
+        )
+
+    # -- helpers bound to state/config --
+
+    def lookup(ens: EnsembleId) -> EnsembleSnapshot:
+        snap = state.get(ens)
+        if snap is not None:
+            return snap
+        hint = f"is the Service labelled imex-ensemble.io/ensemble={ens.name}?"
+        if not state.synced:
+            hint = "the host agent has not finished its first list yet, see /readyz"
+        raise RegistryError(404, f"no ensemble {ens.key} ({hint})")
+
+    async def current(ens: EnsembleId, wait: int | None, timeout: float | None) -> EnsembleSnapshot:
+        snap = lookup(ens)
+        if wait is None or wait != snap.generation:
+            return snap
+        limit = config.longpoll_default if timeout is None else timeout
+        metrics.waiters.inc()
+        try:
+            later = await state.wait_for_change(ens, wait, min(limit, config.longpoll_cap))
+        finally:
+            metrics.waiters.dec()
+        if later is None:
+            raise RegistryError(404, f"ensemble {ens.key} was deleted while you waited")
+        return later
+
+    def text(body: bytes | str, snap: EnsembleSnapshot) -> Response:
+        return PlainTextResponse(
+            body, media_type=_TEXT, headers={_GENERATION_HEADER: str(snap.generation)}
+        )
+
+    # -- routes --
+
+    @app.get("/healthz", summary="Liveness: the process answers")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get(
+        "/readyz",
+        summary="Readiness: the first full list of VMIs and Services is in",
+        responses=_errors(503),
+    )
+    async def readyz() -> Response:
+        if not state.synced:
+            return JSONResponse(
+                {"error": "not ready: the first full list of VMIs and Services is not in yet"},
+                status_code=503,
+            )
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", summary="Prometheus metrics", responses=_TEXT_200)
+    async def metrics_text() -> Response:
+        return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/ensembles", summary="All ensembles", response_model=ListOut)
+    async def list_ensembles() -> Response:
+        return JSONResponse(views.list_json(state.all()))
+
+    @app.get(
+        "/v1/ensembles/{ns}/{name}",
+        summary="One ensemble (long-poll with ?wait=G; ?format=table for people)",
+        response_model=EnsembleOut,
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+            **_errors(404, 422),
+        },
+    )
+    async def get_ensemble(
+        ns: Namespace,
+        name: Name,
+        wait: Wait = None,
+        timeout: Timeout = None,
+        format: Format = "json",
+    ) -> Response:
+        snap = await current(EnsembleId(ns, name), wait, timeout)
+        if format == "table":
+            return text(views.ensemble_table(snap, now(), config.report_stale_after), snap)
+        return JSONResponse(
+            views.ensemble_json(snap, now(), config.report_stale_after),
+            headers={_GENERATION_HEADER: str(snap.generation)},
+        )
+
+    @app.get(
+        "/v1/ensembles/{ns}/{name}/nodes_config",
+        summary="The nodes_config.cfg a guest writes",
+        response_class=PlainTextResponse,
+        responses={**_TEXT_200, **_errors(404, 422, 500)},
+    )
+    async def get_nodes_config(
+        ns: Namespace,
+        name: Name,
+        mode: NodesMode = "names",
+        wait: Wait = None,
+        timeout: Timeout = None,
+    ) -> Response:
+        snap = await current(EnsembleId(ns, name), wait, timeout)
+        try:
+            return text(views.nodes_config(snap, mode), snap)
+        except ModelError as exc:
+            raise RegistryError(
+                500, f"cannot render nodes_config of {snap.ens.key}: {exc}"
+            ) from exc
+
+    @app.get(
+        "/v1/ensembles/{ns}/{name}/hosts",
+        summary="The /etc/hosts block a guest writes",
+        response_class=PlainTextResponse,
+        responses={**_TEXT_200, **_errors(404, 422, 500)},
+    )
+    async def get_hosts(
+        ns: Namespace, name: Name, wait: Wait = None, timeout: Timeout = None
+    ) -> Response:
+        snap = await current(EnsembleId(ns, name), wait, timeout)
+        try:
+            return text(views.hosts(snap), snap)
+        except ModelError as exc:
+            raise RegistryError(500, f"cannot render hosts of {snap.ens.key}: {exc}") from exc
+
+    @app.put(
+        "/v1/ensembles/{ns}/{name}/members/{index}/status",
+        summary="A guest reports its IMEX status (bearer token; from the member's own IP)",
+        response_model=StatusAccepted,
+        responses=_errors(400, 401, 403, 404, 413, 422),
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": StatusReport.model_json_schema()}},
+            }
+        },
+    )
+    async def put_status(
+        ns: Namespace,
+        name: Name,
+        index: SlotIndex,
+        request: Request,
+    ) -> Response:
+        ens = EnsembleId(ns, name)
+        snap = lookup(ens)
+        reason = check_token(snap.spec, request.headers.get("authorization"))
+        if reason is not None:
+            metrics.auth_failures.labels(reason).inc()
+            log.warning("registry: report for %s member %d refused: %s", ens.key, index, reason)
+            raise RegistryError(
+                401, _token_message(reason, ens), headers={"WWW-Authenticate": "Bearer"}
+            )
+        pub = snap.member(index)
+        if pub is None:
+            published = ", ".join(str(p.index) for p in snap.members) or "none"
+            raise RegistryError(
+                404,
+                f"ensemble {ens.key} has no published member {index} (published: {published})",
+            )
+        caller = caller_address(
+            request.client.host if request.client else None,
+            request.headers.getlist("x-forwarded-for"),
+            config.trusted_proxies,
+        )
+        if caller != _parse_addr(pub.member.ip, "member address"):
+            metrics.auth_failures.labels("wrong_address").inc()
+            log.warning(
+                "registry: report for %s member %d came from %s, not %s",
+                ens.key,
+                index,
+                caller,
+                pub.member.ip,
+            )
+            raise RegistryError(
+                403,
+                f"reports for {ens.key} member {index} must come from its published address "
+                f"{pub.member.ip}, not {caller} (behind a proxy? start the host agent with "
+                f"--trusted-proxy <the proxy's CIDR>)",
+            )
+        try:
+            report = StatusReport.model_validate_json(await request.body())
+        except ValidationError as exc:
+            message, detail = _validation_message(exc.errors())
+            return JSONResponse({"error": message, "detail": detail}, status_code=422)
+        received = now()
+        state.report(ens, index, GuestReport(received, str(caller), report.model_dump()))
+        metrics.reports.labels(ens.namespace, ens.name).inc()
+        current_snap = state.get(ens) or snap
+        return JSONResponse(
+            {"generation": current_snap.generation, "received_at": views.rfc3339(received)}
+        )
+
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics, routes=app.router.routes)
+    return app
+
+
+# -- serving ----------------------------------------------------------------------------------
+
+
+def server_config(app: FastAPI, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
+    """A uvicorn config for the registry: proxy headers off (the app decides whom to trust)."""
+    kwargs.setdefault("log_level", "warning")
+    kwargs.setdefault("timeout_graceful_shutdown", 5)
+    return uvicorn.Config(app, host=host, port=port, proxy_headers=False, **kwargs)
+
+
+class RegistryServer(uvicorn.Server):
+    """uvicorn.Server that answers parked long-polls as soon as shutdown begins."""
+
+    def __init__(self, config: uvicorn.Config, state: State) -> None:
+        super().__init__(config)
+        self._state = state
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        self._state.close()
+        await super().shutdown(sockets)
