@@ -11,9 +11,16 @@ the first value is the agent's start time in milliseconds (or the moment the
 ensemble first appears, if later), so a restarted agent never reissues a
 number a guest holds.
 
-Waiting: long-pollers of one ensemble share one future that is resolved on
-the next generation change, and timeouts share one timer per 100 ms bucket,
-so thousands of waiters cost one wake-up, not a task or timer each.
+Waiting: a long-poller parks on a future shared by every waiter of its
+ensemble whose deadline falls in the same 100 ms bucket; a generation change
+(or ``drop``/``close``) resolves all of the ensemble's futures at once, and
+one timer per bucket resolves the futures whose deadline has come. So
+thousands of waiters cost one wake-up per ensemble, not a task or timer each,
+and each waiter awaits exactly one future: nothing has to unhook thousands of
+callbacks afterwards (``asyncio.wait`` on two shared futures would, which is
+quadratic). Waiters await through ``asyncio.shield``, so a cancelled request
+never cancels the future its neighbours share. A timeout fires up to one
+bucket (100 ms) late, never early.
 Everything here runs on the event loop thread; nothing blocks.
 """
 
@@ -88,16 +95,18 @@ class EnsembleSnapshot:
 
 
 class _Entry:
-    __slots__ = ("changed", "snapshot")
+    __slots__ = ("snapshot", "waits")
 
     def __init__(self, snapshot: EnsembleSnapshot) -> None:
         self.snapshot = snapshot
-        self.changed: asyncio.Future[None] | None = None
+        #: deadline bucket -> the future its waiters share
+        self.waits: dict[int, asyncio.Future[None]] = {}
 
     def wake(self) -> None:
-        if self.changed is not None and not self.changed.done():
-            self.changed.set_result(None)
-        self.changed = None
+        for fut in self.waits.values():
+            if not fut.done():
+                fut.set_result(None)
+        self.waits.clear()
 
 
 class State:
@@ -107,7 +116,8 @@ class State:
         self._clock = clock
         self._start_ms = int(clock() * 1000)
         self._entries: dict[EnsembleId, _Entry] = {}
-        self._deadlines: dict[int, asyncio.Future[None]] = {}
+        #: deadline bucket -> entries with waiters in that bucket (one timer each)
+        self._deadlines: dict[int, list[_Entry]] = {}
         self.synced = False
         self.closed = False
 
@@ -182,9 +192,6 @@ class State:
         self.closed = True
         for entry in self._entries.values():
             entry.wake()
-        for fut in self._deadlines.values():
-            if not fut.done():
-                fut.set_result(None)
         self._deadlines.clear()
 
     # -- reading (publisher, registry) ---------------------------------------
@@ -198,7 +205,7 @@ class State:
 
     def waiters(self) -> int:
         """Ensembles with at least one pending long-poll (for metrics)."""
-        return sum(1 for e in self._entries.values() if e.changed is not None)
+        return sum(1 for e in self._entries.values() if e.waits)
 
     async def wait_for_change(
         self, ens: EnsembleId, generation: int, timeout: float
@@ -210,24 +217,21 @@ class State:
         if self.closed:
             return entry.snapshot
         loop = asyncio.get_running_loop()
-        if entry.changed is None or entry.changed.done():
-            entry.changed = loop.create_future()
-        await asyncio.wait(
-            (entry.changed, self._deadline(loop, timeout)), return_when=asyncio.FIRST_COMPLETED
-        )
-        return self.get(ens)
-
-    def _deadline(self, loop: asyncio.AbstractEventLoop, timeout: float) -> asyncio.Future[None]:
         bucket = math.ceil((loop.time() + timeout) / _BUCKET_S)
-        fut = self._deadlines.get(bucket)
+        fut = entry.waits.get(bucket)
         if fut is None:
             fut = loop.create_future()
-            self._deadlines[bucket] = fut
-            loop.call_at(bucket * _BUCKET_S, self._expire, bucket)
-        return fut
+            entry.waits[bucket] = fut
+            due = self._deadlines.get(bucket)
+            if due is None:
+                self._deadlines[bucket] = due = []
+                loop.call_at(bucket * _BUCKET_S, self._expire, bucket)
+            due.append(entry)
+        await asyncio.shield(fut)
+        return self.get(ens)
 
     def _expire(self, bucket: int) -> None:
-        fut = self._deadlines.pop(bucket, None)
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
+        for entry in self._deadlines.pop(bucket, ()):
+            fut = entry.waits.pop(bucket, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
