@@ -1,0 +1,315 @@
+"""The IMEX stand-ins behave as FACTS.md says nvidia-imex and nvidia-imex-ctl do.
+
+Real processes and signals: each daemon runs as its own process, in its own network
+namespace with its own /etc/hosts (``/etc/netns/<ns>/hosts``) where the test needs several
+nodes; state is read through the ctl stand-in (``-q``, ``-N -j``) and the daemon's state file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.sandbox.imex_standin import NO_MATCH_MESSAGE, render_config
+from tests.sandbox.netns import Fabric, Node
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = REPO / "tests" / "sandbox" / "bin"
+SLOT = "imex-5eed0001"
+PORT = 50000
+CMD_PORT = 50005
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 15.0) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last probe: {last!r}")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+@dataclass
+class Imex:
+    """One stand-in daemon and the files that describe it."""
+
+    node: Node | None
+    config: Path
+    state_file: Path
+    proc: subprocess.Popen[bytes]
+
+    def state(self) -> dict[str, Any]:
+        try:
+            doc: dict[str, Any] = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "tests.sandbox.imex_ctl", "-c", str(self.config), *args]
+        if self.node is not None:
+            return self.node.run(argv, check=False, cwd=REPO, env=_env())
+        return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env(),
+                              timeout=30, check=False)
+
+    def domain(self) -> dict[str, Any]:
+        out = self.ctl("-N", "-j")
+        if out.returncode != 0:
+            return {}
+        doc: dict[str, Any] = json.loads(out.stdout)
+        return doc
+
+    def signal(self, sig: int) -> None:
+        pid = wait_for("the daemon's pid", lambda: self.state().get("pid"))
+        os.kill(int(pid), sig)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(10)
+
+
+def write_setup(d: Path, entries: list[str], *, port: int = PORT, cmd_port: int = CMD_PORT,
+                bind_ip: str = "", cmd_ip: str = "") -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    nodes = d / "nodes_config.cfg"
+    nodes.write_text("".join(e + "\n" for e in entries))
+    cfg = d / "config.cfg"
+    cfg.write_text(render_config(server_port=port, node_config_file=nodes, cmd_port=cmd_port,
+                                 bind_interface_ip=bind_ip, cmd_bind_interface_ip=cmd_ip,
+                                 log_file_name=d / "imex.log"))
+    return cfg
+
+
+def start(node: Node | None, cfg: Path, *extra: str) -> Imex:
+    state = cfg.parent / "state.json"
+    argv = [str(BIN / "nvidia-imex"), "-c", str(cfg), "--state-file", str(state), *extra]
+    if node is not None:
+        proc = node.popen(argv, cwd=REPO, env=_env(), stderr=subprocess.DEVNULL)
+    else:
+        proc = subprocess.Popen(argv, cwd=REPO, env=_env(), stderr=subprocess.DEVNULL)
+    return Imex(node, cfg, state, proc)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def slot(i: int) -> str:
+    return f"{SLOT}-{i}"
+
+
+def all_connected(imex: Imex, present: list[int]) -> dict[str, Any] | None:
+    dom = imex.domain()
+    own = str(imex.state().get("node_id"))
+    node = dom.get("nodes", {}).get(own)
+    if not node or node["status"] != "READY":
+        return None
+    conns = node["connections"]
+    ok = all(conns[str(i)]["status"] == "CONNECTED" for i in present if str(i) != own)
+    return dom if ok else None
+
+
+@pytest.fixture
+def fabric() -> Iterator[Fabric]:
+    with Fabric("stdn") as fab:
+        yield fab
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Imex]]:
+    started: list[Imex] = []
+    yield started
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(5)
+
+
+def ensemble(fabric: Fabric, tmp_path: Path, daemons: list[Imex], n: int,
+             absent: int = 1) -> list[Imex]:
+    """``n`` nodes named by slot in every node's hosts file, plus ``absent`` slots -> 127.0.0.2."""
+    nodes = [fabric.add_node() for _ in range(n)]
+    names = {slot(i): nd.ip for i, nd in enumerate(nodes)}
+    names |= {slot(n + j): "127.0.0.2" for j in range(absent)}
+    entries = [slot(i) for i in range(n + absent)]
+    out = []
+    for i, nd in enumerate(nodes):
+        nd.write_hosts(fabric.hosts_lines(names))
+        out.append(start(nd, write_setup(tmp_path / f"n{i}", entries)))
+    daemons.extend(out)
+    return out
+
+
+# ---- single process, no namespaces
+
+
+def test_refuses_to_start_without_a_local_match(tmp_path: Path) -> None:
+    cfg = write_setup(tmp_path, ["192.0.2.10", "192.0.2.11"], port=free_port(),
+                      cmd_port=free_port())
+    imex = start(None, cfg)
+    assert imex.proc.wait(20) != 0
+    assert NO_MATCH_MESSAGE in (tmp_path / "imex.log").read_text()
+    assert imex.ctl("-q").returncode != 0
+
+
+def test_bind_interface_ip_must_be_in_the_nodes_file(tmp_path: Path) -> None:
+    cfg = write_setup(tmp_path, ["127.0.0.1"], bind_ip="127.0.0.9", port=free_port(),
+                      cmd_port=free_port())
+    assert start(None, cfg).proc.wait(20) != 0
+
+
+def test_ctl_fails_when_daemon_is_unreachable(tmp_path: Path) -> None:
+    out = subprocess.run([str(BIN / "nvidia-imex-ctl"), "-i", "127.0.0.1", str(free_port()), "-q"],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode != 0
+    assert out.stdout == ""
+    assert "cannot connect" in out.stderr
+
+
+def test_single_node_ready_and_stuck_state(tmp_path: Path, daemons: list[Imex]) -> None:
+    cfg = write_setup(tmp_path / "a", ["127.0.0.1", "127.0.0.2"], port=free_port(),
+                      cmd_port=free_port())
+    imex = start(None, cfg)
+    daemons.append(imex)
+    # a missing peer does not keep the daemon from READY
+    wait_for("READY", lambda: imex.ctl("-q").stdout == "READY\n")
+    dom = imex.domain()
+    assert dom["status"] == "DEGRADED"
+    assert dom["nodes"]["1"]["status"] == "UNAVAILABLE"
+    assert dom["nodes"]["0"]["connections"]["1"]["status"] == "DISCONNECTED"
+    assert imex.stop() == 0
+    assert imex.state()["state"] == "SHUTTING_DOWN"
+
+    cfg2 = write_setup(tmp_path / "b", ["127.0.0.1"], port=free_port(), cmd_port=free_port())
+    stuck = start(None, cfg2, "--stuck-state", "WAITING_FOR_PEERS")
+    daemons.append(stuck)
+    wait_for("the state file", lambda: stuck.state().get("state") == "WAITING_FOR_PEERS")
+    assert stuck.ctl("-q").stdout == "WAITING_FOR_PEERS\n"
+    assert stuck.domain()["status"] == "DOWN"
+
+
+def test_daemonize_forks_after_listening_and_writes_pid_file(tmp_path: Path) -> None:
+    cmd_port = free_port()
+    cfg = write_setup(tmp_path, ["127.0.0.1"], port=free_port(), cmd_port=cmd_port)
+    cfg.write_text(cfg.read_text().replace("DAEMONIZE=0", "DAEMONIZE=1"))
+    pid_file = tmp_path / "imex.pid"
+    out = subprocess.run([str(BIN / "nvidia-imex"), "-c", str(cfg), "--pid-file", str(pid_file)],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 0, out.stderr
+    pid = int(pid_file.read_text())
+    try:
+        # Type=forking: once the starter has exited, the daemon answers
+        q = subprocess.run([str(BIN / "nvidia-imex-ctl"), "-i", "127.0.0.1", str(cmd_port), "-q"],
+                           capture_output=True, text=True, timeout=30, check=False)
+        assert q.returncode == 0 and q.stdout.strip() in ("READY", "WAITING_FOR_PEERS")
+    finally:
+        os.kill(pid, signal.SIGTERM)
+    wait_for("the daemon to exit", lambda: not os.path.exists(f"/proc/{pid}"), 10)
+
+
+# ---- several nodes in network namespaces
+
+
+@pytest.mark.root
+def test_three_nodes_reach_each_other_by_name(
+    fabric: Fabric, tmp_path: Path, daemons: list[Imex]
+) -> None:
+    imexes = ensemble(fabric, tmp_path, daemons, 3)
+    for i, imex in enumerate(imexes):
+        dom = wait_for(f"node {i} to see all peers CONNECTED",
+                       lambda imex=imex: all_connected(imex, [0, 1, 2]))  # type: ignore[misc]
+        assert dom["status"] == "DEGRADED"  # slot 3 is absent (127.0.0.2)
+        own = dom["nodes"][str(i)]
+        assert own["host"] == slot(i)
+        assert own["connections"]["3"]["status"] == "DISCONNECTED"
+        assert set(own["connections"]) == {"0", "1", "2", "3"} - {str(i)}
+    # peers report through the local daemon, as nvidia-imex-ctl -N does
+    dom = imexes[0].domain()
+    assert dom["nodes"]["1"]["connections"]["2"]["status"] == "CONNECTED"
+    st = imexes[1].state()
+    assert st["node_id"] == 1 and st["own_ip"] == fabric.nodes[1].ip
+
+    # a clean stop is seen by the peers as a lost connection
+    assert imexes[2].stop() == 0
+    wait_for("node 0 to lose node 2",
+             lambda: imexes[0].state()["peers"]["2"]["status"] == "DISCONNECTED")
+
+
+@pytest.mark.root
+def test_sigusr1_is_acted_on_at_most_once_per_5s(
+    fabric: Fabric, tmp_path: Path, daemons: list[Imex]
+) -> None:
+    a, _b = ensemble(fabric, tmp_path, daemons, 2, absent=0)
+    wait_for("connected", lambda: all_connected(a, [0, 1]))
+    connects = a.state()["peers"]["1"]["connects"]
+    a.signal(signal.SIGUSR1)
+    time.sleep(1.0)  # the second signal must land 1 s after the first: the test's subject
+    a.signal(signal.SIGUSR1)
+    st = wait_for("both signals counted",
+                  lambda: (s := a.state()).get("signals_received") == 2 and s)
+    assert st["signals_acted"] == 1 and st["signals_ignored"] == 1
+    # the acted signal rebuilt the connection once
+    wait_for("reconnect", lambda: a.state()["peers"]["1"]["connects"] == connects + 1)
+    assert wait_for("connected again", lambda: all_connected(a, [0, 1]))
+
+
+@pytest.mark.root
+def test_sigusr1_re_resolves_names_from_etc_hosts(
+    fabric: Fabric, tmp_path: Path, daemons: list[Imex]
+) -> None:
+    a, _b = ensemble(fabric, tmp_path, daemons, 2, absent=0)
+    wait_for("connected", lambda: all_connected(a, [0, 1]))
+    old_ip = fabric.nodes[1].ip
+    # slot 1 comes up elsewhere (a migrated VM with a new IP) while the old one still runs
+    moved = fabric.add_node()
+    moved.write_hosts(fabric.hosts_lines({slot(0): fabric.nodes[0].ip, slot(1): moved.ip}))
+    daemons.append(start(moved, write_setup(tmp_path / "moved", [slot(0), slot(1)])))
+    fabric.nodes[0].write_hosts(fabric.hosts_lines({slot(0): fabric.nodes[0].ip,
+                                                    slot(1): moved.ip}))
+    # without a signal the live connection stays where it is
+    time.sleep(1.5)
+    assert a.state()["peers"]["1"]["ip"] == old_ip
+    a.signal(signal.SIGUSR1)
+    wait_for("node 0 to reach slot 1 at its new address",
+             lambda: (p := a.state()["peers"]["1"])["ip"] == moved.ip
+             and p["status"] == "CONNECTED")
+    assert a.state()["signals_acted"] == 1
+
+
+@pytest.mark.root
+def test_different_nodes_files_are_a_node_map_mismatch(
+    fabric: Fabric, tmp_path: Path, daemons: list[Imex]
+) -> None:
+    n0, n1 = fabric.add_node(), fabric.add_node()
+    names = {slot(0): n0.ip, slot(1): n1.ip, slot(2): "127.0.0.2"}
+    for nd in (n0, n1):
+        nd.write_hosts(fabric.hosts_lines(names))
+    a = start(n0, write_setup(tmp_path / "a", [slot(0), slot(1)]))
+    b = start(n1, write_setup(tmp_path / "b", [slot(0), slot(1), slot(2)]))
+    daemons.extend([a, b])
+    wait_for("mismatch", lambda: a.state().get("peers", {}).get("1", {}).get("status")
+             == "MISMATCH")
+    table = a.ctl("-N")
+    assert "!M!" in table.stdout
