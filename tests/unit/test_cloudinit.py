@@ -1,0 +1,345 @@
+"""The cloud-init generator's pure parts: YAML it emits, files it renders, flags it refuses.
+
+PyYAML (a test dependency) is cloud-init's own parser, so "loads back with
+yaml.safe_load" is what the guest will see. The real ``cloud-init schema`` and
+cloud-init's write_files module run in tests/integration/test_cloudinit_schema.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guest_agent import cloudinit as ci
+from guest_agent.config import settings_from_mapping
+from guest_agent.model import EnsembleId
+from guest_agent.render import render_nodes_config
+
+TOKEN = "0123456789abcdef" * 4
+UNIT = (
+    "[Unit]\nDescription=unit under test\nBefore=nvidia-imex.service\n\n"
+    "[Service]\nExecStart=/opt/imex-guest-agent/bin/imex-guest-agent run\n"
+)
+
+
+def opts(**kw: Any) -> ci.Options:
+    base: dict[str, Any] = {"ensemble": "gb200", "namespace": "gpu-jobs"}
+    base.update(kw)
+    return ci.Options(**base)
+
+
+def files_of(user_data: str) -> dict[str, tuple[bytes, str]]:
+    """path -> (bytes, permissions) as cloud-init would decode the write_files entries."""
+    doc = yaml.safe_load(user_data)
+    out = {}
+    for entry in doc["write_files"]:
+        content = entry["content"]
+        data = base64.b64decode(content) if entry.get("encoding") == "b64" else content.encode()
+        out[entry["path"]] = (data, entry["permissions"])
+    return out
+
+
+def parse(argv: list[str]) -> ci.Options:
+    return ci.options_from_args(ci.build_parser().parse_args(argv))
+
+
+# --- YAML emission --------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_quoted_scalar_loads_back_exactly(text: str) -> None:
+    assert yaml.safe_load(f"k: {ci.yaml_quote(text)}\n") == {"k": text}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode)))
+def test_file_content_loads_back_byte_for_byte(data: bytes) -> None:
+    lines = ci.render_write_files([ci.WriteFile("/x", data, "0600")])
+    assert files_of("\n".join(lines) + "\n") == {"/x": (data, "0600")}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a\n", "a", "a\n\n", " leading\n", "\ttab\n", "x\n  \n", "x\n\ny\n", "#c\r\n", "é\u2028\n"],
+)
+def test_awkward_contents_round_trip(text: str) -> None:
+    data = text.encode()
+    lines = ci.render_write_files([ci.WriteFile("/p", data)])
+    assert files_of("\n".join(lines) + "\n")["/p"] == (data, "0644")
+
+
+def test_text_files_are_literal_blocks_for_review() -> None:
+    lines = ci.render_write_files([ci.WriteFile("/n", b"a\nb\n")])
+    assert lines[-3:] == ["    content: |", "      a", "      b"]
+
+
+# --- rendered files -------------------------------------------------------
+
+
+def test_user_data_writes_exactly_the_rendered_files() -> None:
+    o = opts(registry_url="http://reg.example:8080", token=TOKEN)
+    got = files_of(ci.render_user_data(o, UNIT))
+    ens = EnsembleId("gpu-jobs", "gb200")
+    assert got == {
+        "/etc/imex-guest-agent/config.toml": (ci.render_agent_config(o).encode(), "0644"),
+        "/etc/imex-guest-agent/token": (TOKEN.encode(), "0600"),
+        "/etc/nvidia-imex/config.cfg": (ci.render_imex_config(o).encode(), "0644"),
+        "/etc/nvidia-imex/nodes_config.cfg": (render_nodes_config(ens, 18, "names"), "0644"),
+        "/etc/systemd/system/imex-guest-agent.service": (UNIT.encode(), "0644"),
+    }
+
+
+def test_agent_config_is_what_the_agent_accepts() -> None:
+    o = opts(
+        max_members=4,
+        cluster_domain="corp.local",
+        registry_url="https://reg.example:8443/",
+        token=TOKEN,
+        mode="ips",
+        imex_port=50123,
+        own_slot="published",
+        nameservers=("10.96.0.10", "[fd00::a]:5353"),
+    )
+    s = settings_from_mapping(tomllib.loads(ci.render_agent_config(o)))
+    assert (s.ensemble, s.namespace, s.cluster_domain, s.max_members) == (
+        "gb200",
+        "gpu-jobs",
+        "corp.local",
+        4,
+    )
+    assert (s.port, s.mode, s.own_slot) == (50123, "ips", "published")
+    assert s.registry_url == "https://reg.example:8443"
+    assert s.token_file == "/etc/imex-guest-agent/token"
+    assert [str(n) for n in s.nameservers] == ["10.96.0.10:53", "[fd00::a]:5353"]
+    assert s.nodes_config == "/etc/nvidia-imex/nodes_config.cfg"
+
+
+def test_no_token_means_no_token_file() -> None:
+    o = opts()
+    assert "token_file" not in tomllib.loads(ci.render_agent_config(o))
+    assert "/etc/imex-guest-agent/token" not in files_of(ci.render_user_data(o, None))
+
+
+def test_imex_config_keys() -> None:
+    text = ci.render_imex_config(opts(imex_port=50001, imex_cmd_port=50006, wait_for_quorum="NONE"))
+    kv = dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert kv["SERVER_PORT"] == "50001"
+    assert kv["IMEX_CMD_PORT"] == "50006"
+    assert kv["IMEX_CMD_ENABLED"] == "1"
+    assert kv["IMEX_WAIT_FOR_QUORUM"] == "NONE"
+    assert kv["BIND_INTERFACE_IP"] == ""
+    assert kv["IMEX_NODE_CONFIG_FILE"] == "/etc/nvidia-imex/nodes_config.cfg"
+
+
+def test_ips_mode_starts_with_every_slot_absent() -> None:
+    got = files_of(ci.render_user_data(opts(mode="ips", max_members=3), None))
+    assert got["/etc/nvidia-imex/nodes_config.cfg"][0] == b"127.0.0.2\n" * 3
+
+
+def test_hosts_and_resolv_conf_are_left_alone() -> None:
+    doc = yaml.safe_load(ci.render_user_data(opts(token=TOKEN), UNIT))
+    assert doc["manage_etc_hosts"] is False
+    assert not {"manage_resolv_conf", "resolv_conf", "bootcmd"} & set(doc)
+    paths = {f["path"] for f in doc["write_files"]}
+    assert not {"/etc/hosts", "/etc/resolv.conf"} & paths
+
+
+# --- install script -------------------------------------------------------
+
+
+def script_lines(o: ci.Options) -> list[list[str]]:
+    doc = yaml.safe_load(ci.render_user_data(o, UNIT))
+    (script,) = doc["runcmd"]
+    assert script == ci.render_setup_script(o)
+    subprocess.run(["sh", "-n", "-c", script], check=True)  # the shell accepts it
+    return [shlex.split(line) for line in script.splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("install", "pip_args"),
+    [
+        (
+            "find-links:http://wheels.internal/imex/",
+            ["--no-index", "--find-links", "http://wheels.internal/imex/", "imex-ensemble[guest]"],
+        ),
+        (
+            "pip-index:https://mirror.internal/simple",
+            ["--index-url", "https://mirror.internal/simple", "imex-ensemble[guest]"],
+        ),
+        (
+            "wheel:https://files.internal/imex_ensemble-0.1.0-py3-none-any.whl",
+            ["imex-ensemble[guest] @ https://files.internal/imex_ensemble-0.1.0-py3-none-any.whl"],
+        ),
+    ],
+)
+def test_install_sources(install: str, pip_args: list[str]) -> None:
+    o = opts(install=ci.InstallSource.parse(install), package=None)
+    lines = script_lines(o)
+    assert lines[0] == ["set", "-eu"]
+    assert lines[1] == ["python3", "-m", "venv", "/opt/imex-guest-agent"]
+    pip = lines[2]
+    assert pip[:2] == ["/opt/imex-guest-agent/bin/pip", "install"]
+    tail = [a.split("==")[0] for a in pip[-len(pip_args) :]]
+    assert tail == pip_args
+    # Installed before the unit is enabled; the unit before IMEX restarts.
+    joined = [" ".join(line) for line in lines]
+    enable = joined.index("systemctl enable --now imex-guest-agent.service")
+    assert enable > 2
+    assert "systemctl restart nvidia-imex.service" in joined[enable + 1]
+
+
+def test_version_pin_follows_the_generator() -> None:
+    from importlib.metadata import version
+
+    req = ci.package_requirement(opts())
+    assert req == f"imex-ensemble[guest]=={version('imex-ensemble')}"
+    assert ci.package_requirement(opts(package="imex-ensemble[guest]>=0.1")) == (
+        "imex-ensemble[guest]>=0.1"
+    )
+
+
+def test_preinstalled_only_enables() -> None:
+    lines = script_lines(opts())
+    assert ["python3", "-m", "venv", "/opt/imex-guest-agent"] not in lines
+    assert ["systemctl", "enable", "--now", "imex-guest-agent.service"] in lines
+
+
+def test_no_restart_imex() -> None:
+    script = ci.render_setup_script(opts(restart_imex=False))
+    assert "nvidia-imex" not in script
+
+
+# --- inline or Secret -----------------------------------------------------
+
+
+def test_small_output_stays_inline() -> None:
+    out = ci.generate(opts(token=TOKEN, registry_url="http://r.example:8080"), None)
+    assert not out.is_secret
+    assert out.text == out.user_data
+    assert len(out.text.encode()) <= ci.INLINE_USERDATA_LIMIT
+    assert out.text.startswith("#cloud-config\n")
+    sha = hashlib.sha256(TOKEN.encode()).hexdigest()
+    assert any(sha in n for n in out.notes)
+
+
+def test_large_output_becomes_a_secret() -> None:
+    o = opts(token=TOKEN, install=ci.InstallSource.parse("find-links:http://w.internal/"))
+    out = ci.generate(o, UNIT)
+    assert len(out.user_data.encode()) > ci.INLINE_USERDATA_LIMIT
+    assert out.is_secret
+    doc = yaml.safe_load(out.text)
+    assert doc["kind"] == "Secret"
+    assert doc["metadata"] == {
+        "name": "gb200-userdata",
+        "namespace": "gpu-jobs",
+        "labels": {"imex-ensemble.io/ensemble": "gb200"},
+    }
+    assert doc["stringData"] == {"userdata": out.user_data}
+    assert any("2048" in n and "Secret" in n for n in out.notes)
+
+
+def test_secret_on_request_and_raw_on_request() -> None:
+    forced = ci.generate(opts(output_secret="my-ud"), None)
+    assert forced.is_secret
+    assert yaml.safe_load(forced.text)["metadata"]["name"] == "my-ud"
+    big = opts(install=ci.InstallSource.parse("find-links:http://w.internal/"), raw=True)
+    raw = ci.generate(big, UNIT)
+    assert not raw.is_secret and raw.text == raw.user_data
+    assert any("too big" in n for n in raw.notes)
+
+
+# --- flags ----------------------------------------------------------------
+
+
+def test_flags_map_to_options(tmp_path: Path) -> None:
+    tf = tmp_path / "token"
+    tf.write_text(TOKEN + "\n")
+    o = parse(
+        [
+            "--ensemble=e1",
+            "--namespace=ns1",
+            "--max-members=8",
+            "--registry-url=http://r:8080",
+            f"--token-file={tf}",
+            "--install=find-links:file:///srv/wheels",
+            "--mode=ips",
+            "--imex-port=50010",
+            "--imex-cmd-port=50011",
+            "--wait-for-quorum=NONE",
+            "--own-slot=published",
+            "--nameserver=10.0.0.10",
+            "--nameserver=10.0.0.11:5353",
+            "--output-secret=ud",
+        ]
+    )
+    assert o.token == TOKEN  # the file's newline is not part of the token
+    assert (o.ensemble, o.namespace, o.max_members, o.mode, o.own_slot) == (
+        "e1",
+        "ns1",
+        8,
+        "ips",
+        "published",
+    )
+    assert (o.imex_port, o.imex_cmd_port, o.wait_for_quorum) == (50010, 50011, "NONE")
+    assert o.install == ci.InstallSource("find-links", "file:///srv/wheels")
+    assert o.nameservers == ("10.0.0.10", "10.0.0.11:5353")
+    assert o.output_secret == "ud"
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--token", "two words"], "bearer token"),
+        (["--token", "tok\nen"], "bearer token"),
+        (["--install", "ftp:x"], "--install"),
+        (["--install", "find-links:gopher://x"], "not an http(s) or file URL"),
+        (["--install", "wheel:"], "--install"),
+        (["--imex-port", "70000"], "--imex-port"),
+        (["--nameserver", "dns.example"], "--nameserver"),
+        (["--registry-url", "reg:8080"], "registry_url"),
+        (["--max-members", "0"], "max_members"),
+        (["--output-secret", "Bad_Name"], "--output-secret"),
+        (["--mode", "ips", "--own-slot", "local"], "own_slot"),
+    ],
+)
+def test_bad_flags_are_refused_by_name(extra: list[str], needle: str) -> None:
+    with pytest.raises(ci.CloudInitError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        parse(["--ensemble", "gb200", "--namespace", "gpu-jobs", *extra])
+
+
+def test_bad_names_are_refused() -> None:
+    with pytest.raises(ci.CloudInitError, match="--ensemble/--namespace"):
+        parse(["--ensemble", "GB200", "--namespace", "gpu-jobs"])
+
+
+def test_missing_token_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(ci.CloudInitError, match=str(missing)):
+        parse(["--ensemble", "e", "--namespace", "n", "--token-file", str(missing)])
+
+
+def test_main_reports_errors_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = ci.main(["--ensemble", "e", "--namespace", "n", "--imex-port", "0"])
+    err = capsys.readouterr()
+    assert rc == 2
+    assert err.out == ""
+    assert "error: --imex-port: 0 is not a port number" in err.err
+
+
+def test_main_prints_inline_user_data(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = ci.main(["--ensemble", "e", "--namespace", "n", "--token", TOKEN])
+    out = capsys.readouterr()
+    assert rc == 0
+    assert out.out == ci.generate(opts(ensemble="e", namespace="n", token=TOKEN), None).text
+    assert "token-sha256" in out.err
