@@ -1,0 +1,307 @@
+"""Discovery: registry fast path plus DNS fallback, combined into one stream of views.
+
+Contract with the daemon (agent.py): :meth:`Discovery.run` calls ``publish(view)``
+whenever what the guest should believe changes; every :class:`View` carries only validated
+``index -> IP`` pins and the slots known to be absent, nothing else can reach a file.
+
+Which source wins:
+
+* The **registry** (when ``registry_url`` is set) is long-polled; while it answers, its
+  views are published and they are authoritative for *all* slots (absent = every slot not
+  among its members).
+* **DNS** is polled every ``poll_interval`` all the time, so its state (with the
+  two-absences hysteresis of :mod:`guest_agent.dnsquery`) is current when it is needed.
+  Its views are published only while the registry is not healthy: the last registry
+  request failed, or no answer came for ``poll_interval + longpoll_timeout``. A registry
+  failure wakes the DNS loop at once, so failover takes one DNS pass, not a poll interval.
+  DNS views assert only what DNS said authoritatively; slots it knows nothing about are
+  neither pinned nor absent and the daemon keeps what it had for them.
+* A DNS view is published only from a pass that learned something: when both the
+  registry and DNS are down, nothing is published and the last-known-good stays.
+
+Backoff: both paths retry with tenacity (exponential with jitter); :meth:`kick` (own
+address changed) cuts any wait short and restarts the long-poll without ``wait`` so
+both paths rediscover at once.
+
+Concurrency: :meth:`run` owns one TaskGroup with the two loops; ``publish`` is called
+under a lock, so views arrive in order and never concurrently; a view equal to the last
+published one is not published again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import tenacity
+
+from guest_agent.config import Settings
+from guest_agent.dnsquery import DnsClient, DnsState, DnsTracker
+from guest_agent.model import EnsembleId, Member
+from guest_agent.registry_client import RegistryClient, RegistryError, RegistrySnapshot
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Publish = Callable[["View"], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What one source says about the ensemble right now."""
+
+    source: Literal["registry", "dns"]
+    #: index -> IP of slots known present (validated by the shared model)
+    pins: Mapping[int, str]
+    #: slots authoritatively absent (DNS: after two consecutive absences)
+    absent: frozenset[int]
+    #: registry generation; None for DNS
+    generation: int | None
+    #: registry: with vmi/node/phase/ready; DNS: index and ip only
+    members: tuple[Member, ...]
+
+
+def registry_view(snap: RegistrySnapshot, max_members: int) -> View:
+    """A registry answer as a view: authoritative for every slot."""
+    pins = snap.pins
+    return View(
+        source="registry",
+        pins=pins,
+        absent=frozenset(range(max_members)) - frozenset(pins),
+        generation=snap.generation,
+        members=snap.members,
+    )
+
+
+def dns_view(state: DnsState) -> View:
+    """The DNS tracker's belief as a view: only what DNS said authoritatively."""
+    return View(
+        source="dns",
+        pins=dict(state.pins),
+        absent=state.absent,
+        generation=None,
+        members=tuple(Member(i, ip) for i, ip in sorted(state.pins.items())),
+    )
+
+
+class Discovery:
+    """Learns the ensemble's members; see the module docstring."""
+
+    def __init__(self, settings: Settings, ens: EnsembleId, *, token: str | None = None) -> None:
+        self.settings = settings
+        self.ens = ens
+        self.dns = DnsClient(settings, ens)
+        self.tracker = DnsTracker(settings.max_members)
+        self.registry = (
+            RegistryClient(settings, ens, token=token) if settings.registry_url else None
+        )
+        self._registry_ok_at: float | None = None
+        self._registry_failing = False
+        self._registry_failures = 0
+        self._generation: int | None = None
+        self._published: View | None = None
+        self._publish_lock = asyncio.Lock()
+        self._kick_registry = asyncio.Event()
+        self._kick_dns = asyncio.Event()
+        #: last views per source, for status and tests
+        self.last_registry_view: View | None = None
+        self.last_dns_view: View | None = None
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def registry_healthy(self) -> bool:
+        """The registry answered its last request, within ``poll_interval + longpoll_timeout``."""
+        if self.registry is None or self._registry_ok_at is None or self._registry_failing:
+            return False
+        age = time.monotonic() - self._registry_ok_at
+        return age <= self.settings.poll_interval + self.settings.longpoll_timeout
+
+    @property
+    def published(self) -> View | None:
+        """The last view handed to ``publish``."""
+        return self._published
+
+    def kick(self) -> None:
+        """Rediscover now on both paths (e.g. an own address appeared or went away)."""
+        self._kick_registry.set()
+        self._kick_dns.set()
+
+    async def once(self) -> View | None:
+        """One pass: the registry if it answers, else DNS; None when nothing was learned.
+
+        A DNS slot that is absent once is asked again at once, so a pass can report an
+        absence (two consecutive authoritative absences) without waiting a poll interval.
+        """
+        if self.registry is not None:
+            try:
+                snap = await self.registry.fetch(None)
+            except RegistryError as exc:
+                self._registry_failed_now(exc)
+            else:
+                return self._registry_answered(snap)
+        state = await self._dns_pass_state()
+        if state.pending:
+            state = await self._dns_pass_state()
+        if not self.tracker.observed:
+            return None
+        view = dns_view(state)
+        self.last_dns_view = view
+        return view
+
+    async def run(self, publish: Publish) -> None:
+        """Publish views forever (until cancelled)."""
+        async with asyncio.TaskGroup() as tg:
+            if self.registry is not None:
+                tg.create_task(self._registry_loop(publish), name="discovery-registry")
+            tg.create_task(self._dns_loop(publish), name="discovery-dns")
+
+    # ------------------------------------------------------------------ publishing
+
+    async def _publish(self, publish: Publish, view: View) -> None:
+        async with self._publish_lock:
+            if view.source == "dns" and self.registry_healthy:
+                return  # the registry answered meanwhile; it wins
+            if view == self._published:
+                return
+            previous = self._published
+            self._published = view
+            if previous is not None and previous.source != view.source:
+                log.info("discovery: now using %s views", view.source)
+            try:
+                await publish(view)
+            except Exception:
+                log.exception("discovery: publishing a %s view failed", view.source)
+
+    # ------------------------------------------------------------------ registry
+
+    def _registry_answered(self, snap: RegistrySnapshot) -> View:
+        if self._registry_failing:
+            log.info(
+                "registry answering again after %d failure(s) (generation %d)",
+                self._registry_failures,
+                snap.generation,
+            )
+        self._registry_ok_at = time.monotonic()
+        self._registry_failing = False
+        self._registry_failures = 0
+        self._generation = snap.generation
+        view = registry_view(snap, self.settings.max_members)
+        self.last_registry_view = view
+        return view
+
+    def _registry_failed_now(self, exc: BaseException) -> None:
+        self._registry_failures += 1
+        was_failing = self._registry_failing
+        self._registry_failing = True
+        if not was_failing:
+            log.warning("registry unreachable, DNS takes over: %s", exc)
+            self._kick_dns.set()  # fail over now, not at the next DNS tick
+        else:
+            log.debug("registry still unreachable (%d): %s", self._registry_failures, exc)
+
+    async def _registry_before_sleep(self, state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if exc is not None and not isinstance(exc, RegistryError):
+            log.error("registry poll failed unexpectedly", exc_info=exc)
+        self._registry_failed_now(exc or RuntimeError("unknown failure"))
+
+    async def _registry_fetch(self) -> RegistrySnapshot:
+        assert self.registry is not None
+        wait = self._generation
+        if self._kick_registry.is_set():
+            self._kick_registry.clear()
+            wait = None
+        result = await _until(self.registry.fetch(wait), self._kick_registry)
+        if result is None:  # kicked: ask again at once, without wait
+            self._kick_registry.clear()
+            result = await self.registry.fetch(None)
+        return result
+
+    async def _registry_loop(self, publish: Publish) -> None:
+        assert self.registry is not None
+        cap = min(30.0, max(1.0, 4 * self.settings.poll_interval))
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(Exception),
+            wait=tenacity.wait_exponential_jitter(initial=min(0.2, cap), max=cap, jitter=cap / 4),
+            stop=tenacity.stop_never,
+            sleep=self._sleep_unless(self._kick_registry),
+            before_sleep=self._registry_before_sleep,
+            reraise=True,
+        )
+        while True:
+            snap: RegistrySnapshot = await retrying(self._registry_fetch)
+            await self._publish(publish, self._registry_answered(snap))
+
+    # ------------------------------------------------------------------ DNS
+
+    async def _dns_pass_state(self) -> DnsState:
+        state, _ = await self._dns_observe()
+        return state
+
+    async def _dns_observe(self) -> tuple[DnsState, bool]:
+        """One DNS pass folded into the tracker: (belief, whether the pass learned anything)."""
+        try:
+            obs = await self.dns.observe()
+        except Exception:  # a bug must not stop discovery; the pass counts as unknown
+            log.exception("DNS pass failed unexpectedly")
+            return self.tracker.state, False
+        return self.tracker.observe(obs), obs.learned
+
+    async def _dns_pass(self, publish: Publish) -> bool:
+        state, learned = await self._dns_observe()
+        if not learned:
+            return False  # DNS down or unusable: publish nothing, keep last-known-good
+        view = dns_view(state)
+        self.last_dns_view = view
+        if not self.registry_healthy:
+            await self._publish(publish, view)
+        return True
+
+    async def _dns_loop(self, publish: Publish) -> None:
+        interval = self.settings.poll_interval
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_result(lambda learned: not learned),
+            wait=tenacity.wait_exponential_jitter(
+                initial=interval, max=4 * interval, jitter=interval / 4
+            ),
+            stop=tenacity.stop_never,
+            sleep=self._sleep_unless(self._kick_dns),
+        )
+        while True:
+            self._kick_dns.clear()
+            await retrying(self._dns_pass, publish)
+            await self._sleep_unless(self._kick_dns)(interval)
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _sleep_unless(event: asyncio.Event) -> Callable[[float], Coroutine[Any, Any, None]]:
+        """A sleep for tenacity that ends early when ``event`` is set (not cleared here)."""
+
+        async def sleep(seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await event.wait()
+
+        return sleep
+
+
+async def _until(coro: Coroutine[Any, Any, T], event: asyncio.Event) -> T | None:
+    """Run ``coro`` until it finishes (its result or exception) or ``event`` is set (None)."""
+    task = asyncio.ensure_future(coro)
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, waiter):
+            t.cancel()
+        await asyncio.gather(task, waiter, return_exceptions=True)
+    if task.done() and not task.cancelled():
+        return task.result()
+    return None

@@ -1,0 +1,444 @@
+"""Peer discovery over cluster DNS: what one pass says, and what we believe after many.
+
+Three layers, data flowing one way:
+
+1. **Interpretation** (pure): :func:`interpret_srv` and :func:`interpret_address` turn one
+   DNS response into a verdict about our slots. Only names of *our* slots in *our*
+   Service (``<slot>.<service>.<ns>.svc.<zone>``, index below ``max_members``) count;
+   everything else in an answer (names outside the zone, other slot prefixes, indices out
+   of range, loopback/link-local/unusable addresses, records of the wrong type or owner) is
+   ignored with one log line. Nothing but a validated ``index -> IP`` pin leaves here.
+2. **Tracking** (pure): :class:`DnsTracker` folds observations into pins with hysteresis.
+   NXDOMAIN, or a slot missing from a successful SRV answer, is an *authoritative
+   absence*; a slot is unpinned only after two consecutive ones, so one blip never unpins
+   a live peer. SERVFAIL, REFUSED, timeouts and garbage are *unknown*: they change
+   nothing, neither pins nor the absence count.
+3. **Querying** (I/O): :class:`DnsClient` asks the configured nameservers (``IP`` or
+   ``IP:PORT``, else ``/etc/resolv.conf``), each query bounded by ``dns_timeout``, over UDP
+   with a TCP retry when the answer is truncated. One pass asks the SRV record
+   ``_imex._tcp.<service>.<ns>.svc.<zone>`` (targets are slot names, addresses from the
+   additional section, A/AAAA follow-ups for targets without one); when the SRV query is
+   not a usable answer (error, NXDOMAIN, NODATA) it asks every slot's A (then AAAA)
+   instead, and every ``crosscheck_every`` passes it asks the SRV-listed slots' A/AAAA
+   too and logs disagreements (SRV wins).
+
+Every query is independent and idempotent; concurrency is a TaskGroup inside one pass,
+and a pass is never run twice at once by the discovery loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import dns.asyncquery
+import dns.exception
+import dns.flags
+import dns.message
+import dns.name
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.rdtypes.IN.SRV
+
+from guest_agent.config import Nameserver, Settings
+from guest_agent.model import EnsembleId, ModelError, usable_ip
+
+log = logging.getLogger(__name__)
+
+Warn = Callable[[str], None]
+SlotVerdict = Literal["present", "absent", "nodata", "unknown"]
+
+RESOLV_CONF = "/etc/resolv.conf"
+ABSENCES_TO_UNPIN = 2
+
+
+class DnsConfigError(ValueError):
+    """No nameserver could be found (config empty and resolv.conf unusable)."""
+
+
+# --------------------------------------------------------------------------- pure: results
+
+
+@dataclass(frozen=True, slots=True)
+class DnsObservation:
+    """What one DNS pass said. Slots in neither ``present`` nor ``absent`` are unknown."""
+
+    present: Mapping[int, str] = field(default_factory=dict)
+    absent: frozenset[int] = frozenset()
+    via: Literal["srv", "slots", "none"] = "none"
+
+    @property
+    def learned(self) -> bool:
+        """True when the pass said anything authoritative."""
+        return bool(self.present) or bool(self.absent)
+
+
+@dataclass(frozen=True, slots=True)
+class DnsState:
+    """What we believe after all observations so far."""
+
+    pins: Mapping[int, str]
+    absent: frozenset[int]
+    #: seen absent once since the last presence: still pinned, one more absence unpins
+    pending: frozenset[int]
+
+
+class DnsTracker:
+    """Folds observations into pins with hysteresis (no sockets, no clock).
+
+    Per slot: present -> pinned to the observed IP, absence count reset; authoritative
+    absence -> count + 1, and at ``absences_to_unpin`` the pin is dropped and the slot is
+    reported absent; unknown -> nothing changes.
+    """
+
+    def __init__(self, max_members: int, *, absences_to_unpin: int = ABSENCES_TO_UNPIN) -> None:
+        if absences_to_unpin < 1:
+            raise ValueError("absences_to_unpin must be at least 1")
+        self.max_members = max_members
+        self.absences_to_unpin = absences_to_unpin
+        self._pins: dict[int, str] = {}
+        self._misses: dict[int, int] = {}
+        self._observed = False
+
+    @property
+    def observed(self) -> bool:
+        """True once any observation taught us something authoritative."""
+        return self._observed
+
+    def observe(self, obs: DnsObservation) -> DnsState:
+        if obs.learned:
+            self._observed = True
+        for index in range(self.max_members):
+            if index in obs.present:
+                self._pins[index] = obs.present[index]
+                self._misses[index] = 0
+            elif index in obs.absent:
+                self._misses[index] = self._misses.get(index, 0) + 1
+                if self._misses[index] >= self.absences_to_unpin:
+                    self._pins.pop(index, None)
+        return self.state
+
+    @property
+    def state(self) -> DnsState:
+        absent = frozenset(
+            i for i, n in self._misses.items() if n >= self.absences_to_unpin
+        )
+        pending = frozenset(
+            i for i, n in self._misses.items() if 0 < n < self.absences_to_unpin
+        )
+        return DnsState(dict(sorted(self._pins.items())), absent, pending)
+
+
+# --------------------------------------------------------------------------- pure: answers
+
+
+@dataclass(frozen=True, slots=True)
+class SrvVerdict:
+    """One SRV response, interpreted.
+
+    ``kind``: ``records`` (NOERROR with SRV records: ``named`` are the slots the answer
+    lists, ``addresses`` the usable addresses the additional section gave for them),
+    ``nxdomain``, ``nodata`` (NOERROR without SRV records) or ``error``.
+    """
+
+    kind: Literal["records", "nxdomain", "nodata", "error"]
+    named: frozenset[int] = frozenset()
+    addresses: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+
+
+def _slot_of(
+    name: dns.name.Name, ens: EnsembleId, zone: str, max_members: int, warn: Warn, what: str
+) -> int | None:
+    """Index of ``name`` if it is ``<our slot>.<service fqdn>.``, else None (with a log line)."""
+    service = dns.name.from_text(ens.service_fqdn(zone))
+    text = name.to_text()
+    if not name.is_subdomain(service) or len(name) != len(service) + 1:
+        warn(f"DNS {what}: ignoring {text}: not a slot name of {service.to_text()}")
+        return None
+    label = name.labels[0].decode("ascii", "replace").lower()
+    index = ens.slot_index(label)
+    if index is None:
+        warn(f"DNS {what}: ignoring {text}: {label!r} is not a slot of ensemble {ens.key}")
+        return None
+    if index >= max_members:
+        warn(
+            f"DNS {what}: ignoring {text}: slot index {index} is out of range "
+            f"(max_members = {max_members})"
+        )
+        return None
+    return index
+
+
+def _addresses(rrset: dns.rrset.RRset, warn: Warn, what: str) -> list[str]:
+    out = []
+    for rd in rrset:
+        raw = getattr(rd, "address", None)
+        try:
+            if not isinstance(raw, str):
+                raise ModelError(f"{rd!r} carries no address")
+            out.append(usable_ip(raw))
+        except ModelError as exc:
+            warn(f"DNS {what}: ignoring address of {rrset.name.to_text()}: {exc}")
+    return out
+
+
+def _best(addrs: Iterable[str]) -> str | None:
+    """Deterministic pick: the lowest IPv4 address, else the lowest IPv6 address."""
+    parsed = sorted({ipaddress.ip_address(a) for a in addrs}, key=lambda a: (a.version, a))
+    return str(parsed[0]) if parsed else None
+
+
+def interpret_srv(
+    response: dns.message.Message | None,
+    ens: EnsembleId,
+    zone: str,
+    max_members: int,
+    warn: Warn,
+) -> SrvVerdict:
+    """Interpret the answer to ``_imex._tcp.<service>...`` SRV (None = no answer at all)."""
+    if response is None:
+        return SrvVerdict("error")
+    rcode = response.rcode()
+    if rcode == dns.rcode.NXDOMAIN:
+        return SrvVerdict("nxdomain")
+    if rcode != dns.rcode.NOERROR:
+        return SrvVerdict("error")
+    qname = dns.name.from_text(ens.srv_name(zone))
+    named: dict[dns.name.Name, int] = {}
+    for rrset in response.answer:
+        if rrset.rdtype == dns.rdatatype.CNAME:
+            continue
+        if rrset.name != qname or rrset.rdtype != dns.rdatatype.SRV:
+            warn(
+                f"DNS SRV: ignoring {rrset.name.to_text()} "
+                f"{dns.rdatatype.to_text(rrset.rdtype)} in the answer: not what was asked"
+            )
+            continue
+        for rd in rrset:
+            assert isinstance(rd, dns.rdtypes.IN.SRV.SRV)
+            index = _slot_of(rd.target, ens, zone, max_members, warn, "SRV target")
+            if index is not None:
+                named[rd.target] = index
+    if not named and not any(r.rdtype == dns.rdatatype.SRV for r in response.answer):
+        return SrvVerdict("nodata")
+    addresses: dict[int, list[str]] = {}
+    for rrset in response.additional:
+        if rrset.rdtype not in (dns.rdatatype.A, dns.rdatatype.AAAA):
+            continue  # OPT, TSIG, ...: not ours to read
+        if rrset.name not in named:
+            warn(f"DNS SRV: ignoring additional record {rrset.name.to_text()}: not an SRV target")
+            continue
+        addresses.setdefault(named[rrset.name], []).extend(
+            _addresses(rrset, warn, "SRV additional")
+        )
+    return SrvVerdict(
+        "records",
+        frozenset(named.values()),
+        {i: tuple(a) for i, a in addresses.items() if a},
+    )
+
+
+def interpret_address(
+    response: dns.message.Message | None,
+    qname: dns.name.Name,
+    rdtype: dns.rdatatype.RdataType,
+    warn: Warn,
+) -> tuple[SlotVerdict, str | None]:
+    """Interpret the answer to ``qname`` A or AAAA: (verdict, IP for ``present``)."""
+    if response is None:
+        return "unknown", None
+    rcode = response.rcode()
+    if rcode == dns.rcode.NXDOMAIN:
+        return "absent", None
+    if rcode != dns.rcode.NOERROR:
+        return "unknown", None
+    found: list[str] = []
+    saw_records = False
+    for rrset in response.answer:
+        if rrset.rdtype == dns.rdatatype.CNAME:
+            continue
+        if rrset.name != qname or rrset.rdtype != rdtype:
+            warn(
+                f"DNS {dns.rdatatype.to_text(rdtype)}: ignoring {rrset.name.to_text()} "
+                f"{dns.rdatatype.to_text(rrset.rdtype)}: not what was asked"
+            )
+            continue
+        saw_records = True
+        found.extend(_addresses(rrset, warn, dns.rdatatype.to_text(rdtype)))
+    best = _best(found)
+    if best is not None:
+        return "present", best
+    if saw_records:
+        return "unknown", None  # records, but none usable: not evidence of absence
+    return "nodata", None
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+def nameservers_from_resolv_conf(path: str | Path = RESOLV_CONF) -> tuple[Nameserver, ...]:
+    """``nameserver`` lines of resolv.conf (scoped IPv6 skipped); 127.0.0.1 if none, as libc."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        log.warning("cannot read %s (%s); using 127.0.0.1", path, exc.strerror)
+        return (Nameserver("127.0.0.1"),)
+    out = []
+    for line in text.splitlines():
+        fields = re.split(r"\s+", line.strip())
+        if len(fields) >= 2 and fields[0] == "nameserver":
+            try:
+                out.append(Nameserver(str(ipaddress.ip_address(fields[1]))))
+            except ValueError:
+                log.warning("%s: ignoring nameserver %r", path, fields[1])
+    return tuple(out) or (Nameserver("127.0.0.1"),)
+
+
+class _OnceLogger:
+    """One WARNING per distinct message, later repeats at DEBUG (answers repeat every poll)."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._seen: set[str] = set()
+        self._limit = limit
+
+    def __call__(self, message: str) -> None:
+        if message in self._seen:
+            log.debug("%s", message)
+            return
+        if len(self._seen) < self._limit:
+            self._seen.add(message)
+        log.warning("%s", message)
+
+
+class DnsClient:
+    """Asks cluster DNS about our ensemble; one :meth:`observe` call is one pass."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        ens: EnsembleId,
+        *,
+        crosscheck_every: int = 5,
+        resolv_conf: str = RESOLV_CONF,
+    ) -> None:
+        self.settings = settings
+        self.ens = ens
+        self.zone = settings.cluster_domain
+        self.nameservers: tuple[Nameserver, ...] = (
+            settings.nameservers or nameservers_from_resolv_conf(resolv_conf)
+        )
+        self.crosscheck_every = crosscheck_every
+        self.warn: Warn = _OnceLogger()
+        self._passes = 0
+        #: transport bookkeeping, for status and tests
+        self.tcp_fallbacks = 0
+        self.queries = 0
+        self.failures = 0
+
+    async def query(
+        self, qname: dns.name.Name, rdtype: dns.rdatatype.RdataType
+    ) -> dns.message.Message | None:
+        """Ask each nameserver in turn; the first NOERROR/NXDOMAIN response wins.
+
+        None when every nameserver failed (timeout, SERVFAIL, REFUSED, garbage, socket
+        error): the caller treats that as unknown.
+        """
+        for ns in self.nameservers:
+            request = dns.message.make_query(qname, rdtype)
+            request.flags |= dns.flags.RD
+            self.queries += 1
+            try:
+                response, used_tcp = await dns.asyncquery.udp_with_fallback(
+                    request, ns.ip, timeout=self.settings.dns_timeout, port=ns.port
+                )
+            except dns.exception.Timeout:
+                self.failures += 1
+                log.debug("DNS %s %s @%s: timeout", qname, rdtype.name, ns)
+                continue
+            except (dns.exception.DNSException, OSError, ValueError, EOFError) as exc:
+                self.failures += 1
+                self.warn(f"DNS {qname} {rdtype.name} @{ns}: bad or no answer: {exc!r}")
+                continue
+            if used_tcp:
+                self.tcp_fallbacks += 1
+            rcode = response.rcode()
+            if rcode in (dns.rcode.NOERROR, dns.rcode.NXDOMAIN):
+                return response
+            self.failures += 1
+            log.info("DNS %s %s @%s: %s", qname, rdtype.name, ns, dns.rcode.to_text(rcode))
+        return None
+
+    async def slot_verdict(self, index: int) -> tuple[SlotVerdict, str | None]:
+        """A, then AAAA when A has no data, of one slot's name."""
+        qname = dns.name.from_text(self.ens.slot_fqdn(index, self.zone))
+        verdict, ip = interpret_address(
+            await self.query(qname, dns.rdatatype.A), qname, dns.rdatatype.A, self.warn
+        )
+        if verdict != "nodata":
+            return verdict, ip
+        verdict, ip = interpret_address(
+            await self.query(qname, dns.rdatatype.AAAA), qname, dns.rdatatype.AAAA, self.warn
+        )
+        if verdict == "nodata":
+            self.warn(f"DNS: {qname} exists but has no address: slot {index} unknown")
+            return "unknown", None
+        return verdict, ip
+
+    async def _slots(self, indices: Sequence[int]) -> dict[int, tuple[SlotVerdict, str | None]]:
+        async with asyncio.TaskGroup() as tg:
+            tasks = {i: tg.create_task(self.slot_verdict(i)) for i in indices}
+        return {i: t.result() for i, t in tasks.items()}
+
+    async def observe(self) -> DnsObservation:
+        """One pass (see the module docstring)."""
+        self._passes += 1
+        size = self.settings.max_members
+        srv_name = dns.name.from_text(self.ens.srv_name(self.zone))
+        srv = interpret_srv(
+            await self.query(srv_name, dns.rdatatype.SRV), self.ens, self.zone, size, self.warn
+        )
+        if srv.kind == "records":
+            present = {i: a for i, addrs in srv.addresses.items() if (a := _best(addrs))}
+            follow = [i for i in sorted(srv.named) if i not in present]
+            cross = (
+                sorted(present)
+                if self.crosscheck_every and self._passes % self.crosscheck_every == 0
+                else []
+            )
+            verdicts = await self._slots(follow + cross)
+            for i in follow:
+                verdict, ip = verdicts[i]
+                if verdict == "present" and ip is not None:
+                    present[i] = ip
+                # else: SRV lists it, its address is unknown: neither present nor absent
+            for i in cross:
+                verdict, ip = verdicts[i]
+                if verdict == "present" and ip != present[i]:
+                    self.warn(
+                        f"DNS cross-check: slot {i} is {present[i]} by SRV but {ip} by its own "
+                        "name; using the SRV answer"
+                    )
+                elif verdict == "absent":
+                    self.warn(
+                        f"DNS cross-check: slot {i} is listed by SRV but its name is NXDOMAIN"
+                    )
+            absent = frozenset(range(size)) - srv.named
+            return DnsObservation(present, absent, "srv")
+        # SRV not usable (error, NXDOMAIN, NODATA): ask every slot by name.
+        verdicts = await self._slots(range(size))
+        present = {i: ip for i, (v, ip) in verdicts.items() if v == "present" and ip}
+        absent = frozenset(i for i, (v, _) in verdicts.items() if v == "absent")
+        if srv.kind != "error" and present:
+            self.warn(
+                f"DNS: SRV {srv_name} says {srv.kind} but slot names answer "
+                f"({sorted(present)}): is the Service port named 'imex'?"
+            )
+        learned = bool(present) or bool(absent)
+        return DnsObservation(present, absent, "slots" if learned else "none")
