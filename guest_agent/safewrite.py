@@ -15,7 +15,11 @@ Order of preference:
    old entries remains. A single ``pwrite`` within one 4 KiB page is not split
    by a signal, so files up to a page are all-or-nothing against SIGKILL.
 
-A symlink is followed: its target is written and the link kept.
+A symlink is followed: its target is written and the link kept. A target
+that is a mount point (listed in /proc/self/mountinfo) goes straight to the
+in-place path instead of paying for a temp file and a failed rename on every
+write. Temp files a crash left behind (ours end in ``.imex-tmp``) are removed
+by the next write once they are a minute old.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ import errno
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 _IN_PLACE_ERRNOS = frozenset({errno.EBUSY, errno.EXDEV, errno.EROFS, errno.EACCES, errno.EPERM})
 PAD_BYTE = b"\n"
+TMP_SUFFIX = ".imex-tmp"
+STALE_TMP_AGE_S = 60.0
 
 
 class FileWriteError(OSError):
@@ -51,9 +58,42 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes | None:
         return None
 
 
+def _unescape_mountinfo(field: str) -> str:
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def is_mount_point(path: str) -> bool:
+    """Whether ``path`` is itself a mount point (a bind-mounted file counts)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            return any(
+                len(parts) > 4 and _unescape_mountinfo(parts[4]) == path
+                for parts in (line.split() for line in f)
+            )
+    except OSError:
+        return False
+
+
+def _remove_stale_temps(directory: str, base: str) -> None:
+    prefix, cutoff = f".{base}.", time.time() - STALE_TMP_AGE_S
+    try:
+        names = [
+            n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(TMP_SUFFIX)
+        ]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        with contextlib.suppress(OSError):
+            if os.lstat(path).st_mtime < cutoff:
+                os.unlink(path)
+
+
 def _replace(target: str, data: bytes, st: os.stat_result | None, default_mode: int) -> None:
     directory = os.path.dirname(target) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
+    base = os.path.basename(target)
+    _remove_stale_temps(directory, base)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=TMP_SUFFIX, dir=directory)
     try:
         view = memoryview(data)
         while view:
@@ -92,11 +132,18 @@ def write_in_place(target: str, data: bytes) -> None:
         padded = data + PAD_BYTE * (old_len - len(data)) if len(data) < old_len else data
         _pwrite_all(fd, padded)
         if len(padded) != len(data):
-            os.fsync(fd)
             os.ftruncate(fd, len(data))
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _in_place(path: str | os.PathLike[str], target: str, data: bytes) -> bool:
+    try:
+        write_in_place(target, data)
+    except OSError as exc:
+        raise FileWriteError(exc.errno, f"cannot write {path} in place: {exc.strerror}") from exc
+    return True
 
 
 def write_file(path: str | os.PathLike[str], data: bytes, *, default_mode: int = 0o644) -> bool:
@@ -111,14 +158,12 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, default_mode: int =
         st = None
     if st is not None and st.st_size == len(data) and read_bytes(target) == data:
         return False
+    if st is not None and is_mount_point(target):
+        return _in_place(path, target, data)
     try:
         _replace(target, data, st, default_mode)
-        return True
     except OSError as exc:
         if st is None or exc.errno not in _IN_PLACE_ERRNOS:
             raise FileWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
-    try:
-        write_in_place(target, data)
-    except OSError as exc:
-        raise FileWriteError(exc.errno, f"cannot write {path} in place: {exc.strerror}") from exc
+        return _in_place(path, target, data)
     return True
