@@ -1,0 +1,543 @@
+"""The guest agent daemon: one asyncio program, one TaskGroup, data flowing one way.
+
+    discovery ──View──► merge (pins) ──► own slot ──► render + write ──► IMEX supervisor
+    netwatch ──addresses changed──► kick discovery, re-evaluate own slot ─┘      │
+    filewatch ──foreign write──► re-assert (same pins, no IMEX action)          ▼
+                                                        status.json + registry report
+
+Tasks (all in one ``asyncio.TaskGroup``, all visible in ``Agent.run``):
+discovery (registry long-poll and DNS polling, owned by ``discovery.py``),
+netwatch (netlink address events), filewatch (inotify), the IMEX supervisor
+and the reporter. Callbacks from discovery, netwatch and filewatch are plain
+functions that run to completion on the loop, so a View is merged, rendered
+and written without interleaving with another writer; the slow parts (IMEX
+control, HTTP reports) are their own tasks fed "latest value" style, so they
+never hold up discovery.
+
+Signals: SIGTERM and SIGINT set the stop event; the run loop then stops the
+file watcher, cancels the other tasks and (process mode) stops the child
+IMEX. The managed files are left exactly as they are: the last-known-good
+state stays in place for IMEX and for the next agent.
+
+Failure rules: nothing learned keeps the files as they are; a write error is
+recorded as ``last_error`` and retried on the next View or re-check; a task
+that raises is logged and ends the agent with exit 1 so systemd
+(Restart=always) starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.metadata
+import inspect
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from guest_agent.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
+from guest_agent.config import Settings
+from guest_agent.imex import ImexStats, Policy, Supervisor, make_controller
+from guest_agent.model import EnsembleId, Member
+from guest_agent.ownslot import OwnSlot, resolve_own
+from guest_agent.status import Status, StatusError, format_table, load_status, write_status
+
+log = logging.getLogger("guest_agent")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("imex-ensemble")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+AGENT_VERSION = _version()
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_NOTHING_LEARNED = 3
+
+
+class ViewT(Protocol):
+    """A discovery View (``guest_agent.discovery.View``)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def pins(self) -> Mapping[int, str]: ...
+
+    @property
+    def absent(self) -> frozenset[int]: ...
+
+    @property
+    def generation(self) -> int | None: ...
+
+    @property
+    def members(self) -> tuple[Member, ...]: ...
+
+
+# --- logging -------------------------------------------------------------------
+
+_STD_ATTRS = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, and any ``extra`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STD_ATTRS and not key.startswith("_"):
+                doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(as_json: bool, level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if as_json:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+# --- systemd notify ----------------------------------------------------------------
+
+
+def sd_notify(message: str) -> bool:
+    """Send ``message`` to systemd's NOTIFY_SOCKET (Type=notify); False when not under systemd."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return False
+    if path.startswith("@"):
+        path = "\0" + path[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.sendto(message.encode(), path)
+    except OSError as exc:
+        log.warning("sd_notify failed: %s", exc)
+        return False
+    return True
+
+
+# --- adapters to the discovery and netwatch modules -----------------------------------
+
+
+async def _maybe_await(value: object) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+async def local_view() -> tuple[set[str], str | None]:
+    """(local addresses, default-route source address) via ``netwatch``."""
+    from guest_agent import netwatch
+
+    addrs = await _maybe_await(netwatch.local_addresses())
+    route = await _maybe_await(netwatch.default_route_address())
+    return {str(a) for a in addrs}, (str(route) if route else None)
+
+
+def make_discovery(settings: Settings) -> Any:
+    from guest_agent.discovery import Discovery
+    from guest_agent.reporter import ReportError, read_token
+
+    try:
+        token = read_token(settings.token_file)
+    except ReportError as exc:
+        log.warning("registry requests without a token: %s", exc)
+        token = None
+    return Discovery(settings, EnsembleId(settings.namespace, settings.ensemble), token=token)
+
+
+# --- the agent -------------------------------------------------------------------------
+
+
+class Agent:
+    """State and callbacks of the daemon; ``run`` owns every task."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ens = EnsembleId(settings.namespace, settings.ensemble)
+        self.applier = Applier(settings)
+        self.published: dict[int, str] = {}
+        self.vmis: dict[int, str] = {}
+        self.learned = False
+        self.generation: int | None = None
+        self.source: str | None = None
+        self.own: OwnSlot | None = None
+        self.local_addrs: set[str] = set()
+        self.default_route: str | None = None
+        self.hostname = socket.gethostname()
+        self.stop = asyncio.Event()
+        self.first_apply = asyncio.Event()
+        self.notified = False
+        self.status = Status(
+            ensemble=settings.ensemble,
+            namespace=settings.namespace,
+            domain_id=self.ens.domain_id,
+            mode=settings.mode,
+            agent_version=AGENT_VERSION,
+            own_slot_mode=settings.own_slot,
+            imex_control=settings.imex_control,
+        )
+        self.supervisor = Supervisor(
+            make_controller(settings.imex_control, settings.imex_unit, settings.imex_command),
+            Policy(
+                mode=settings.mode,
+                on_change=settings.on_change,
+                signal_interval=settings.signal_interval,
+                settle_time=settings.settle_time,
+                ready_grace=settings.ready_grace,
+            ),
+            settings.imex_ctl,
+            ready_poll=min(2.0, max(0.2, settings.poll_interval)),
+            on_stats=self._on_imex,
+        )
+        self.reporter: Any = None
+        if settings.registry_url is not None:
+            from guest_agent.reporter import Reporter
+
+            self.reporter = Reporter(settings, on_error=self._report_error)
+        self.discovery: Any = None
+
+    # -- errors and status
+
+    def record_error(self, message: str | None) -> None:
+        if message is not None:
+            self.status.last_error = message
+            self.status.last_error_at = time.time()
+        self.write_status()
+
+    def _report_error(self, message: str | None) -> None:
+        self.record_error(message)
+
+    def write_status(self) -> None:
+        self.status.updated_at = time.time()
+        try:
+            write_status(self.settings.status_file, self.status)
+        except (StatusError, OSError) as exc:
+            log.warning("cannot write status file: %s", exc)
+
+    def _on_imex(self, stats: ImexStats) -> None:
+        s = self.status
+        new = (stats.state, stats.signals, stats.restarts, stats.starts, stats.pid)
+        old = (s.imex_state, s.signals, s.restarts, s.starts, s.imex_pid)
+        if stats.last_error and stats.last_error != s.last_error:
+            s.last_error, s.last_error_at = stats.last_error, time.time()
+            stats.last_error = None
+        elif new == old:
+            return
+        s.imex_state, s.signals, s.restarts, s.starts, s.imex_pid = new
+        self.write_status()
+        self.report()
+
+    def report(self) -> None:
+        if self.reporter is None or self.own is None or self.own.index is None:
+            return
+        s = self.status
+        self.reporter.submit(
+            self.own.index,
+            {
+                "imex_state": s.imex_state,
+                "generation_applied": s.generation_applied,
+                "nodes_config_sha256": s.nodes_config_sha256,
+                "hosts_sha256": s.hosts_sha256,
+                "signals": s.signals,
+                "restarts": s.restarts,
+                "agent_version": AGENT_VERSION,
+            },
+        )
+
+    # -- the pipeline
+
+    async def publish(self, view: ViewT) -> None:
+        """Discovery's publish callback (async by its contract; runs to completion)."""
+        self.on_view(view)
+
+    def on_view(self, view: ViewT) -> None:
+        """Discovery's publish callback: merge, then apply."""
+        self.published = merge_view(self.published, view)
+        if view.source == "registry":
+            self.vmis = {m.index: m.vmi for m in view.members if m.vmi}
+        self.learned = True
+        self.source = view.source
+        if view.generation is not None:
+            self.generation = view.generation
+        log.info(
+            "view from %s: %d pinned, %d absent, generation %s",
+            view.source,
+            len(view.pins),
+            len(view.absent),
+            view.generation,
+        )
+        self.refresh()
+
+    def members(self) -> list[Member]:
+        return [Member(i, ip, vmi=self.vmis.get(i)) for i, ip in sorted(self.published.items())]
+
+    def resolve_own(self) -> OwnSlot:
+        return resolve_own(
+            self.settings, self.members(), self.local_addrs, self.hostname, self.default_route
+        )
+
+    def refresh(self) -> ApplyResult | None:
+        """Own slot, render, write, tell the supervisor, status; the whole pass."""
+        if not self.learned:
+            return None
+        own = self.resolve_own()
+        if own != self.own:
+            log.info("own slot: %s", own.note)
+        self.own = own
+        pins = local_pins(self.published, own.index, own.pin_ip)
+        try:
+            result = self.applier.apply(pins)
+        except ApplyError as exc:
+            log.error("apply failed: %s", exc)
+            self.record_error(f"apply: {exc}")
+            return None
+        if result.written:
+            log.info("files written", extra={"nodes": result.nodes_written,
+                                             "hosts": result.hosts_written})
+        self.supervisor.update(pins, result.nodes_sha256, own.pin_ip is not None)
+        s = self.status
+        s.applies += 1
+        s.own_index = own.index
+        s.own_slot = self.ens.slot(own.index) if own.index is not None else None
+        s.own_slot_how = own.how
+        s.own_slot_note = own.note
+        s.own_ip = own.pin_ip
+        s.source = self.source
+        s.generation_applied = self.generation
+        s.members = [
+            {"index": i, "slot": self.ens.slot(i), "ip": ip, "local_ip": pins.get(i)}
+            for i, ip in sorted(self.published.items())
+        ]
+        s.nodes_config_sha256 = result.nodes_sha256
+        s.hosts_sha256 = result.hosts_sha256
+        self.write_status()
+        self.report()
+        if not self.first_apply.is_set():
+            self.first_apply.set()
+            self.notified = sd_notify("READY=1")
+        return result
+
+    def on_files(self, reason: str) -> None:
+        """Filewatch callback: re-assert the last applied pins if someone changed the files."""
+        try:
+            result = self.applier.assert_files()
+        except ApplyError as exc:
+            self.record_error(f"re-assert: {exc}")
+            return
+        if result is not None and result.written:
+            self.status.reasserts += 1
+            log.warning(
+                "managed file changed by another writer: re-asserted",
+                extra={"path": reason, "reasserts": self.status.reasserts},
+            )
+            self.status.hosts_sha256 = result.hosts_sha256
+            self.status.nodes_config_sha256 = result.nodes_sha256
+            self.write_status()
+
+    async def on_addresses(self, *_: object) -> None:
+        """Netwatch callback: our addresses changed (migration, DHCP)."""
+        await self.update_addresses()
+        log.info("local addresses changed: %s", sorted(self.local_addrs))
+        if self.discovery is not None:
+            self.discovery.kick()
+        self.refresh()
+
+    async def update_addresses(self) -> None:
+        try:
+            self.local_addrs, self.default_route = await local_view()
+        except Exception as exc:  # netlink trouble must not stop the agent
+            log.warning("cannot read local addresses: %s", exc)
+
+    # -- tasks
+
+    async def _watch_files(self) -> None:
+        from guest_agent.filewatch import watch_files
+
+        await self.first_apply.wait()
+        await watch_files(
+            [self.settings.hosts_file, self.settings.nodes_config], self.on_files, stop=self.stop
+        )
+
+    async def _watch_addresses(self) -> None:
+        from guest_agent import netwatch
+
+        def changed(*args: object) -> Awaitable[None] | None:
+            return self.on_addresses(*args)
+
+        await _maybe_await(netwatch.watch_addresses(_sync_to_task(changed)))
+
+    async def _supervise(self) -> None:
+        await self.first_apply.wait()
+        await self.supervisor.run()
+
+    async def _startup_notify(self) -> None:
+        """Tell systemd we are up after the first apply, or after 30 s regardless."""
+        try:
+            await asyncio.wait_for(self.first_apply.wait(), 30.0)
+        except TimeoutError:
+            if not self.notified:
+                self.notified = sd_notify("READY=1")
+                log.warning("nothing learned within 30 s; keeping the files as they are")
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+        pins_found, nodes_sha_found = self.applier.found()
+        self.supervisor.adopt(pins_found, nodes_sha_found)
+        await self.update_addresses()
+        self.discovery = make_discovery(self.settings)
+        self.write_status()
+        tasks: list[asyncio.Task[Any]] = []
+        failed = False
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks.append(tg.create_task(self.discovery.run(self.publish), name="discovery"))
+                tasks.append(tg.create_task(self._watch_addresses(), name="netwatch"))
+                tasks.append(tg.create_task(self._watch_files(), name="filewatch"))
+                tasks.append(tg.create_task(self._supervise(), name="imex"))
+                tasks.append(tg.create_task(self._startup_notify(), name="notify"))
+                if self.reporter is not None:
+                    tasks.append(tg.create_task(self.reporter.run(), name="reporter"))
+                await self.stop.wait()
+                log.info("stopping")
+                for t in tasks:
+                    if t.get_name() != "filewatch":
+                        t.cancel()
+        except* Exception as group:
+            failed = True
+            for exc in group.exceptions:
+                log.error("task failed: %r", exc, exc_info=exc)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.supervisor.stop())
+            self.write_status()
+        return EXIT_FAILED if failed else EXIT_OK
+
+
+def _sync_to_task(fn: Callable[..., Awaitable[None] | None]) -> Callable[..., None]:
+    """Wrap an async callback for a caller that may call it synchronously.
+
+    The callback's coroutine is awaited by netwatch when it awaits results;
+    otherwise it is scheduled and its exceptions are logged.
+    """
+    pending: set[asyncio.Task[None]] = set()
+
+    def call(*args: object) -> Any:
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            return result
+        return None
+
+    _ = pending
+    return call
+
+
+# --- once and status ---------------------------------------------------------------------
+
+
+async def run_once(settings: Settings) -> int:
+    """One discover-and-apply pass (``once``); never touches IMEX."""
+    agent = Agent(settings)
+    await agent.update_addresses()
+    discovery = make_discovery(settings)
+    view = await discovery.once()
+    if view is None:
+        print(
+            "imex-guest-agent: error: nothing could be learned from the registry or DNS; "
+            "files left as they are",
+            file=sys.stderr,
+        )
+        return EXIT_NOTHING_LEARNED
+    agent.published = merge_view({}, view)
+    agent.vmis = {m.index: m.vmi for m in view.members if m.vmi}
+    agent.learned = True
+    agent.source = view.source
+    agent.generation = view.generation
+    own = agent.resolve_own()
+    pins = local_pins(agent.published, own.index, own.pin_ip)
+    try:
+        result = agent.applier.apply(pins)
+    except ApplyError as exc:
+        print(f"imex-guest-agent: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(
+        f"applied {len(agent.published)} member(s) from {view.source} "
+        f"(generation {view.generation}); own slot: {own.note}; "
+        f"nodes_config {'written' if result.nodes_written else 'unchanged'}, "
+        f"hosts {'written' if result.hosts_written else 'unchanged'}"
+    )
+    return EXIT_OK
+
+
+def cmd_status(settings: Settings, as_json: bool) -> int:
+    try:
+        data = load_status(settings.status_file)
+    except StatusError as exc:
+        print(f"imex-guest-agent: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    pid = data.get("pid")
+    running = False
+    if isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+            running = True
+        except ProcessLookupError:
+            running = False
+        except PermissionError:
+            running = True
+    data["agent_running"] = running
+    if as_json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(format_table(data))
+        if not running:
+            print(f"(agent pid {pid} is not running: this status may be stale)")
+    return EXIT_OK
+
+
+def main(args: argparse.Namespace, settings: Settings) -> int:
+    """Entry point for ``run``, ``once`` and ``status`` (called by ``cli.main``)."""
+    as_json = bool(getattr(args, "json", False))
+    if args.command == "status":
+        return cmd_status(settings, as_json)
+    setup_logging(as_json)
+    if args.command == "once":
+        return asyncio.run(run_once(settings))
+    if args.command == "run":
+        log.info(
+            "imex-guest-agent %s starting for %s (config %s)",
+            AGENT_VERSION,
+            f"{settings.namespace}/{settings.ensemble}",
+            settings.source,
+        )
+        return asyncio.run(Agent(settings).run())
+    print(f"imex-guest-agent: error: unknown command {args.command!r}", file=sys.stderr)
+    return 2

@@ -1,0 +1,144 @@
+"""Pins -> file bytes -> disk: the one place the agent writes managed files.
+
+Stage order (STYLE.md): discovery yields Views; ``merge_view`` (pure) folds a
+View into the published pins; ``local_pins`` (pure) overrides the own slot
+with the address IMEX must find locally (masquerade, DESIGN.md "Own slot");
+``Applier`` renders with the shared renderers and writes with the safe
+writer. Merge rules:
+
+- a registry View is the whole truth: it replaces every pin;
+- a DNS View only speaks for the slots it asserts: it sets those it pins,
+  unpins those it calls absent (already debounced by discovery: two
+  authoritative absences), and every other slot keeps its last value, so a
+  timeout or SERVFAIL never unpins a live peer.
+
+Writing is level-triggered and idempotent: each call renders the whole
+desired content from the current files and the pins, and the safe writer
+skips unchanged files. So the file watcher can call ``assert_files`` on every
+inotify event, our own writes included, and only a foreign change costs a
+write (a "re-assert"). The nodes file is written before the hosts file so a
+daemon started after both sees a consistent pair.
+
+Everything here is synchronous and fast (two small files); the agent calls
+it from the event loop without awaiting, so two writers never interleave.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from guest_agent.config import Settings
+from guest_agent.hostsfile import merge_hosts, read_block
+from guest_agent.model import EnsembleId
+from guest_agent.render import render_nodes_config
+from guest_agent.safewrite import FileWriteError, read_bytes, write_file
+
+
+class ApplyError(RuntimeError):
+    """A managed file could not be written; the message names it."""
+
+
+class ViewLike(Protocol):
+    """What ``merge_view`` needs of a discovery View."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def pins(self) -> Mapping[int, str]: ...
+
+    @property
+    def absent(self) -> frozenset[int] | set[int] | tuple[int, ...]: ...
+
+
+def merge_view(current: Mapping[int, str], view: ViewLike) -> dict[int, str]:
+    """Published pins after ``view`` (pure; rules in the module docstring)."""
+    if view.source == "registry":
+        return dict(view.pins)
+    merged = dict(current)
+    for index in view.absent:
+        merged.pop(index, None)
+    merged.update(view.pins)
+    return merged
+
+
+def local_pins(
+    published: Mapping[int, str], own_index: int | None, own_ip: str | None
+) -> dict[int, str]:
+    """The pins this guest writes: published ones, own slot pinned to ``own_ip``."""
+    pins = dict(published)
+    if own_index is not None and own_ip is not None:
+        pins[own_index] = own_ip
+    return pins
+
+
+def sha256(data: bytes | None) -> str | None:
+    return hashlib.sha256(data).hexdigest() if data is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    nodes_written: bool
+    hosts_written: bool
+    nodes_sha256: str
+    hosts_sha256: str
+
+    @property
+    def written(self) -> bool:
+        return self.nodes_written or self.hosts_written
+
+
+class Applier:
+    """Renders and writes the nodes file and the hosts block for one ensemble."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ens = EnsembleId(settings.namespace, settings.ensemble)
+        self.pins: dict[int, str] | None = None
+        self.last: ApplyResult | None = None
+
+    def nodes_bytes(self, pins: Mapping[int, str]) -> bytes:
+        s = self.settings
+        return render_nodes_config(self.ens, s.max_members, s.mode, pins)
+
+    def found(self) -> tuple[dict[int, str] | None, str | None]:
+        """(pins of our hosts block, sha256 of the nodes file) as they are on disk now."""
+        hosts = read_bytes(self.settings.hosts_file)
+        nodes = read_bytes(self.settings.nodes_config)
+        block = read_block(hosts, self.ens) if hosts is not None else None
+        return block, sha256(nodes)
+
+    def apply(self, pins: Mapping[int, str]) -> ApplyResult:
+        """Make both files hold ``pins``; remembers them for ``assert_files``."""
+        self.pins = dict(pins)
+        return self._write(self.pins)
+
+    def assert_files(self) -> ApplyResult | None:
+        """Re-render the last applied pins over whatever is on disk (None before any apply)."""
+        if self.pins is None:
+            return None
+        return self._write(self.pins)
+
+    def _write(self, pins: Mapping[int, str]) -> ApplyResult:
+        s = self.settings
+        nodes = self.nodes_bytes(pins)
+        try:
+            os.makedirs(os.path.dirname(s.nodes_config) or ".", exist_ok=True)
+            nodes_written = write_file(s.nodes_config, nodes)
+            existing = read_bytes(s.hosts_file) or b""
+            hosts = merge_hosts(existing, self.ens, s.max_members, pins)
+            hosts_written = write_file(s.hosts_file, hosts)
+        except (FileWriteError, OSError) as exc:
+            raise ApplyError(str(exc)) from exc
+        result = ApplyResult(
+            nodes_written,
+            hosts_written,
+            hashlib.sha256(nodes).hexdigest(),
+            hashlib.sha256(hosts).hexdigest(),
+        )
+        self.last = result
+        return result

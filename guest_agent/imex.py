@@ -1,0 +1,551 @@
+"""Telling the IMEX daemon: a pure decision, three controllers, one supervisor.
+
+Why the rules are what they are (FACTS.md "The IMEX daemon"):
+
+- IMEX reads the nodes file only at start, so a changed nodes file needs a
+  restart. In names mode the file depends only on the ensemble and never
+  changes, so a moving peer costs a SIGUSR1 (re-resolve names), not a restart.
+- IMEX acts on at most one SIGUSR1 per 5 s and ignores the rest. So signals
+  are spaced ``signal_interval`` apart and a change inside the window is
+  *held*, not dropped: when the window ends the latest state is signalled
+  once. Ten changes in two seconds cost at most two signals.
+- The first signal after a (re)start is held for one window too: a SIGUSR1
+  that arrives before the daemon has installed its handler would kill it,
+  and a freshly started daemon has just resolved every name anyway.
+- IMEX binds to the nodes-file entry that matches a local address; started
+  before our own slot is pinned it exits ("No matching network interface").
+  So nothing is started (or restarted) until the own slot is pinned.
+- ips mode (and ``on_change = "restart"``): every change is a restart, so a
+  burst is debounced: act once the state has been still for ``settle_time``.
+- A daemon that has not said READY (``nvidia-imex-ctl -q``) for
+  ``ready_grace`` is restarted; so is a dead one (process mode with backoff).
+
+``decide`` is a pure function of (what IMEX was told, what the files now
+say, policy, now) and returns the action plus when to look again; the
+``Supervisor`` task only observes, calls ``decide`` and executes. All times
+are ``time.monotonic()`` seconds.
+
+Controllers: ``systemd`` (``systemctl`` argv lists, never a shell; on agent
+exit IMEX is left running), ``process`` (IMEX is our child: started in its
+own session, SIGTERM then SIGKILL on stop), ``none`` (observe only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+log = logging.getLogger(__name__)
+
+Pins = tuple[tuple[int, str], ...]
+
+READY = "READY"
+
+
+def freeze_pins(pins: Mapping[int, str]) -> Pins:
+    """A hashable, order-independent form of an index -> IP map."""
+    return tuple(sorted(pins.items()))
+
+
+class ImexError(RuntimeError):
+    """Controlling the IMEX daemon failed (systemctl, spawning, signalling)."""
+
+
+class Action(enum.Enum):
+    NOTHING = "nothing"
+    SIGNAL = "signal"
+    RESTART = "restart"
+    START = "start"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    mode: Literal["names", "ips"] = "names"
+    on_change: Literal["signal", "restart"] = "signal"
+    signal_interval: float = 5.0
+    settle_time: float = 2.0
+    ready_grace: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """What the files say now (the agent's side)."""
+
+    pins: Pins
+    nodes_sha: str
+    own_pinned: bool
+    #: monotonic time of the last change of ``pins`` or ``nodes_sha``.
+    changed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Told:
+    """What the daemon knows (our record of it) and what we observed of it."""
+
+    running: bool = False
+    #: pins the daemon last resolved (at start or at the last acted-on SIGUSR1);
+    #: None while it has never been started by or adopted by us.
+    pins: Pins | None = None
+    nodes_sha: str | None = None
+    last_signal_at: float | None = None
+    #: when the daemon was first seen not READY (None: READY or unknown).
+    not_ready_since: float | None = None
+    #: no start/restart before this time (backoff after a crash).
+    hold_until: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    reason: str
+    #: when ``decide`` should run again even without news (None: only on news).
+    wake_at: float | None = None
+
+
+def _earliest(*times: float | None) -> float | None:
+    real = [t for t in times if t is not None]
+    return min(real) if real else None
+
+
+def decide(told: Told, want: Want, policy: Policy, now: float) -> Decision:
+    """What IMEX needs now; pure, see the module docstring for the rules."""
+    if not want.own_pinned:
+        return Decision(Action.NOTHING, "own slot is not pinned yet: IMEX could not bind")
+    if not told.running:
+        if now < told.hold_until:
+            return Decision(Action.NOTHING, "IMEX is down, backing off", told.hold_until)
+        if told.nodes_sha is None:
+            return Decision(Action.START, "IMEX is not running")
+        return Decision(Action.RESTART, "IMEX is dead")
+    settle_at = want.changed_at + policy.settle_time
+    if told.nodes_sha != want.nodes_sha:
+        if policy.mode == "ips" and now < settle_at:
+            return Decision(Action.NOTHING, "nodes file changed, waiting to settle", settle_at)
+        return Decision(Action.RESTART, "the nodes file changed (IMEX reads it only at start)")
+    grace_at = (
+        told.not_ready_since + policy.ready_grace if told.not_ready_since is not None else None
+    )
+    if grace_at is not None and now >= grace_at:
+        return Decision(Action.RESTART, f"IMEX not READY for {policy.ready_grace:g}s")
+    if told.pins != want.pins:
+        if policy.on_change == "restart" or policy.mode == "ips":
+            if now < settle_at:
+                return Decision(Action.NOTHING, "peers changed, waiting to settle", settle_at)
+            return Decision(Action.RESTART, "peers changed (on_change = restart)")
+        window = (
+            told.last_signal_at + policy.signal_interval
+            if told.last_signal_at is not None
+            else None
+        )
+        if window is not None and now < window:
+            return Decision(
+                Action.NOTHING, "peers changed inside the SIGUSR1 window, holding", window
+            )
+        return Decision(Action.SIGNAL, "peers changed")
+    return Decision(Action.NOTHING, "IMEX is up to date", grace_at)
+
+
+def after(told: Told, want: Want, action: Action, now: float) -> Told:
+    """Our record of the daemon once ``action`` has been carried out."""
+    if action is Action.SIGNAL:
+        return replace(told, pins=want.pins, last_signal_at=now)
+    if action in (Action.START, Action.RESTART):
+        return replace(
+            told,
+            running=True,
+            pins=want.pins,
+            nodes_sha=want.nodes_sha,
+            last_signal_at=now,
+            not_ready_since=now,
+        )
+    return told
+
+
+# --- controllers -----------------------------------------------------------
+
+
+class Controller(Protocol):
+    name: str
+
+    async def alive(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def restart(self) -> None: ...
+
+    async def signal(self, sig: signal.Signals) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def wait_exit(self) -> None:
+        """Return when the daemon is seen to exit (may never return)."""
+        ...
+
+
+async def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str]:
+    """Run ``argv`` (no shell); (returncode, stdout+stderr). ImexError when it cannot run."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    except OSError as exc:
+        raise ImexError(f"cannot run {argv[0]}: {exc.strerror}") from exc
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError as exc:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise ImexError(f"{' '.join(argv)}: no answer within {timeout:g}s") from exc
+    assert proc.returncode is not None
+    return proc.returncode, out.decode("utf-8", "replace").strip()
+
+
+async def query_state(imex_ctl: Sequence[str], timeout: float = 5.0) -> str | None:
+    """``nvidia-imex-ctl -q``: the daemon's state line (e.g. READY), None when unknown."""
+    try:
+        rc, out = await run_argv([*imex_ctl, "-q"], timeout)
+    except ImexError as exc:
+        log.debug("imex state query failed: %s", exc)
+        return None
+    if rc != 0 or not out:
+        return None
+    return out.splitlines()[0].strip() or None
+
+
+class SystemdController:
+    """IMEX as a systemd unit. The agent's exit leaves the unit alone."""
+
+    name = "systemd"
+
+    def __init__(self, unit: str, systemctl: Sequence[str] = ("systemctl",)) -> None:
+        self.unit = unit
+        self.systemctl = tuple(systemctl)
+
+    async def _run(self, *args: str, timeout: float = 90.0) -> None:
+        argv = [*self.systemctl, *args, self.unit]
+        rc, out = await run_argv(argv, timeout)
+        if rc != 0:
+            raise ImexError(f"{' '.join(argv)} failed (exit {rc}): {out}")
+
+    async def alive(self) -> bool:
+        rc, _ = await run_argv([*self.systemctl, "is-active", "--quiet", self.unit], 30.0)
+        return rc == 0
+
+    async def start(self) -> None:
+        await self._run("start")
+
+    async def restart(self) -> None:
+        await self._run("restart")
+
+    async def signal(self, sig: signal.Signals) -> None:
+        await self._run("kill", "--kill-whom=main", f"--signal={sig.name}")
+
+    async def stop(self) -> None:
+        return None
+
+    async def wait_exit(self) -> None:
+        await asyncio.Event().wait()
+
+
+class NoController:
+    """``imex_control = "none"``: someone else runs IMEX; we only observe."""
+
+    name = "none"
+
+    async def alive(self) -> bool:
+        return True
+
+    async def start(self) -> None:
+        return None
+
+    async def restart(self) -> None:
+        return None
+
+    async def signal(self, sig: signal.Signals) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def wait_exit(self) -> None:
+        await asyncio.Event().wait()
+
+
+class ProcessController:
+    """IMEX as the agent's child process (containers, images without systemd, tests).
+
+    The child runs in its own session so a terminal's Ctrl-C reaches only
+    the agent, which then stops the child in order: SIGTERM, wait
+    ``stop_timeout``, SIGKILL.
+    """
+
+    name = "process"
+
+    def __init__(self, argv: Sequence[str], stop_timeout: float = 10.0) -> None:
+        self.argv = tuple(argv)
+        self.stop_timeout = stop_timeout
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    async def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self) -> None:
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, stdin=asyncio.subprocess.DEVNULL, start_new_session=True
+            )
+        except OSError as exc:
+            raise ImexError(f"cannot start {self.argv[0]}: {exc.strerror}") from exc
+        log.info("started IMEX", extra={"pid": self.proc.pid, "argv": list(self.argv)})
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    async def signal(self, sig: signal.Signals) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            raise ImexError("IMEX is not running, cannot signal it")
+        try:
+            self.proc.send_signal(sig)
+        except ProcessLookupError as exc:
+            raise ImexError("IMEX exited before it could be signalled") from exc
+
+    async def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), self.stop_timeout)
+        except TimeoutError:
+            log.warning("IMEX ignored SIGTERM for %gs, killing it", self.stop_timeout)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def wait_exit(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            await asyncio.Event().wait()
+            return
+        await proc.wait()
+
+
+def make_controller(kind: str, unit: str, command: Sequence[str]) -> Controller:
+    if kind == "systemd":
+        return SystemdController(unit)
+    if kind == "process":
+        return ProcessController(command)
+    return NoController()
+
+
+# --- supervisor --------------------------------------------------------------
+
+
+@dataclass
+class ImexStats:
+    """What the status file and the registry report say about IMEX."""
+
+    state: str = "UNKNOWN"
+    signals: int = 0
+    restarts: int = 0
+    starts: int = 0
+    last_action: str | None = None
+    last_reason: str | None = None
+    last_error: str | None = None
+    pid: int | None = None
+
+
+@dataclass
+class Backoff:
+    """Restart delays after crashes: ``base`` doubling to ``cap``; reset after a stable run."""
+
+    base: float = 0.5
+    cap: float = 30.0
+    stable_after: float = 60.0
+    current: float = field(default=0.0)
+
+    def next_delay(self, ran_for: float) -> float:
+        if ran_for >= self.stable_after:
+            self.current = 0.0
+        self.current = self.base if self.current == 0.0 else min(self.cap, self.current * 2)
+        return self.current
+
+
+class Supervisor:
+    """The one task that talks to IMEX; fed ``Want`` values by the agent."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        policy: Policy,
+        imex_ctl: Sequence[str],
+        *,
+        ready_poll: float = 2.0,
+        on_stats: Callable[[ImexStats], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.controller = controller
+        self.policy = policy
+        self.imex_ctl = tuple(imex_ctl)
+        self.ready_poll = ready_poll
+        self.on_stats = on_stats
+        self.clock = clock
+        self.backoff = backoff or Backoff()
+        self.stats = ImexStats()
+        self.told = Told()
+        self.want: Want | None = None
+        self._news = asyncio.Event()
+        self._started_at: float | None = None
+        self._last_poll = float("-inf")
+        self._adopted: tuple[Pins | None, str | None] | None = None
+        self._observed = False
+
+    def adopt(self, pins: Mapping[int, str] | None, nodes_sha: str | None) -> None:
+        """Before our first write: the files as found, which an already-running IMEX read.
+
+        Used only if the first observation finds IMEX running (an agent restart):
+        the daemon then carries on without a restart unless the files differ.
+        """
+        self._adopted = (freeze_pins(pins) if pins is not None else None, nodes_sha)
+
+    def update(self, pins: Mapping[int, str], nodes_sha: str, own_pinned: bool) -> None:
+        """New desired state (the files were just written)."""
+        frozen = freeze_pins(pins)
+        now = self.clock()
+        old = self.want
+        if old is None or old.pins != frozen or old.nodes_sha != nodes_sha:
+            changed_at = now
+        else:
+            changed_at = old.changed_at
+        self.want = Want(frozen, nodes_sha, own_pinned, changed_at)
+        self._news.set()
+
+    def _publish(self) -> None:
+        if self.on_stats is not None:
+            self.on_stats(self.stats)
+
+    async def _observe(self, now: float) -> None:
+        running = await self.controller.alive()
+        if self.told.running and not running:
+            ran_for = now - (self._started_at or now)
+            delay = self.backoff.next_delay(ran_for)
+            log.warning("IMEX exited after %.1fs; restarting in %.1fs", ran_for, delay)
+            self.told = replace(self.told, running=False, hold_until=now + delay)
+        elif running and not self.told.running:
+            if self.told.nodes_sha is None:
+                # Running, but not started by us: someone (systemd at boot, an admin)
+                # started it. Before our first write it read the files as found;
+                # after it, ours. Its first SIGUSR1 waits one window either way.
+                if not self._observed and self._adopted is not None:
+                    pins, sha = self._adopted
+                else:
+                    pins, sha = None, self.want.nodes_sha if self.want else None
+                self.told = replace(
+                    self.told, running=True, pins=pins, nodes_sha=sha, last_signal_at=now
+                )
+                self._started_at = now
+            else:
+                self.told = replace(self.told, running=True)
+        self._observed = True
+        if not running:
+            self.stats.state = "NOT_RUNNING"
+            self.told = replace(self.told, not_ready_since=None)
+            return
+        if now - self._last_poll >= self.ready_poll:
+            self._last_poll = now
+            state = await query_state(self.imex_ctl)
+            self.stats.state = state or "UNKNOWN"
+            if state == READY:
+                self.told = replace(self.told, not_ready_since=None)
+            elif self.told.not_ready_since is None:
+                self.told = replace(self.told, not_ready_since=now)
+
+    async def _execute(self, decision: Decision, want: Want, now: float) -> None:
+        action = decision.action
+        log.info("IMEX: %s (%s)", action.value, decision.reason)
+        try:
+            if action is Action.SIGNAL:
+                await self.controller.signal(signal.SIGUSR1)
+                self.stats.signals += 1
+            elif action is Action.START:
+                await self.controller.start()
+                self.stats.starts += 1
+            else:
+                await self.controller.restart()
+                self.stats.restarts += 1
+        except ImexError as exc:
+            log.error("IMEX %s failed: %s", action.value, exc)
+            self.stats.last_error = str(exc)
+            delay = self.backoff.next_delay(0.0)
+            self.told = replace(self.told, running=False, hold_until=now + delay)
+            return
+        self.told = after(self.told, want, action, now)
+        if action is not Action.SIGNAL:
+            self._started_at = now
+            self._last_poll = float("-inf")
+        self.stats.last_action = action.value
+        self.stats.last_reason = decision.reason
+        self.stats.pid = getattr(self.controller, "pid", None)
+
+    async def step(self) -> Decision | None:
+        """Observe, decide, act once; the decision taken (None before any Want)."""
+        now = self.clock()
+        await self._observe(now)
+        want = self.want
+        if want is None:
+            self._publish()
+            return None
+        if self.controller.name == "none":
+            self._publish()
+            return Decision(Action.NOTHING, "imex_control = none")
+        decision = decide(self.told, want, self.policy, now)
+        if decision.action is not Action.NOTHING:
+            await self._execute(decision, want, now)
+        self._publish()
+        return decision
+
+    async def run(self) -> None:
+        """Forever: step, then sleep until news, a timer, a readiness poll or a child exit."""
+        while True:
+            self._news.clear()
+            decision = await self.step()
+            now = self.clock()
+            wake = _earliest(
+                decision.wake_at if decision else None,
+                now + self.ready_poll,
+            )
+            timeout = max(0.0, (wake or now + self.ready_poll) - now)
+            if decision is not None and decision.action is not Action.NOTHING:
+                continue
+            news = asyncio.ensure_future(self._news.wait())
+            exited = asyncio.ensure_future(self.controller.wait_exit())
+            try:
+                await asyncio.wait({news, exited}, timeout=timeout, return_when="FIRST_COMPLETED")
+            finally:
+                for t in (news, exited):
+                    t.cancel()
+                for t in (news, exited):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+
+    async def stop(self) -> None:
+        await self.controller.stop()
+

@@ -1,0 +1,172 @@
+"""Report this guest's IMEX status to the registry (``PUT .../members/{index}/status``).
+
+Concurrency and failure rules:
+
+- ``submit`` only stores the latest report and sets an event; it never
+  awaits, so discovery and applying never wait on the registry.
+- ``run`` is one task: it sends the latest report, retrying transient
+  failures (connect errors, timeouts, 5xx, 408, 429) with exponential
+  backoff and jitter (tenacity). A newer report cuts the retry short: the
+  stale one is dropped and the newer one sent at once, so at most one
+  request is in flight and the registry always ends with the latest state.
+- 401/403/404/422 are not retried (a wrong token or address will not fix
+  itself by repetition); they are logged once per report and recorded as
+  ``last_error``. The next report tries again.
+- The bearer token is read from ``token_file`` for every send, so a rotated
+  Secret is picked up without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception,
+    stop_never,
+    wait_exponential_jitter,
+)
+
+from guest_agent import http
+from guest_agent.config import Settings
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class ReportError(RuntimeError):
+    """A report could not be delivered (and will not be retried)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    index: int
+    body: dict[str, Any]
+
+
+def status_url(settings: Settings, index: int) -> str:
+    assert settings.registry_url is not None
+    return (
+        f"{settings.registry_url}/v1/ensembles/{settings.namespace}/{settings.ensemble}"
+        f"/members/{index}/status"
+    )
+
+
+def read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ReportError(f"token_file {path}: cannot read: {exc.strerror}") from exc
+    if not token:
+        raise ReportError(f"token_file {path}: empty")
+    return token
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, http.HttpStatusError):
+        return exc.status in RETRY_STATUSES
+    return isinstance(exc, http.HttpError)
+
+
+class _Superseded(Exception):
+    """A newer report arrived while this one was being retried."""
+
+
+class Reporter:
+    """Latest-wins sender of status reports; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        on_error: Callable[[str | None], None] | None = None,
+        max_wait: float = 30.0,
+        initial_wait: float = 0.5,
+    ) -> None:
+        self.settings = settings
+        self.on_error = on_error
+        self.max_wait = max_wait
+        self.initial_wait = initial_wait
+        self._latest: Report | None = None
+        self._sent: Report | None = None
+        self._news = asyncio.Event()
+        self.delivered = 0
+        self.failures = 0
+
+    def submit(self, index: int, body: dict[str, Any]) -> None:
+        report = Report(index, dict(body))
+        if report == self._latest:
+            return
+        self._latest = report
+        self._news.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        """tenacity's sleep, cut short by a newer report."""
+        try:
+            await asyncio.wait_for(self._news.wait(), seconds)
+        except TimeoutError:
+            return
+        raise _Superseded
+
+    async def send(self, report: Report) -> None:
+        """One PUT (raises http.HttpError / ReportError)."""
+        token = read_token(self.settings.token_file)
+        await http.put_json(
+            status_url(self.settings, report.index),
+            report.body,
+            token=token,
+            connect_timeout=min(5.0, self.settings.dns_timeout * 2),
+            read_timeout=10.0,
+        )
+
+    async def _deliver(self, report: Report) -> None:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_transient),
+            wait=wait_exponential_jitter(initial=self.initial_wait, max=self.max_wait),
+            stop=stop_never,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                try:
+                    await self.send(report)
+                except http.HttpError as exc:
+                    self.failures += 1
+                    log.warning("status report failed: %s", exc)
+                    if self.on_error is not None:
+                        self.on_error(f"status report: {exc}")
+                    raise
+
+    async def run(self) -> None:
+        """Forever: wait for a report, deliver the latest one."""
+        if self.settings.registry_url is None:
+            await asyncio.Event().wait()
+        while True:
+            await self._news.wait()
+            self._news.clear()
+            report = self._latest
+            if report is None or report == self._sent:
+                continue
+            try:
+                await self._deliver(report)
+            except _Superseded:
+                continue
+            except (http.HttpError, ReportError, RetryError) as exc:
+                self.failures += 1
+                log.error("status report not delivered: %s", exc)
+                if self.on_error is not None:
+                    self.on_error(f"status report: {exc}")
+                continue
+            self._sent = report
+            self.delivered += 1
+            log.debug("status report delivered", extra={"index": report.index})

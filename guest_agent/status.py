@@ -1,0 +1,140 @@
+"""The agent's status file and the ``status`` command's rendering of it.
+
+The daemon rewrites ``status_file`` (default
+``/run/imex-guest-agent/status.json``) after every apply and every change of
+IMEX's state, with the safe writer (temp + rename), so ``status`` and any
+monitoring never read a torn file. Unchanged content is not rewritten.
+``format_table`` is pure; ``show`` is the CLI's side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from guest_agent.safewrite import FileWriteError, write_file
+
+SCHEMA = 1
+
+
+class StatusError(RuntimeError):
+    """The status file is missing or unreadable."""
+
+
+@dataclass
+class Status:
+    ensemble: str
+    namespace: str
+    domain_id: str
+    mode: str
+    agent_version: str
+    pid: int = field(default_factory=os.getpid)
+    started_at: float = field(default_factory=time.time)
+    updated_at: float = 0.0
+    own_index: int | None = None
+    own_slot: str | None = None
+    own_slot_mode: str = "auto"
+    own_slot_how: str | None = None
+    own_slot_note: str | None = None
+    own_ip: str | None = None
+    source: str | None = None
+    generation_applied: int | None = None
+    members: list[dict[str, Any]] = field(default_factory=list)
+    nodes_config_sha256: str | None = None
+    hosts_sha256: str | None = None
+    imex_control: str = "systemd"
+    imex_state: str = "UNKNOWN"
+    imex_pid: int | None = None
+    signals: int = 0
+    restarts: int = 0
+    starts: int = 0
+    reasserts: int = 0
+    applies: int = 0
+    last_error: str | None = None
+    last_error_at: float | None = None
+    schema: int = SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def members_list(slot_of: Mapping[int, str], pins: Mapping[int, str]) -> list[dict[str, Any]]:
+    return [{"index": i, "slot": slot_of[i], "ip": pins[i]} for i in sorted(pins)]
+
+
+def encode(status: Status) -> bytes:
+    """Stable bytes (sorted keys, indented) of ``status``."""
+    return (json.dumps(status.to_json(), indent=2, sort_keys=True) + "\n").encode()
+
+
+def write_status(path: str, status: Status) -> bool:
+    """Atomically write ``status``; True when the file changed."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        return write_file(path, encode(status))
+    except FileWriteError as exc:
+        raise StatusError(str(exc)) from exc
+
+
+def load_status(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError as exc:
+        raise StatusError(f"{path}: no status file (is the agent running?)") from exc
+    except OSError as exc:
+        raise StatusError(f"{path}: cannot read: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise StatusError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise StatusError(f"{path}: not a status object")
+    return data
+
+
+def _age(ts: object, now: float) -> str:
+    if not isinstance(ts, int | float) or not ts:
+        return "-"
+    return f"{max(0.0, now - float(ts)):.0f}s ago"
+
+
+def format_table(data: Mapping[str, Any], now: float | None = None) -> str:
+    """Human rendering of a status object (pure)."""
+    now = time.time() if now is None else now
+    own = data.get("own_index")
+    rows = [
+        ("ensemble", f"{data.get('namespace')}/{data.get('ensemble')} "
+         f"(domain {data.get('domain_id')}, mode {data.get('mode')})"),
+        ("own slot", f"{data.get('own_slot') or '-'} (index {own if own is not None else '?'})"),
+        ("own ip", f"{data.get('own_ip') or '-'} (own_slot={data.get('own_slot_mode')}, "
+         f"{data.get('own_slot_how') or 'unresolved'})"),
+    ]
+    if data.get("own_slot_note"):
+        rows.append(("own note", str(data["own_slot_note"])))
+    rows += [
+        ("source", f"{data.get('source') or '-'} generation {data.get('generation_applied')}"),
+        ("imex", f"{data.get('imex_state')} via {data.get('imex_control')} "
+         f"(pid {data.get('imex_pid') or '-'})"),
+        ("signals", str(data.get("signals", 0))),
+        ("restarts", str(data.get("restarts", 0))),
+        ("re-asserts", str(data.get("reasserts", 0))),
+        ("updated", _age(data.get("updated_at"), now)),
+        ("last error", f"{data.get('last_error') or '-'}"
+         + (f" ({_age(data.get('last_error_at'), now)})" if data.get("last_error") else "")),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    members = data.get("members") or []
+    lines.append("")
+    lines.append(f"{'idx':>3}  {'slot':<24}  ip")
+    for m in members:
+        if not isinstance(m, dict):
+            continue
+        mark = " *" if m.get("index") == own else ""
+        lines.append(f"{m.get('index')!s:>3}  {m.get('slot')!s:<24}  {m.get('ip')}{mark}")
+    if not members:
+        lines.append("  (no members known)")
+    return "\n".join(lines) + "\n"
