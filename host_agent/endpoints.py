@@ -1,0 +1,233 @@
+"""An ensemble's EndpointSlices: the desired objects (pure) and the applier.
+
+Desired state (DESIGN.md "Names"): one slice per address family,
+``<service>-imex`` (IPv4) and ``<service>-imex-v6`` (IPv6), because a slice
+holds one addressType. Labelled ``kubernetes.io/service-name`` (cluster DNS
+finds it by that) and ``endpointslice.kubernetes.io/managed-by`` (ours, never
+the built-in controller's), owned by the Service so the garbage collector
+removes it with the Service. One endpoint per published member: hostname =
+slot name, addresses = [ip], ``conditions.ready``, ``nodeName``, ``targetRef``
+-> the VMI; one port ``imex``. A family without members has no slice.
+
+In sidecar scope (one VMI per agent) each agent owns a slice of its own,
+``<service>-imex-vmi-<vmi>`` (``-imex-v6-vmi-``), since endpoint lists are
+atomic under server-side apply and agents would otherwise overwrite each
+other; cluster DNS merges all slices of a Service.
+
+Writing (``SliceApplier``): server-side apply, field manager
+``imex-host-agent``, force. A write happens only when the desired object
+differs from what the slice informer last observed, and not when the same
+body was already written and the informer simply has not caught up (the
+observed resourceVersion is still the one seen before, or the one returned
+by, our own write). So a repeated reconcile, a relist or an agent restart
+causes no write; an edit or deletion by someone else is repaired.
+Errors propagate to the reconciler, which retries the ensemble later.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from host_agent.state import EnsembleSnapshot
+
+FIELD_MANAGER: Final = "imex-host-agent"
+MANAGED_BY: Final = "imex-ensemble.io/host-agent"
+MANAGED_BY_LABEL: Final = "endpointslice.kubernetes.io/managed-by"
+SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
+PORT_NAME: Final = "imex"
+KUBEVIRT_API_VERSION: Final = "kubevirt.io/v1"
+
+Body = dict[str, Any]
+
+
+def slice_name(service: str, family: str, vmi: str | None = None) -> str:
+    """Name of the slice for ``family`` ("IPv4"/"IPv6"); per-VMI in sidecar scope."""
+    base = f"{service}-imex" if family == "IPv4" else f"{service}-imex-v6"
+    return base if vmi is None else f"{base}-vmi-{vmi}"
+
+
+def _family(ip: str) -> str:
+    return "IPv6" if isinstance(ipaddress.ip_address(ip), ipaddress.IPv6Address) else "IPv4"
+
+
+def desired_slices(snap: EnsembleSnapshot, *, vmi: str | None = None) -> dict[str, Body | None]:
+    """slice name -> desired body, or None where the slice must not exist.
+
+    Both families are always in the result, so a family that lost its last
+    member is deleted. With ``vmi`` (sidecar scope) only that VMI's endpoint
+    is considered, in that VMI's own slices.
+    """
+    spec = snap.spec
+    ens = spec.ens
+    by_family: dict[str, list[Body]] = {"IPv4": [], "IPv6": []}
+    for published in snap.members:
+        m = published.member
+        if vmi is not None and m.vmi != vmi:
+            continue
+        endpoint: Body = {
+            "addresses": [m.ip],
+            "conditions": {"ready": bool(m.ready)},
+            "hostname": ens.slot(m.index),
+        }
+        if m.node:
+            endpoint["nodeName"] = m.node
+        if m.vmi:
+            endpoint["targetRef"] = {
+                "apiVersion": KUBEVIRT_API_VERSION,
+                "kind": "VirtualMachineInstance",
+                "name": m.vmi,
+                "namespace": ens.namespace,
+            }
+        by_family[_family(m.ip)].append(endpoint)
+
+    result: dict[str, Body | None] = {}
+    for family, endpoints in by_family.items():
+        name = slice_name(ens.name, family, vmi)
+        if not endpoints:
+            result[name] = None
+            continue
+        metadata: Body = {
+            "name": name,
+            "namespace": ens.namespace,
+            "labels": {SERVICE_NAME_LABEL: ens.name, MANAGED_BY_LABEL: MANAGED_BY},
+        }
+        if spec.uid:
+            metadata["ownerReferences"] = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "name": ens.name,
+                    "uid": spec.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+        result[name] = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": metadata,
+            "addressType": family,
+            "endpoints": endpoints,
+            "ports": [{"name": PORT_NAME, "port": spec.port, "protocol": "TCP"}],
+        }
+    return result
+
+
+def contains(desired: object, observed: object) -> bool:
+    """True when every field of ``desired`` is in ``observed`` with that value.
+
+    Maps may carry extra keys (server defaults, other managers' labels);
+    lists must match element by element and in length (endpoint lists are
+    atomic: an extra endpoint is a difference).
+    """
+    if isinstance(desired, Mapping):
+        if not isinstance(observed, Mapping):
+            return False
+        return all(k in observed and contains(v, observed[k]) for k, v in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(observed, list) or len(desired) != len(observed):
+            return False
+        return all(contains(d, o) for d, o in zip(desired, observed, strict=True))
+    return desired == observed
+
+
+def resource_version(obj: Mapping[str, Any] | None) -> str | None:
+    if obj is None:
+        return None
+    rv = obj.get("metadata", {}).get("resourceVersion")
+    return rv if isinstance(rv, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Our last write of one slice: the body (None: deleted) and the versions
+    observed before it and returned by it."""
+
+    body: Body | None
+    rv_before: str | None
+    rv_after: str | None
+
+
+def in_sync(desired: Body | None, observed: Mapping[str, Any] | None) -> bool:
+    """The observed slice already is what we want (absent when ``desired`` is None)."""
+    if desired is None:
+        return observed is None
+    return observed is not None and contains(desired, observed)
+
+
+def needs_write(
+    desired: Body | None, observed: Mapping[str, Any] | None, last: Written | None
+) -> bool:
+    """Decide whether the slice must be written (pure; see the module docstring).
+
+    ``last`` must be forgotten (or refreshed) once the observation has shown
+    the write, see ``SliceApplier.sync``; otherwise a later deletion by
+    someone else would look like informer lag.
+    """
+    if in_sync(desired, observed):
+        return False
+    if last is not None and last.body == desired:
+        rv = resource_version(observed)
+        if rv == last.rv_before or (rv is not None and rv == last.rv_after):
+            return False  # our write is not observed yet, or observed as written
+    return True
+
+
+class SliceClient(Protocol):
+    """The two writes the applier needs (implemented over lightkube in kube.py)."""
+
+    async def apply_slice(self, body: Body) -> str | None:
+        """Server-side apply; returns the new resourceVersion."""
+
+    async def delete_slice(self, namespace: str, name: str) -> None:
+        """Delete; a slice that is already gone is not an error."""
+
+
+class SliceApplier:
+    """Brings one ensemble's slices to the desired bodies, writing only differences.
+
+    Calls for one ensemble must be serialized by the caller (the reconciler
+    does); different ensembles touch different slices and may run in parallel.
+    """
+
+    def __init__(
+        self,
+        client: SliceClient,
+        observed: Callable[[str, str], Mapping[str, Any] | None],
+    ) -> None:
+        self._client = client
+        self._observed = observed
+        self._last: dict[tuple[str, str], Written] = {}
+
+    async def sync(self, namespace: str, desired: Mapping[str, Body | None]) -> list[str]:
+        """Write what differs; returns the names written ("apply:NAME"/"delete:NAME")."""
+        done: list[str] = []
+        for name, body in sorted(desired.items()):
+            key = (namespace, name)
+            observed = self._observed(namespace, name)
+            last = self._last.get(key)
+            if in_sync(body, observed):
+                # Observed as wanted: from now on only a newer observation counts.
+                rv = resource_version(observed)
+                self._last[key] = Written(body, rv, rv)
+                continue
+            if not needs_write(body, observed, last):
+                continue
+            rv_before = resource_version(observed)
+            if body is None:
+                await self._client.delete_slice(namespace, name)
+                self._last[key] = Written(None, rv_before, None)
+                done.append(f"delete:{name}")
+            else:
+                rv_after = await self._client.apply_slice(body)
+                self._last[key] = Written(body, rv_before, rv_after)
+                done.append(f"apply:{name}")
+        return done
+
+    def forget(self, namespace: str, names: list[str]) -> None:
+        """Drop write memory for slices of an ensemble that is gone."""
+        for name in names:
+            self._last.pop((namespace, name), None)

@@ -1,0 +1,278 @@
+"""VMI JSON -> ensemble member, or the reason it is not one (pure).
+
+Everything here follows FACTS.md "KubeVirt"; names, indexes and addresses are
+validated with ``guest_agent.model`` so that host and guest agree on them.
+
+Decision order for one VMI (``examine_vmi``):
+1. the VMI's name must be a DNS label (guests match it to their hostname);
+2. its slot index: the label ``imex-ensemble.io/index`` (a canonical decimal;
+   a bad label is a problem, never silently replaced by the name), else the
+   name's trailing ``-<n>`` (VirtualMachinePool naming); it must be below
+   max-members;
+3. whether it is live: not being deleted and not Succeeded/Failed. A live VMI
+   holds its slot even before it runs, so two live VMIs on one slot are a
+   conflict and neither is published until one goes;
+4. whether it is published: phase Running, with a usable address on the
+   ensemble's network: the interface named by the Service's network
+   annotation, else ``default``, else the first interface; its ``ipAddress``,
+   else the first usable of ``ipAddresses``; ``/prefix`` stripped;
+   10.0.2.2, fd10:0:2::2, loopback and link-local refused. During a live
+   migration this is simply the IP KubeVirt reports now.
+
+``derive_members`` applies this to all VMIs of one ensemble and resolves
+duplicate slots. Nothing raises on malformed input: every oddity becomes a
+problem string that names the VMI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from guest_agent.model import (
+    GUEST_INTERNAL,
+    InvalidIndex,
+    Member,
+    ModelError,
+    check_dns_label,
+    check_index,
+    index_from_name,
+    parse_ip,
+    unusable_reason,
+)
+from host_agent.services import INDEX_LABEL
+from host_agent.state import EnsembleSpec
+
+DEFAULT_NETWORK: Final = "default"
+RUNNING: Final = "Running"
+_FINISHED: Final = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What one VMI means for its ensemble.
+
+    ``index`` is set when the VMI claims a slot; ``live`` when it holds that
+    slot (for duplicate detection); ``member`` when it can be published;
+    ``problem`` says why not (or what is odd) in words an operator can act on.
+    """
+
+    vmi: str
+    index: int | None
+    live: bool
+    member: Member | None
+    problem: str | None
+
+
+def _mapping(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def vmi_name(vmi: Mapping[str, object]) -> str:
+    name = _mapping(vmi.get("metadata")).get("name")
+    return name if isinstance(name, str) else ""
+
+
+def _index(name: str, labels: Mapping[str, object], max_members: int) -> int:
+    """The VMI's slot index; raises InvalidIndex with the reason."""
+    raw = labels.get(INDEX_LABEL)
+    if raw is not None:
+        if not isinstance(raw, str):
+            raise InvalidIndex(f"label {INDEX_LABEL}={raw!r} is not a string")
+        text = raw
+        if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
+            raise InvalidIndex(f"label {INDEX_LABEL}={text!r} is not a slot number")
+        return check_index(int(text), max_members)
+    index = index_from_name(name)
+    if index is None:
+        raise InvalidIndex(
+            f"has no {INDEX_LABEL} label and its name does not end in -<n>; "
+            "cannot tell which slot it is"
+        )
+    return check_index(index, max_members)
+
+
+def _ready(status: Mapping[str, object]) -> bool:
+    conditions = status.get("conditions")
+    if not isinstance(conditions, list):
+        return False
+    for cond in conditions:
+        c = _mapping(cond)
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def _interface(
+    interfaces: Sequence[object], network: str | None
+) -> tuple[Mapping[str, object] | None, str]:
+    """The interface of the ensemble's network and a description of the choice."""
+    entries = [_mapping(i) for i in interfaces]
+    if network is not None:
+        for entry in entries:
+            if entry.get("name") == network:
+                return entry, f"network {network!r}"
+        return None, f"network {network!r}"
+    for entry in entries:
+        if entry.get("name") == DEFAULT_NETWORK:
+            return entry, f"network {DEFAULT_NETWORK!r}"
+    if entries:
+        first = entries[0]
+        label = first.get("name")
+        return first, f"network {label!r}" if isinstance(label, str) else "its first interface"
+    return None, f"network {DEFAULT_NETWORK!r}"
+
+
+def pick_address(iface: Mapping[str, object]) -> tuple[str | None, list[str]]:
+    """``ipAddress`` if usable, else the first usable of ``ipAddresses``.
+
+    Returns (canonical IP or None, the refused candidates with reasons).
+    """
+    candidates: list[object] = []
+    primary = iface.get("ipAddress")
+    if primary is not None:
+        candidates.append(primary)
+    many = iface.get("ipAddresses")
+    if isinstance(many, list):
+        candidates.extend(many)
+    refused: list[str] = []
+    seen: set[str] = set()
+    for raw in candidates:
+        if not isinstance(raw, str):
+            refused.append(f"{raw!r} (not a string)")
+            continue
+        try:
+            addr = parse_ip(raw)
+        except ModelError as exc:
+            refused.append(str(exc))
+            continue
+        reason = unusable_reason(addr)
+        if reason is None:
+            return str(addr), refused
+        if str(addr) not in seen:
+            seen.add(str(addr))
+            refused.append(reason)
+    return None, refused
+
+
+def _guest_internal_only(raw_ips: list[str]) -> list[str] | None:
+    """The addresses, when every one of them is a masquerade guest-internal one."""
+    found: list[str] = []
+    for raw in raw_ips:
+        try:
+            addr = parse_ip(raw)
+        except ModelError:
+            return None
+        if addr not in GUEST_INTERNAL:
+            return None
+        found.append(str(addr))
+    return list(dict.fromkeys(found)) or None
+
+
+def _describe_refused(name: str, where: str, refused: list[str], raw_ips: list[str]) -> str:
+    internal = _guest_internal_only(raw_ips)
+    if internal is not None:
+        return (
+            f"VMI {name} reports only the guest-internal {', '.join(internal)} on {where} "
+            "(masquerade address, not reachable from peers); not published until KubeVirt "
+            "reports the pod IP"
+        )
+    if not refused:
+        return f"VMI {name} has no IP address on {where} yet; not published"
+    return f"VMI {name} has no usable IP address on {where}: " + "; ".join(refused)
+
+
+def examine_vmi(vmi: Mapping[str, object], spec: EnsembleSpec) -> Candidate:
+    """Decide what one VMI of ``spec``'s ensemble is (see the module docstring)."""
+    meta = _mapping(vmi.get("metadata"))
+    name = vmi_name(vmi)
+    shown = name or "<unnamed>"
+    try:
+        check_dns_label(name, "VMI name")
+    except ModelError as exc:
+        return Candidate(shown, None, False, None, f"VMI {shown}: {exc}; not published")
+    try:
+        index = _index(name, _mapping(meta.get("labels")), spec.max_members)
+    except ModelError as exc:
+        return Candidate(name, None, False, None, f"VMI {name} {exc}; not published")
+
+    status = _mapping(vmi.get("status"))
+    phase = _text(status.get("phase")) or ""
+    deleting = meta.get("deletionTimestamp") is not None
+    live = not deleting and phase not in _FINISHED
+    if not live:
+        return Candidate(name, index, False, None, None)
+    if not status:
+        return Candidate(name, index, True, None, None)  # just created: nothing to say yet
+    if phase != RUNNING:
+        return Candidate(name, index, True, None, None)
+
+    interfaces = status.get("interfaces")
+    if interfaces is None:
+        interfaces = []
+    if not isinstance(interfaces, list):
+        return Candidate(
+            name, index, True, None,
+            f"VMI {name}: status.interfaces is not a list; not published",
+        )
+    iface, where = _interface(interfaces, spec.network)
+    if iface is None:
+        what = "has no interfaces in its status yet" if not interfaces else f"has no {where}"
+        return Candidate(name, index, True, None, f"VMI {name} {what}; not published")
+    ip, refused = pick_address(iface)
+    if ip is None:
+        raw_ips = [
+            r
+            for r in [iface.get("ipAddress"), *_list(iface.get("ipAddresses"))]
+            if isinstance(r, str)
+        ]
+        return Candidate(name, index, True, None, _describe_refused(name, where, refused, raw_ips))
+    member = Member(
+        index=index,
+        ip=ip,
+        vmi=name,
+        node=_text(status.get("nodeName")),
+        phase=phase,
+        ready=_ready(status),
+    )
+    return Candidate(name, index, True, member, None)
+
+
+def _list(value: object) -> list[object]:
+    return value if isinstance(value, list) else []
+
+
+def derive_members(
+    spec: EnsembleSpec, vmis: Iterable[Mapping[str, object]]
+) -> tuple[list[Member], list[str]]:
+    """The members to publish for one ensemble, and its VMI problems.
+
+    Two live VMIs on one slot: neither is published and the problem names both.
+    Output is sorted (members by index, problems by text) so equal input gives
+    equal output.
+    """
+    candidates = [examine_vmi(v, spec) for v in vmis]
+    problems = [c.problem for c in candidates if c.problem is not None]
+    holders: dict[int, list[Candidate]] = {}
+    for c in candidates:
+        if c.live and c.index is not None:
+            holders.setdefault(c.index, []).append(c)
+    members: list[Member] = []
+    for index, group in holders.items():
+        if len(group) > 1:
+            names = ", ".join(sorted(c.vmi for c in group))
+            problems.append(
+                f"slot {index} is claimed by {len(group)} live VMIs ({names}); "
+                "publishing neither until only one is left"
+            )
+            continue
+        member = group[0].member
+        if member is not None:
+            members.append(member)
+    members.sort(key=lambda m: m.index)
+    return members, sorted(problems)

@@ -1,0 +1,80 @@
+"""Prometheus metrics of the watching and publishing side of the host agent.
+
+Everything lives on the CollectorRegistry passed in (the registry's HTTP app
+serves the same one at /metrics), so tests and two agents in one process
+never share counters; there are no module globals. Per-ensemble gauges are
+removed when the ensemble goes, so the series count follows the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_P = "imex_host_agent_"
+
+
+class HostMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.watch_restarts = Counter(
+            _P + "watch_restarts",
+            "Watches restarted, by kind and reason (gone: relist after 410; error; closed)",
+            ["kind", "reason"],
+            registry=registry,
+        )
+        self.watch_events = Counter(
+            _P + "watch_events",
+            "Watch events received, by kind and event type",
+            ["kind", "type"],
+            registry=registry,
+        )
+        self.lists = Counter(
+            _P + "lists", "Full lists done (start and every relist), by kind", ["kind"],
+            registry=registry,
+        )
+        self.synced = Gauge(
+            _P + "informer_synced", "1 once the first full list of a kind is in", ["kind"],
+            registry=registry,
+        )
+        self.applies = Counter(
+            _P + "slice_writes",
+            "EndpointSlice writes sent (op: apply or delete)",
+            ["op"],
+            registry=registry,
+        )
+        self.apply_errors = Counter(
+            _P + "slice_write_errors", "EndpointSlice writes that failed", registry=registry
+        )
+        self.reconciles = Counter(
+            _P + "reconciles", "Ensemble reconcile passes, by result", ["result"],
+            registry=registry,
+        )
+        self.reconcile_seconds = Histogram(
+            _P + "reconcile_seconds",
+            "Time of one ensemble reconcile pass",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+            registry=registry,
+        )
+        self.members = Gauge(
+            _P + "members_published",
+            "Members published per ensemble",
+            ["namespace", "ensemble"],
+            registry=registry,
+        )
+        self.problems = Gauge(
+            _P + "problems",
+            "Problems per ensemble Service (VMIs and annotations), including refused Services",
+            ["namespace", "ensemble"],
+            registry=registry,
+        )
+
+    def set_ensemble(self, namespace: str, name: str, members: int, problems: int) -> None:
+        self.members.labels(namespace, name).set(members)
+        self.problems.labels(namespace, name).set(problems)
+
+    def drop_ensemble(self, namespace: str, name: str) -> None:
+        for gauge in (self.members, self.problems):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name)

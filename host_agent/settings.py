@@ -1,0 +1,73 @@
+"""The host agent's one frozen settings object, built by cli.py and passed down.
+
+Nothing below main.py reads flags, the environment or globals: every knob the
+agent has is a field here, with the default the contract (DESIGN.md "Host
+agent") gives it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+DEFAULT_LISTEN: Final = "0.0.0.0:8080"
+
+
+class SettingsError(ValueError):
+    """A flag or environment value that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostSettings:
+    #: Namespaces to watch; empty means every namespace the agent may see.
+    namespaces: tuple[str, ...] = ()
+    listen_host: str = "0.0.0.0"
+    listen_port: int = 8080
+    #: None: in-cluster config, else ~/.kube/config (and $KUBECONFIG).
+    kubeconfig: str | None = None
+    #: Sidecar scope: only this VMI (in ``namespaces[0]``, from POD_NAMESPACE).
+    vmi: str | None = None
+    json_logs: bool = False
+    log_level: str = "INFO"
+    #: Registry: proxies whose X-Forwarded-For is believed (CIDRs).
+    trusted_proxies: tuple[str, ...] = ()
+    #: Registry: a guest report older than this is shown as stale.
+    report_stale_after: float = 120.0
+    field_manager: str = "imex-host-agent"
+    #: Ensembles reconciled at the same time.
+    workers: int = 8
+    #: How long an ensemble's first event waits for the rest of a burst.
+    settle_seconds: float = 0.05
+    #: Server-side watch timeout (the server closes, the agent resumes).
+    watch_timeout_seconds: int = 290
+    #: Backoff with full jitter between failed list/watch/apply attempts.
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    #: Seconds to finish in-flight work on SIGTERM before tasks are cancelled.
+    shutdown_grace: float = 5.0
+
+    @property
+    def listen(self) -> str:
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+        return f"{host}:{self.listen_port}"
+
+    @property
+    def all_namespaces(self) -> bool:
+        return not self.namespaces
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); raises SettingsError."""
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise SettingsError(f"--listen {text!r}: expected [IPv6]:PORT")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise SettingsError(f"--listen {text!r}: expected HOST:PORT")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise SettingsError(f"--listen {text!r}: port {port_text!r} is not 0..65535")
+    return host or "0.0.0.0", int(port_text)

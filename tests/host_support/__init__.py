@@ -1,0 +1,1 @@
+"""Shared test helpers for the host agent's unit and integration tests."""
