@@ -32,6 +32,7 @@ from tests.sandbox.dns_server import (
     ThreadedDnsServer,
     answer_query,
     endpoint_slice,
+    follow_kubernetes,
 )
 
 ZONE = "cluster.local"
@@ -367,3 +368,68 @@ async def test_cli_serves_file_and_reloads_it(tmp_path: Path) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+# ---- fed from the Kubernetes API double, as CoreDNS's kubernetes plugin is
+
+
+async def test_follows_endpointslices_and_services_from_the_api(tmp_path: Path) -> None:
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.codecs import from_dict
+    from lightkube.resources.core_v1 import Service
+    from lightkube.resources.discovery_v1 import EndpointSlice
+
+    from tests.sandbox.kube_api.server import KubeApiServer
+
+    async with KubeApiServer() as api:
+        client = AsyncClient(KubeConfig.from_dict(api.kubeconfig()))
+        await client.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
+                                       "metadata": {"name": NS}}))
+        await client.create(from_dict({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": SVC, "namespace": NS},
+            "spec": {"clusterIP": "None", "ports": [{"name": "imex", "port": 50000}]}}))
+        builder = ClusterDnsModel(ZONE)
+        builder.set_members(NS, SVC, members(2))
+        await client.create(from_dict(builder.slices()[0]))
+
+        model = ClusterDnsModel(ZONE)
+        synced = asyncio.Event()
+        async with DnsServer(model) as srv, asyncio.TaskGroup() as tg:
+            feeder = tg.create_task(follow_kubernetes(model, client, synced=synced))
+            await asyncio.wait_for(synced.wait(), 10)
+            r = resolver(srv)
+            assert addrs(await r.resolve(slot(1), "A")) == ["10.1.0.2"]
+
+            async def wait_answer(name: str, want: list[str] | None) -> None:
+                deadline = asyncio.get_running_loop().time() + 10
+                while True:
+                    try:
+                        got: list[str] | None = addrs(await r.resolve(name, "A"))
+                    except dns.resolver.NXDOMAIN:
+                        got = None
+                    if got == want:
+                        return
+                    assert asyncio.get_running_loop().time() < deadline, (name, got)
+                    await asyncio.sleep(0.05)
+
+            async def replace_slice() -> None:
+                current = await client.get(EndpointSlice, f"{SVC}-imex", namespace=NS)
+                assert current.metadata is not None
+                body = builder.slices()[0]
+                body["metadata"]["resourceVersion"] = current.metadata.resourceVersion
+                await client.replace(from_dict(body))
+
+            builder.set_members(NS, SVC, {f"{SLOT}-0": "10.1.0.1", f"{SLOT}-1": "10.1.0.50"})
+            await replace_slice()
+            await wait_answer(slot(1), ["10.1.0.50"])
+            # a dropped watch is healed by a relist
+            api.drop_watches(abort=True)
+            builder.set_members(NS, SVC, {f"{SLOT}-0": "10.1.0.1"})
+            await replace_slice()
+            await wait_answer(slot(1), None)
+            # without its Service CoreDNS serves nothing for the slice
+            await client.delete(Service, SVC, namespace=NS)
+            await wait_answer(slot(0), None)
+            feeder.cancel()
+        await client.close()
