@@ -1,0 +1,65 @@
+"""pytest fixtures that start the Kubernetes API double (TEST STAND-IN).
+
+Use from a test module or a conftest.py:
+
+    from tests.sandbox.kube_api.fixtures import kube_api_fixture  # noqa: F401
+
+(the functions are named `*_fixture` and registered under the fixture names
+`kube_api` / `kube_api_async`, so the import does not clash with test
+parameters). Or, suite-wide, `pytest_plugins = ["tests.sandbox.kube_api.fixtures"]`
+in the root conftest.py.
+
+    async def test_x(kube_api):
+        client = lightkube.AsyncClient(KubeConfig.from_file(kube_api.kubeconfig_path))
+        kube_api.fail(500, count=3)          # next three requests get 500
+        assert kube_api.writes("endpointslices") == 1
+
+`kube_api` yields a `KubeApiHandle`: `.url`, `.kubeconfig_path` (a file in
+the test's tmp_path), `.token`, `.server` (the `ThreadedKubeApi`, whose
+blocking methods are safe from sync and async tests alike), and every method
+of `.server` directly on the handle (`fail`, `delay`, `drop_watches`,
+`compact`, `outage`, `recover`, `restart`, `writes`, `requests`, `changes`,
+`reset_counters`, `put`, `get`, `list`, `delete`, `resource_version`).
+The server runs on its own thread and event loop on an ephemeral loopback
+port, so code under test may block or run in the test's loop freely.
+
+`kube_api_async` yields a `KubeApiServer` on the test's own event loop
+(async tests only; its `outage`/`recover`/`restart` are coroutines).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from .server import KubeApiServer, ThreadedKubeApi
+
+
+@dataclass
+class KubeApiHandle:
+    url: str
+    kubeconfig_path: Path
+    token: str
+    server: ThreadedKubeApi
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.server, name)
+
+
+@pytest.fixture(name="kube_api")
+def kube_api_fixture(tmp_path: Path) -> Iterator[KubeApiHandle]:
+    with ThreadedKubeApi() as api:
+        path = api.write_kubeconfig(tmp_path / "kubeconfig")
+        yield KubeApiHandle(api.url, path, api.token, api)
+
+
+@pytest_asyncio.fixture(name="kube_api_async")
+async def kube_api_async_fixture(tmp_path: Path) -> AsyncIterator[KubeApiServer]:
+    async with KubeApiServer() as srv:
+        srv.write_kubeconfig(tmp_path / "kubeconfig")
+        yield srv

@@ -1,0 +1,426 @@
+"""Patch formats and server-side apply, as pure functions on JSON dicts.
+
+TEST STAND-IN, never product code. Imitates what the real apiserver does for
+each `Content-Type` of a PATCH (Kubernetes docs, "Update API Objects in Place
+Using kubectl patch" and "Server-Side Apply"):
+
+- `application/merge-patch+json`: RFC 7386 (null deletes, maps merge, lists
+  replace);
+- `application/json-patch+json`: RFC 6902 (add, remove, replace, move, copy,
+  test);
+- `application/strategic-merge-patch+json`: RFC 7386 plus lists of maps
+  merged by their merge key (`containers` by `name`, `conditions` by `type`,
+  ...), `$patch: delete|replace` directives; a simplification of the real
+  patchMeta-driven merge, good for the built-in kinds here;
+- `application/apply-patch+yaml`: server-side apply with per-manager field
+  ownership. Simplified: a field is a path of map keys, every list is atomic
+  (owned whole), conflicts are reported against any other manager owning a
+  field whose value the apply would change (409 unless `force`), fields a
+  manager stops applying are removed unless another manager owns them. An
+  apply that changes nothing returns the object unchanged, which is what
+  lets the store skip the write (no new resourceVersion, no watch event).
+
+Nothing here does I/O; errors are `PatchError` (-> 422/400) and
+`ApplyConflict` (-> 409).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+JSON = dict[str, Any]
+Path = tuple[str, ...]
+# (manager, operation "Apply"|"Update", subresource "" | "status")
+ManagerKey = tuple[str, str, str]
+
+
+class PatchError(ValueError):
+    """A patch that cannot be applied to the object (the server answers 422)."""
+
+
+@dataclass
+class ApplyConflict(Exception):
+    """Server-side apply would change fields another manager owns (409)."""
+
+    conflicts: list[tuple[str, Path]]
+
+    def __str__(self) -> str:
+        n = len(self.conflicts)
+        parts = [f'conflict with "{m}": {path_text(p)}' for m, p in self.conflicts]
+        return f"Apply failed with {n} conflict{'s' if n != 1 else ''}: " + "; ".join(parts)
+
+
+def path_text(p: Path) -> str:
+    return "." + ".".join(p)
+
+
+# ---------------------------------------------------------------- merge patch
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON Merge Patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result: JSON = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+# ----------------------------------------------------------------- JSON patch
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise PatchError(f"JSON pointer {path!r} must start with '/'")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _resolve_parent(doc: Any, parts: list[str], path: str) -> tuple[Any, str]:
+    cur = doc
+    for part in parts[:-1]:
+        if isinstance(cur, dict):
+            if part not in cur:
+                raise PatchError(f"path {path!r}: {part!r} not found")
+            cur = cur[part]
+        elif isinstance(cur, list):
+            try:
+                cur = cur[int(part)]
+            except (ValueError, IndexError) as e:
+                raise PatchError(f"path {path!r}: bad index {part!r}") from e
+        else:
+            raise PatchError(f"path {path!r}: cannot descend into a scalar")
+    return cur, parts[-1]
+
+
+def _get(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return doc
+    parent, last = _resolve_parent(doc, parts, path)
+    if isinstance(parent, dict):
+        if last not in parent:
+            raise PatchError(f"path {path!r} not found")
+        return parent[last]
+    if isinstance(parent, list):
+        try:
+            return parent[int(last)]
+        except (ValueError, IndexError) as e:
+            raise PatchError(f"path {path!r}: bad index {last!r}") from e
+    raise PatchError(f"path {path!r}: not a container")
+
+
+def _add(doc: Any, path: str, value: Any) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return value
+    parent, last = _resolve_parent(doc, parts, path)
+    if isinstance(parent, dict):
+        parent[last] = value
+    elif isinstance(parent, list):
+        if last == "-":
+            parent.append(value)
+        else:
+            try:
+                idx = int(last)
+            except ValueError as e:
+                raise PatchError(f"path {path!r}: bad index {last!r}") from e
+            if idx < 0 or idx > len(parent):
+                raise PatchError(f"path {path!r}: index {idx} out of range")
+            parent.insert(idx, value)
+    else:
+        raise PatchError(f"path {path!r}: not a container")
+    return doc
+
+
+def _remove(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        raise PatchError("cannot remove the whole document")
+    parent, last = _resolve_parent(doc, parts, path)
+    if isinstance(parent, dict):
+        if last not in parent:
+            raise PatchError(f"path {path!r} not found, cannot remove")
+        del parent[last]
+    elif isinstance(parent, list):
+        try:
+            del parent[int(last)]
+        except (ValueError, IndexError) as e:
+            raise PatchError(f"path {path!r}: bad index {last!r}") from e
+    else:
+        raise PatchError(f"path {path!r}: not a container")
+    return doc
+
+
+def json_patch(doc: Any, ops: Any) -> Any:
+    """RFC 6902 JSON Patch; the whole patch fails if any operation fails."""
+    if not isinstance(ops, list):
+        raise PatchError("a JSON patch must be a list of operations")
+    result = copy.deepcopy(doc)
+    for i, op in enumerate(ops):
+        if not isinstance(op, dict) or "op" not in op or "path" not in op:
+            raise PatchError(f"operation {i}: needs 'op' and 'path'")
+        kind, path = op["op"], op["path"]
+        if kind in ("add", "replace", "test") and "value" not in op:
+            raise PatchError(f"operation {i} ({kind}): missing 'value'")
+        if kind == "add":
+            result = _add(result, path, copy.deepcopy(op["value"]))
+        elif kind == "remove":
+            result = _remove(result, path)
+        elif kind == "replace":
+            _get(result, path)
+            result = _add(_remove(result, path), path, copy.deepcopy(op["value"])) \
+                if _pointer(path) else copy.deepcopy(op["value"])
+        elif kind in ("move", "copy"):
+            if "from" not in op:
+                raise PatchError(f"operation {i} ({kind}): missing 'from'")
+            value = copy.deepcopy(_get(result, op["from"]))
+            if kind == "move":
+                result = _remove(result, op["from"])
+            result = _add(result, path, value)
+        elif kind == "test":
+            if _get(result, path) != op["value"]:
+                raise PatchError(f"operation {i}: test failed at {path!r}")
+        else:
+            raise PatchError(f"operation {i}: unknown op {kind!r}")
+    return result
+
+
+# ------------------------------------------------------ strategic merge patch
+
+_MERGE_KEYS: dict[str, str] = {
+    "containers": "name", "initContainers": "name", "ephemeralContainers": "name",
+    "conditions": "type", "env": "name", "volumes": "name", "volumeMounts": "mountPath",
+    "ownerReferences": "uid", "imagePullSecrets": "name", "hostAliases": "ip",
+}
+_MERGE_PRIMITIVES = {"finalizers"}
+
+
+def _merge_key(field: str, items: list[Any]) -> str | None:
+    if field == "ports":
+        sample = next((i for i in items if isinstance(i, dict)), {})
+        return "containerPort" if "containerPort" in sample else "port"
+    return _MERGE_KEYS.get(field)
+
+
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """Strategic merge patch for built-in kinds (see module docstring)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if patch.get("$patch") == "replace":
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+    result: JSON = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$"):
+            continue  # $setElementOrder/..., $retainKeys, $deleteFromPrimitiveList/...
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, list) and isinstance(result.get(key), list):
+            result[key] = _merge_list(key, result[key], value)
+        elif isinstance(value, dict):
+            result[key] = strategic_merge_patch(result.get(key), value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def _merge_list(field: str, current: list[Any], patch: list[Any]) -> list[Any]:
+    if field in _MERGE_PRIMITIVES:
+        out = list(current)
+        out.extend(v for v in patch if v not in out)
+        return out
+    mkey = _merge_key(field, current + patch)
+    if mkey is None or not all(isinstance(i, dict) for i in patch):
+        return [i for i in copy.deepcopy(patch) if not (isinstance(i, dict) and "$patch" in i)]
+    out = copy.deepcopy(current)
+    for item in patch:
+        if item.get("$patch") == "replace":
+            return [i for i in copy.deepcopy(patch) if i.get("$patch") != "replace"]
+        idx = next((n for n, c in enumerate(out)
+                    if isinstance(c, dict) and c.get(mkey) == item.get(mkey)), None)
+        if item.get("$patch") == "delete":
+            if idx is not None:
+                del out[idx]
+        elif idx is None:
+            out.append(copy.deepcopy(item))
+        else:
+            out[idx] = strategic_merge_patch(out[idx], item)
+    return out
+
+
+# ---------------------------------------------------------- server-side apply
+
+# metadata fields a manager can own; the rest is identity or system-set.
+_OWNABLE_METADATA = {"labels", "annotations", "ownerReferences", "finalizers"}
+
+
+def leaf_paths(obj: Mapping[str, Any], prefix: Path = ()) -> set[Path]:
+    """Every owned field of `obj`: map keys down to a scalar, a list or an empty map."""
+    out: set[Path] = set()
+    for key, value in obj.items():
+        path = (*prefix, key)
+        if not prefix and key in ("apiVersion", "kind"):
+            continue
+        if prefix == ("metadata",) and key not in _OWNABLE_METADATA:
+            continue
+        if isinstance(value, dict) and value:
+            out |= leaf_paths(value, path)
+        else:
+            out.add(path)
+    return out
+
+
+def get_path(obj: Any, path: Path) -> tuple[bool, Any]:
+    cur = obj
+    for part in path:
+        if not isinstance(cur, dict) or part not in cur:
+            return False, None
+        cur = cur[part]
+    return True, cur
+
+
+def set_path(obj: JSON, path: Path, value: Any) -> None:
+    cur = obj
+    for part in path[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[part] = nxt
+        cur = nxt
+    cur[path[-1]] = copy.deepcopy(value)
+
+
+def delete_path(obj: JSON, path: Path) -> None:
+    """Remove `path` and every map left empty by the removal (below the top level)."""
+    chain: list[JSON] = [obj]
+    cur: Any = obj
+    for part in path[:-1]:
+        if not isinstance(cur, dict) or not isinstance(cur.get(part), dict):
+            return
+        cur = cur[part]
+        chain.append(cur)
+    cur.pop(path[-1], None)
+    for depth in range(len(chain) - 1, 1, -1):
+        if not chain[depth]:
+            chain[depth - 1].pop(path[depth - 1], None)
+
+
+def fields_v1(paths: Iterable[Path]) -> JSON:
+    """Render owned paths in the managedFields `FieldsV1` shape (`{"f:spec": {...}}`)."""
+    root: JSON = {}
+    for path in sorted(paths):
+        cur = root
+        for part in path:
+            cur = cur.setdefault(f"f:{part}", {})
+    return root
+
+
+Managers = dict[ManagerKey, set[Path]]
+
+
+def restrict(obj: JSON, subresource: str, has_status: bool) -> JSON:
+    """The part of an applied/updated object a request may touch."""
+    out = copy.deepcopy(obj)
+    if subresource == "status":
+        return {k: v for k, v in out.items() if k in ("apiVersion", "kind", "metadata", "status")}
+    if has_status:
+        out.pop("status", None)
+    return out
+
+
+def server_side_apply(
+    current: JSON | None,
+    applied: JSON,
+    managers: Managers,
+    manager: str,
+    force: bool,
+    subresource: str = "",
+) -> tuple[JSON, Managers]:
+    """Merge an apply configuration into `current`; return (object, new ownership).
+
+    `applied` must already be restricted to what the endpoint may change.
+    Raises ApplyConflict when another manager owns a field this apply changes.
+    """
+    me: ManagerKey = (manager, "Apply", subresource)
+    scope = ("status",) if subresource == "status" else None
+    base: JSON = copy.deepcopy(current) if current is not None else {
+        k: copy.deepcopy(v) for k, v in applied.items() if k in ("apiVersion", "kind")
+    }
+    new_paths = {p for p in leaf_paths(applied) if scope is None or p[:1] == scope}
+    owners: Managers = {k: set(v) for k, v in managers.items()}
+
+    conflicts: list[tuple[str, Path]] = []
+    for path in sorted(new_paths):
+        found, cur_val = get_path(base, path)
+        _, new_val = get_path(applied, path)
+        if not found or contained(new_val, cur_val):
+            continue
+        for key, owned in owners.items():
+            if key != me and _overlaps(path, owned):
+                conflicts.append((key[0], path))
+    if conflicts and not force:
+        raise ApplyConflict(conflicts)
+    if force:
+        for key, owned in owners.items():
+            if key != me:
+                owned -= {p for p in owned if any(_related(p, q) for q in new_paths)}
+
+    result = base
+    for path in owners.get(me, set()) - new_paths:
+        if not any(key != me and _overlaps(path, owned) for key, owned in owners.items()):
+            delete_path(result, path)
+    for path in new_paths:
+        _, value = get_path(applied, path)
+        set_path(result, path, value)
+    owners[me] = new_paths
+    return result, {k: v for k, v in owners.items() if v}
+
+
+def contained(applied: Any, current: Any) -> bool:
+    """True when `current` is `applied` plus server-filled defaults (no real change)."""
+    if isinstance(applied, dict) and isinstance(current, dict):
+        return all(k in current and contained(v, current[k]) for k, v in applied.items())
+    if isinstance(applied, list) and isinstance(current, list):
+        return len(applied) == len(current) and all(
+            contained(a, c) for a, c in zip(applied, current, strict=True))
+    return bool(applied == current)
+
+
+def _related(a: Path, b: Path) -> bool:
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def _overlaps(path: Path, owned: set[Path]) -> bool:
+    return any(_related(path, q) for q in owned)
+
+
+def record_update(
+    old: JSON | None, new: JSON, managers: Managers, manager: str, subresource: str = ""
+) -> Managers:
+    """Ownership after a create/update/patch by `manager`: it takes every field it changed."""
+    owners: Managers = {k: set(v) for k, v in managers.items()}
+    new_leaves = leaf_paths(new)
+    old_leaves = leaf_paths(old) if old is not None else set()
+    changed = {p for p in new_leaves
+               if p not in old_leaves or get_path(old, p)[1] != get_path(new, p)[1]}
+    if subresource != "status":
+        changed = {p for p in changed if p[:1] != ("status",)}
+    else:
+        changed = {p for p in changed if p[:1] == ("status",)}
+    gone = old_leaves - new_leaves
+    for key in owners:
+        owners[key] = {p for p in owners[key]
+                       if p not in gone and not any(_related(p, c) for c in changed)}
+    if changed:
+        me: ManagerKey = (manager, "Update", subresource)
+        owners[me] = owners.get(me, set()) | changed
+    return {k: v for k, v in owners.items() if v}

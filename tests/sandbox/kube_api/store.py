@@ -1,0 +1,550 @@
+"""The object store: etcd plus the apiserver's registry logic, in memory.
+
+TEST STAND-IN, never product code. What it imitates and how:
+
+- One global, monotonically increasing resourceVersion, as etcd's revision:
+  every effective write gets the next number, across all kinds. A write that
+  changes nothing (same object, same field ownership) is skipped and keeps
+  the old resourceVersion, as the real storage layer's no-op update check
+  does; so it emits no watch event.
+- Event history for watch resumption, bounded (`history_limit`) and
+  compactable (`compact()`), like etcd compaction plus the watch cache: a
+  watch from a resourceVersion older than the oldest kept event gets a
+  single ERROR event with a 410 `Expired` Status ("too old resource
+  version"), which is what a client sees from a real server.
+- Watch semantics of the real watch cache: no resourceVersion or "0" first
+  sends a synthetic ADDED for every current object; a MODIFIED that moves an
+  object into a watcher's selector is sent as ADDED and one that moves it out
+  as DELETED.
+- Registry behaviour: uid/creationTimestamp/generation, `generateName`,
+  optimistic concurrency on update (409), status subresource split, Service
+  clusterIP allocation and defaults, finalizers (delete sets
+  deletionTimestamp; the object goes when the last finalizer is removed),
+  namespace deletion removing its contents, and ownerReference garbage
+  collection as kube-controller-manager's garbage collector does (dependents
+  whose owners are all gone are deleted; `propagationPolicy=Orphan` strips
+  the reference instead). GC runs right after the owner's deletion, as its
+  own writes (their own resourceVersions), before the DELETE returns: faster
+  than a real cluster, where it is asynchronous.
+- managedFields for server-side apply (see patching.py).
+
+Concurrency: everything here is synchronous and runs on the server's event
+loop thread, so each operation is atomic with respect to the others; the
+only asynchronous part is the per-watcher queue the HTTP layer drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import ipaddress
+import itertools
+import secrets
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import patching, selectors, validation
+from . import resources as rt
+from .errors import ApiError, already_exists, bad_request, conflict, not_found
+from .resources import ResourceType
+
+JSON = dict[str, Any]
+ObjKey = tuple[str, str]  # (namespace or "", name)
+
+WATCH_CLOSE = "CLOSE"  # sentinel event types on a watcher queue
+WATCH_ABORT = "ABORT"
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Entry:
+    obj: JSON  # without metadata.managedFields
+    managers: patching.Managers = field(default_factory=dict)
+    manager_times: dict[patching.ManagerKey, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    rv: int
+    type_key: str
+    namespace: str
+    kind: str  # ADDED | MODIFIED | DELETED
+    old: JSON | None
+    new: JSON
+
+
+@dataclass(eq=False)
+class Watcher:
+    """One open watch: its filter and the queue of events still to send."""
+
+    t: ResourceType
+    namespace: str | None
+    labels: tuple[selectors.Requirement, ...]
+    fields: tuple[selectors.FieldRequirement, ...]
+    queue: asyncio.Queue[tuple[str, JSON]] = field(default_factory=asyncio.Queue)
+    last_rv: int = 0
+
+    def matches(self, obj: Mapping[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        meta = obj.get("metadata") or {}
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        return (selectors.labels_match(self.labels, meta.get("labels"))
+                and selectors.fields_match(self.fields, obj))
+
+    def translate(self, ev: HistoryEvent) -> tuple[str, JSON] | None:
+        """The event this watcher should see for `ev`, if any (selector moves)."""
+        old_in, new_in = self.matches(ev.old), self.matches(ev.new)
+        if ev.kind == "ADDED":
+            return ("ADDED", ev.new) if new_in else None
+        if ev.kind == "DELETED":
+            return ("DELETED", ev.new) if new_in or old_in else None
+        if old_in and new_in:
+            return ("MODIFIED", ev.new)
+        if new_in:
+            return ("ADDED", ev.new)
+        if old_in:
+            return ("DELETED", ev.new)
+        return None
+
+
+_SPEC_IGNORED = ("metadata", "status", "apiVersion", "kind")
+
+
+class Store:
+    """All objects of all kinds; see the module docstring for the rules."""
+
+    def __init__(self, history_limit: int = 100_000,
+                 clock: Callable[[], str] = now_rfc3339) -> None:
+        self.rv = 1
+        self.history: deque[HistoryEvent] = deque()
+        self.history_limit = history_limit
+        self.compacted_rv = 0  # watches from an rv below this get 410
+        self.objects: dict[str, dict[ObjKey, Entry]] = {t.key: {} for t in rt.ALL_TYPES}
+        self.watchers: set[Watcher] = set()
+        self.changes: Counter[tuple[str, str]] = Counter()  # (plural, ADDED|MODIFIED|DELETED)
+        self.clock = clock
+        self._cluster_ips = (str(ipaddress.ip_address("10.96.0.10") + i)
+                             for i in itertools.count())
+        for ns in ("default", "kube-system"):
+            self.create(rt.NAMESPACE, None, {"metadata": {"name": ns}}, "sandbox")
+
+    # ------------------------------------------------------------ reading
+
+    def render(self, entry: Entry) -> JSON:
+        out = copy.deepcopy(entry.obj)
+        if entry.managers:
+            meta = out.setdefault("metadata", {})
+            meta["managedFields"] = [
+                {"manager": key[0], "operation": key[1], "apiVersion": out.get("apiVersion", ""),
+                 "time": entry.manager_times.get(key, ""), "fieldsType": "FieldsV1",
+                 "fieldsV1": patching.fields_v1(paths),
+                 **({"subresource": key[2]} if key[2] else {})}
+                for key, paths in sorted(entry.managers.items())
+            ]
+        return out
+
+    def _entry(self, t: ResourceType, ns: str | None, name: str) -> Entry:
+        entry = self.objects[t.key].get((ns or "", name))
+        if entry is None:
+            raise not_found(t.qualified, name, t.group, t.plural)
+        return entry
+
+    def get(self, t: ResourceType, ns: str | None, name: str) -> JSON:
+        return self.render(self._entry(t, ns, name))
+
+    def list(self, t: ResourceType, ns: str | None, label_selector: str | None = None,
+             field_selector: str | None = None) -> tuple[list[JSON], str]:
+        w = self._filter(t, ns, label_selector, field_selector)
+        items = [self.render(e) for key, e in sorted(self.objects[t.key].items())
+                 if w.matches(e.obj)]
+        return items, str(self.rv)
+
+    def _filter(self, t: ResourceType, ns: str | None, label_selector: str | None,
+                field_selector: str | None) -> Watcher:
+        try:
+            labels = selectors.parse_label_selector(label_selector)
+            fields = selectors.parse_field_selector(field_selector, t.kind)
+        except selectors.SelectorError as e:
+            raise bad_request(str(e)) from e
+        return Watcher(t, ns, labels, fields)
+
+    def exists_uid(self, uid: str) -> bool:
+        return any(e.obj["metadata"].get("uid") == uid
+                   for objs in self.objects.values() for e in objs.values())
+
+    # ------------------------------------------------------------- watching
+
+    def watch(self, t: ResourceType, ns: str | None, label_selector: str | None,
+              field_selector: str | None, resource_version: str | None) -> Watcher:
+        """Register a watcher with its backlog already queued.
+
+        Raises ApiError(410) when `resource_version` is older than the kept history.
+        """
+        w = self._filter(t, ns, label_selector, field_selector)
+        if resource_version in (None, "", "0"):
+            for _, entry in sorted(self.objects[t.key].items()):
+                if w.matches(entry.obj):
+                    w.queue.put_nowait(("ADDED", self.render(entry)))
+        else:
+            try:
+                since = int(resource_version)
+            except ValueError as e:
+                raise bad_request(f"invalid resourceVersion {resource_version!r}") from e
+            if since < self.compacted_rv:
+                raise ApiError(410, "Expired",
+                               f"too old resource version: {since} ({self.compacted_rv})")
+            for ev in self.history:
+                if ev.rv > since and ev.type_key == t.key:
+                    out = w.translate(ev)
+                    if out is not None:
+                        w.queue.put_nowait(out)
+        w.last_rv = self.rv
+        self.watchers.add(w)
+        return w
+
+    def unwatch(self, w: Watcher) -> None:
+        self.watchers.discard(w)
+
+    def close_watches(self, abort: bool = False) -> int:
+        """End every open watch (clean end of stream, or a connection reset)."""
+        n = len(self.watchers)
+        for w in list(self.watchers):
+            w.queue.put_nowait((WATCH_ABORT if abort else WATCH_CLOSE, {}))
+        self.watchers.clear()
+        return n
+
+    def compact(self) -> int:
+        """Forget all history: a watch resuming from any older resourceVersion gets 410."""
+        self.history.clear()
+        self.compacted_rv = self.rv
+        return self.rv
+
+    def _publish(self, t: ResourceType, kind: str, old: JSON | None, new: JSON) -> None:
+        ev = HistoryEvent(self.rv, t.key, new["metadata"].get("namespace", ""), kind, old, new)
+        self.history.append(ev)
+        while len(self.history) > self.history_limit:
+            self.compacted_rv = self.history.popleft().rv
+        self.changes[(t.plural, kind)] += 1
+        for w in self.watchers:
+            if w.t.key == t.key:
+                out = w.translate(ev)
+                if out is not None:
+                    w.queue.put_nowait(out)
+
+    # -------------------------------------------------------------- writing
+
+    def _check_namespace(self, t: ResourceType, ns: str | None) -> str:
+        if not t.namespaced:
+            return ""
+        if not ns:
+            raise bad_request("the namespace of the provided object does not match the "
+                              "namespace sent on the request")
+        if ("", ns) not in self.objects[rt.NAMESPACE.key]:
+            raise not_found("namespaces", ns, "", "namespaces")
+        return ns
+
+    def _body_identity(self, t: ResourceType, ns: str | None, body: Any,
+                       name: str | None = None) -> JSON:
+        if not isinstance(body, dict):
+            raise bad_request("the body of the request must be a JSON object")
+        obj = copy.deepcopy(body)
+        if obj.get("apiVersion", t.api_version) != t.api_version or \
+                obj.get("kind", t.kind) != t.kind:
+            raise bad_request(
+                f"the API version in the data ({obj.get('apiVersion')}) / kind "
+                f"({obj.get('kind')}) does not match the expected {t.api_version} {t.kind}")
+        obj["apiVersion"], obj["kind"] = t.api_version, t.kind
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise bad_request("metadata must be an object")
+        if t.namespaced:
+            if meta.get("namespace") not in (None, "", ns):
+                raise bad_request("the namespace of the provided object does not match the "
+                                  "namespace sent on the request")
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        if name is not None and meta.get("name") not in (None, name):
+            raise bad_request(f"the name of the object ({meta.get('name')}) does not match the "
+                              f"name on the URL ({name})")
+        if name is not None:
+            meta["name"] = name
+        meta.pop("managedFields", None)
+        return obj
+
+    def create(self, t: ResourceType, ns: str | None, body: Any, manager: str,
+               keep_status: bool = False) -> JSON:
+        ns = self._check_namespace(t, ns)
+        obj = self._body_identity(t, ns, body)
+        meta = obj["metadata"]
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        if t.has_status and not keep_status:
+            obj.pop("status", None)
+        name = meta.get("name") or ""
+        if (ns, name) in self.objects[t.key]:
+            raise already_exists(t.qualified, name, t.group, t.plural)
+        for volatile in ("resourceVersion", "uid", "creationTimestamp", "deletionTimestamp",
+                         "generation", "selfLink"):
+            meta.pop(volatile, None)
+        managers = patching.record_update(None, obj, {}, manager)
+        return self._commit(t, None, obj, managers, manager)
+
+    def put(self, obj: JSON) -> JSON:
+        """Create or replace an object as a controller would, status included (no HTTP)."""
+        t = rt.find_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
+        if t is None:
+            raise bad_request(f"unknown kind {obj.get('apiVersion')}/{obj.get('kind')}")
+        ns = (obj.get("metadata") or {}).get("namespace") if t.namespaced else None
+        name = (obj.get("metadata") or {}).get("name", "")
+        if (ns or "", name) in self.objects[t.key]:
+            cur = self.get(t, ns, name)
+            body = copy.deepcopy(obj)
+            body["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            self.update(t, ns, name, body, "sandbox")
+            if t.has_status and "status" in obj:
+                return self.update(t, ns, name, body, "sandbox", subresource="status")
+            return self.get(t, ns, name)
+        return self.create(t, ns, obj, "sandbox", keep_status=True)
+
+    def update(self, t: ResourceType, ns: str | None, name: str, body: Any, manager: str,
+               subresource: str = "") -> JSON:
+        entry = self._entry(t, ns, name)
+        obj = self._body_identity(t, ns, body, name)
+        want_rv = obj["metadata"].get("resourceVersion")
+        have_rv = entry.obj["metadata"]["resourceVersion"]
+        if want_rv not in (None, "") and want_rv != have_rv:
+            raise conflict(t.qualified, name, "the object has been modified; please apply your "
+                           "changes to the latest version and try again", t.group, t.plural)
+        new = self._merge_subresource(t, entry.obj, obj, subresource)
+        managers = patching.record_update(entry.obj, new, entry.managers, manager, subresource)
+        return self._commit(t, entry, new, managers, manager)
+
+    def patch(self, t: ResourceType, ns: str | None, name: str, patch_type: str, body: Any,
+              manager: str | None, force: bool = False, subresource: str = "") -> JSON:
+        if patch_type == "apply":
+            return self._apply(t, ns, name, body, manager, force, subresource)
+        entry = self._entry(t, ns, name)
+        current = self.render(entry)
+        current["metadata"].pop("managedFields", None)
+        try:
+            if patch_type == "merge":
+                patched = patching.merge_patch(current, body)
+            elif patch_type == "json":
+                patched = patching.json_patch(current, body)
+            elif patch_type == "strategic":
+                if t.custom:
+                    raise ApiError(415, "UnsupportedMediaType",
+                                   "the body of the request was in an unknown format - accepted "
+                                   "media types include: application/json-patch+json, "
+                                   "application/merge-patch+json, application/apply-patch+yaml")
+                patched = patching.strategic_merge_patch(current, body)
+            else:
+                raise bad_request(f"unknown patch type {patch_type!r}")
+        except patching.PatchError as e:
+            raise ApiError(422, "Invalid", f"the server rejected our request due to an error in "
+                           f"our request: {e}") from e
+        obj = self._body_identity(t, ns, patched, name)
+        want_rv = obj["metadata"].get("resourceVersion")
+        if want_rv not in (None, "") and want_rv != entry.obj["metadata"]["resourceVersion"]:
+            raise conflict(t.qualified, name, "the object has been modified; please apply your "
+                           "changes to the latest version and try again", t.group, t.plural)
+        new = self._merge_subresource(t, entry.obj, obj, subresource)
+        managers = patching.record_update(entry.obj, new, entry.managers, manager or "unknown",
+                                          subresource)
+        return self._commit(t, entry, new, managers, manager or "unknown")
+
+    def _apply(self, t: ResourceType, ns: str | None, name: str, body: Any,
+               manager: str | None, force: bool, subresource: str) -> JSON:
+        if not manager:
+            raise ApiError(422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: '
+                           "fieldManager: Required value: is required for apply patch",
+                           {"causes": [validation.required("fieldManager")]})
+        if not isinstance(body, dict) or not body.get("apiVersion") or not body.get("kind"):
+            raise bad_request("apply patches need apiVersion and kind")
+        ns = self._check_namespace(t, ns)
+        applied = self._body_identity(t, ns, body, name)
+        applied["metadata"].pop("resourceVersion", None)
+        entry = self.objects[t.key].get((ns, name))
+        if entry is None and subresource:
+            raise not_found(t.qualified, name, t.group, t.plural)
+        applied = patching.restrict(applied, subresource, t.has_status)
+        try:
+            new, managers = patching.server_side_apply(
+                entry.obj if entry else None, applied, entry.managers if entry else {},
+                manager, force, subresource)
+        except patching.ApplyConflict as e:
+            raise ApiError(409, "Conflict", str(e), {
+                "name": name, "group": t.group, "kind": t.plural,
+                "causes": [{"reason": "FieldManagerConflict",
+                            "message": f'conflict with "{m}"', "field": patching.path_text(p)}
+                           for m, p in e.conflicts]}) from e
+        new.setdefault("metadata", {}).update(name=name, **({"namespace": ns} if ns else {}))
+        new["apiVersion"], new["kind"] = t.api_version, t.kind
+        return self._commit(t, entry, new, managers, manager)
+
+    def _merge_subresource(self, t: ResourceType, old: JSON, new: JSON, sub: str) -> JSON:
+        """Apply the spec/status split: each endpoint keeps the other half from `old`."""
+        if sub == "status":
+            out = copy.deepcopy(old)
+            if "status" in new:
+                out["status"] = new["status"]
+            else:
+                out.pop("status", None)
+            return out
+        if t.has_status:
+            new = copy.deepcopy(new)
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
+            else:
+                new.pop("status", None)
+        # system-owned metadata survives any update
+        for keep in ("uid", "creationTimestamp", "deletionTimestamp", "generation"):
+            if keep in old["metadata"]:
+                new["metadata"][keep] = old["metadata"][keep]
+            else:
+                new["metadata"].pop(keep, None)
+        return new
+
+    def _default(self, t: ResourceType, obj: JSON, old: JSON | None) -> None:
+        """Registry defaulting (PrepareForCreate/Update) for the kinds that need it."""
+        if t is rt.SERVICE:
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("type", "ClusterIP")
+            if spec["type"] != "ExternalName":
+                old_spec = (old or {}).get("spec") or {}
+                if not spec.get("clusterIP") and old_spec.get("clusterIP"):
+                    spec["clusterIP"] = old_spec["clusterIP"]
+                    spec["clusterIPs"] = old_spec.get("clusterIPs", [old_spec["clusterIP"]])
+                if not spec.get("clusterIP"):
+                    spec["clusterIP"] = next(self._cluster_ips)
+                spec.setdefault("clusterIPs", [spec["clusterIP"]])
+                spec.setdefault("ipFamilies", ["IPv4"])
+                spec.setdefault("ipFamilyPolicy", "SingleStack")
+                spec.setdefault("internalTrafficPolicy", "Cluster")
+            spec.setdefault("sessionAffinity", "None")
+            for port in spec.get("ports") or []:
+                if isinstance(port, dict):
+                    port.setdefault("protocol", "TCP")
+                    if "port" in port:
+                        port.setdefault("targetPort", port["port"])
+            obj.setdefault("status", {"loadBalancer": {}})
+        elif t is rt.ENDPOINTSLICE:
+            for port in obj.get("ports") or []:
+                if isinstance(port, dict):
+                    port.setdefault("protocol", "TCP")
+        elif t is rt.NAMESPACE:
+            obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = \
+                obj["metadata"]["name"]
+            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+            obj.setdefault("status", {"phase": "Active"})
+        elif t is rt.POD:
+            obj.setdefault("status", {"phase": "Pending"})
+
+    def _commit(self, t: ResourceType, entry: Entry | None, new: JSON,
+                managers: patching.Managers, manager: str) -> JSON:
+        """Default, validate, and store `new` unless it changes nothing."""
+        old = entry.obj if entry else None
+        meta = new["metadata"]
+        name = meta.get("name") or ""
+        self._default(t, new, old)
+        causes = validation.validate(t, new)
+        if causes:
+            raise ApiError(422, "Invalid", validation.invalid_message(t, name, causes),
+                           {"name": name, "group": t.group, "kind": t.kind, "causes": causes})
+        if old is not None and entry is not None:
+            meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if new == old and managers == entry.managers:
+                return self.render(entry)  # no-op: no new resourceVersion, no event
+            if _spec_of(new) != _spec_of(old):
+                meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        else:
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = self.clock()
+            meta["generation"] = 1
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
+        times = dict(entry.manager_times) if entry else {}
+        for key in managers:
+            if key[0] == manager or entry is None or managers.get(key) != entry.managers.get(key):
+                times[key] = self.clock()
+        new_entry = Entry(new, managers, {k: v for k, v in times.items() if k in managers})
+        ns = meta.get("namespace", "")
+        self.objects[t.key][(ns, name)] = new_entry
+        rendered = self.render(new_entry)
+        old_rendered = self.render(entry) if entry else None
+        self._publish(t, "MODIFIED" if entry else "ADDED", old_rendered, rendered)
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._remove(t, ns, name)
+        return rendered
+
+    # ------------------------------------------------------------- deleting
+
+    def delete(self, t: ResourceType, ns: str | None, name: str,
+               propagation: str | None = None, precondition_rv: str | None = None) -> JSON:
+        entry = self._entry(t, ns, name)
+        if precondition_rv and precondition_rv != entry.obj["metadata"]["resourceVersion"]:
+            raise conflict(t.qualified, name, "the ResourceVersion in the precondition "
+                           f"({precondition_rv}) does not match the ResourceVersion in record "
+                           f"({entry.obj['metadata']['resourceVersion']}). The object might "
+                           "have been modified", t.group, t.plural)
+        if entry.obj["metadata"].get("finalizers"):
+            if entry.obj["metadata"].get("deletionTimestamp"):
+                return self.render(entry)
+            new = copy.deepcopy(entry.obj)
+            new["metadata"]["deletionTimestamp"] = self.clock()
+            new["metadata"]["deletionGracePeriodSeconds"] = 0
+            return self._commit(t, entry, new, entry.managers, "")
+        return self._remove(t, ns or "", name, propagation)
+
+    def _remove(self, t: ResourceType, ns: str, name: str,
+                propagation: str | None = None) -> JSON:
+        entry = self.objects[t.key].pop((ns, name))
+        if t is rt.NAMESPACE:
+            for other in rt.ALL_TYPES:
+                if other.namespaced:
+                    for key in [k for k in self.objects[other.key] if k[0] == name]:
+                        if key in self.objects[other.key]:
+                            self._remove(other, key[0], key[1])
+        self.rv += 1
+        gone = self.render(entry)
+        gone["metadata"]["resourceVersion"] = str(self.rv)
+        self._publish(t, "DELETED", self.render(entry), gone)
+        self._collect_garbage(entry.obj["metadata"].get("uid", ""), propagation)
+        return gone
+
+    def _collect_garbage(self, owner_uid: str, propagation: str | None) -> None:
+        if not owner_uid:
+            return
+        for t in rt.ALL_TYPES:
+            for (ns, name), entry in list(self.objects[t.key].items()):
+                refs = entry.obj["metadata"].get("ownerReferences") or []
+                if not any(r.get("uid") == owner_uid for r in refs):
+                    continue
+                if (ns, name) not in self.objects[t.key]:
+                    continue
+                if propagation == "Orphan":
+                    new = copy.deepcopy(entry.obj)
+                    kept = [r for r in refs if r.get("uid") != owner_uid]
+                    if kept:
+                        new["metadata"]["ownerReferences"] = kept
+                    else:
+                        new["metadata"].pop("ownerReferences")
+                    managers = patching.record_update(entry.obj, new, entry.managers,
+                                                      "garbage-collector")
+                    self._commit(t, entry, new, managers, "garbage-collector")
+                elif not any(self.exists_uid(r.get("uid", "")) for r in refs):
+                    self.delete(t, ns or None, name)
+
+
+def _spec_of(obj: Mapping[str, Any]) -> JSON:
+    return {k: v for k, v in obj.items() if k not in _SPEC_IGNORED}
