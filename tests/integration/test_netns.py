@@ -88,6 +88,14 @@ def test_hosts_rewrite_reaches_running_processes_and_replace_is_ebusy(fabric: Fa
     assert res.stdout.strip() == str(errno.EBUSY)
 
 
+def test_node_hostname_is_seen_by_its_processes(fabric: Fabric) -> None:
+    vm = fabric.add_node(hostname="pool-a-3")
+    assert vm.run(["hostname"]).stdout.strip() == "pool-a-3"
+    assert vm.run([sys.executable, "-c", "import socket;print(socket.gethostname())"]
+                  ).stdout.strip() == "pool-a-3"
+    assert fabric.nodes[0].run(["hostname"]).stdout.strip() == socket.gethostname()
+
+
 def test_set_address_moves_the_node(fabric: Fabric) -> None:
     a, b = fabric.nodes
     old = b.ip

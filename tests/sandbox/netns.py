@@ -187,6 +187,7 @@ class Node:
     ip: str
     prefixlen: int
     ifname: str = "eth0"
+    hostname: str | None = None
     procs: list[subprocess.Popen[Any]] = field(default_factory=list)
 
     @property
@@ -215,8 +216,15 @@ class Node:
 
     # ---- processes
     def argv(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` wrapped to run inside this namespace (with its /etc files)."""
-        return ["ip", "netns", "exec", self.name, *argv]
+        """``argv`` wrapped to run inside this namespace (with its /etc files).
+
+        With a ``hostname`` the process also gets its own UTS namespace answering that name
+        (``gethostname()``), as a VM named after its VMI would.
+        """
+        if self.hostname is None:
+            return ["ip", "netns", "exec", self.name, *argv]
+        return ["ip", "netns", "exec", self.name, "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', self.hostname, *argv]
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` inside the namespace; the process is killed at teardown."""
@@ -386,8 +394,12 @@ class Fabric:
         raise NetnsError(f"subnet {self.subnet} exhausted")
 
     def add_node(self, suffix: str | None = None, ip_addr: str | None = None, *,
-                 hosts: str | None = None, resolv: str | None = None) -> Node:
-        """Create one node namespace; ``hosts``/``resolv`` seed its /etc files."""
+                 hosts: str | None = None, resolv: str | None = None,
+                 hostname: str | None = None) -> Node:
+        """Create one node namespace; ``hosts``/``resolv`` seed its /etc files.
+
+        ``hostname``: processes started through the node see it as their host name.
+        """
         if self._closed:
             raise NetnsError("fabric is closed")
         idx = self._counter
@@ -396,7 +408,7 @@ class Fabric:
         addr = ip_addr or self.allocate()
         self._used.add(addr)
         ip("netns", "add", name)
-        node = Node(self, name, addr, self.subnet.prefixlen)
+        node = Node(self, name, addr, self.subnet.prefixlen, hostname=hostname)
         self.nodes.append(node)
         node.etc_dir.mkdir(parents=True, exist_ok=True)
         node.write_hosts(self._default_hosts if hosts is None else hosts)
