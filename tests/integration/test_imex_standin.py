@@ -7,6 +7,7 @@ nodes; state is read through the ctl stand-in (``-q``, ``-N -j``) and the daemon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.sandbox.imex_standin import NO_MATCH_MESSAGE, render_config
+from tests.sandbox.imex_standin import (
+    NO_MATCH_MESSAGE,
+    ConfigFileError,
+    NoLocalMatchError,
+    find_own_node,
+    nodes_hash,
+    parse_config,
+    render_config,
+)
 from tests.sandbox.netns import Fabric, Node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,6 +171,35 @@ def ensemble(fabric: Fabric, tmp_path: Path, daemons: list[Imex], n: int,
     return out
 
 
+# ---- pure start-up rules
+
+
+def test_config_parsing_names_the_bad_key() -> None:
+    cfg = parse_config(render_config(node_config_file="/x/nodes", server_port=51000,
+                                     cmd_port=51005, daemonize=True))
+    assert (cfg.server_port, cfg.cmd_port, cfg.daemonize) == (51000, 51005, True)
+    assert str(cfg.node_config_file) == "/x/nodes" and cfg.cmd_address == "127.0.0.1"
+    for text, key in (("SERVER_PORT=abc", "SERVER_PORT"), ("IMEX_CMD_PORT=70000", "IMEX_CMD_PORT"),
+                      ("DAEMONIZE=yes", "DAEMONIZE"), ("BIND_INTERFACE_IP=1.2.3", "BIND_INTERFACE"),
+                      ("JUSTAWORD", "JUSTAWORD")):
+        with pytest.raises(ConfigFileError, match=key):
+            parse_config(text)
+
+
+def test_own_node_is_the_first_entry_on_a_local_address() -> None:
+    table = {"a": ["10.0.0.1"], "b": ["10.0.0.2", "fd00::2"], "c": []}
+
+    def resolve(host: str) -> list[str]:
+        return table.get(host, [])
+
+    assert find_own_node(["a", "b", "c"], resolve, {"127.0.0.1", "fd00::2"}) == (1, "fd00::2")
+    assert find_own_node(["a", "b"], resolve, {"10.0.0.2"}, bind_ip="10.0.0.1") == (0, "10.0.0.1")
+    # an absent slot pinned to 127.0.0.2 is not a local interface address (lo is 127.0.0.1)
+    with pytest.raises(NoLocalMatchError, match="No matching network interface"):
+        find_own_node(["c", "x"], lambda h: ["127.0.0.2"], {"127.0.0.1"})
+    assert nodes_hash(["a", "b"]) != nodes_hash(["b", "a"])
+
+
 # ---- single process, no namespaces
 
 
@@ -178,6 +216,35 @@ def test_bind_interface_ip_must_be_in_the_nodes_file(tmp_path: Path) -> None:
     cfg = write_setup(tmp_path, ["127.0.0.1"], bind_ip="127.0.0.9", port=free_port(),
                       cmd_port=free_port())
     assert start(None, cfg).proc.wait(20) != 0
+
+
+def test_bad_config_or_missing_nodes_file_exit_with_a_message(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.cfg"
+    cfg.write_text("SERVER_PORT=many\n")
+    out = subprocess.run([str(BIN / "nvidia-imex"), "-c", str(cfg)], capture_output=True,
+                         text=True, timeout=30, check=False)
+    assert out.returncode != 0 and "SERVER_PORT" in out.stderr
+    cfg.write_text(render_config(node_config_file=tmp_path / "missing.cfg"))
+    out = subprocess.run([str(BIN / "nvidia-imex"), "-c", str(cfg)], capture_output=True,
+                         text=True, timeout=30, check=False)
+    assert out.returncode != 0 and "missing.cfg" in out.stderr
+
+
+def test_garbage_on_its_ports_does_not_stop_the_daemon(
+    tmp_path: Path, daemons: list[Imex]
+) -> None:
+    port, cmd_port = free_port(), free_port()
+    imex = start(None, write_setup(tmp_path, ["127.0.0.1"], port=port, cmd_port=cmd_port))
+    daemons.append(imex)
+    wait_for("READY", lambda: imex.ctl("-q").stdout == "READY\n")
+    for p, junk in ((port, b"\x00\xffnot json\n"), (port, b"[1,2]\n"), (cmd_port, b"{{{\n"),
+                    (cmd_port, b'{"cmd": "reboot"}\n'), (port, b"x" * 200_000)):
+        with socket.create_connection(("127.0.0.1", p), 2) as s, contextlib.suppress(OSError):
+            s.sendall(junk)
+            s.settimeout(2)
+            s.recv(1024)
+    assert imex.proc.poll() is None
+    assert imex.ctl("-q").stdout == "READY\n"
 
 
 def test_ctl_fails_when_daemon_is_unreachable(tmp_path: Path) -> None:
