@@ -38,6 +38,7 @@ import hmac
 import ipaddress
 import logging
 import re
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -683,11 +684,23 @@ def server_config(app: FastAPI, host: str, port: int, **kwargs: Any) -> uvicorn.
 
 
 class RegistryServer(uvicorn.Server):
-    """uvicorn.Server that answers parked long-polls as soon as shutdown begins."""
+    """uvicorn.Server that answers parked long-polls as soon as shutdown begins.
+
+    Listening sockets handed in by the caller get TCP_NODELAY (inherited by
+    accepted connections): asyncio sets it only on sockets created with
+    ``proto=IPPROTO_TCP``, and without it the body of a long-poll answer on
+    a kept-alive connection waits ~40 ms for a delayed ACK (Nagle).
+    """
 
     def __init__(self, config: uvicorn.Config, state: State) -> None:
         super().__init__(config)
         self._state = state
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        for sock in sockets or ():
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: Any = None) -> None:
         self._state.close()
