@@ -37,7 +37,8 @@ Faults (``fail_mode``) let tests drive the guest agent's bad-input handling: ``s
 ``refused``, ``timeout`` (queries are dropped), ``garbage`` (a malformed reply), and hostile
 answers: ``outside_zone`` (extra records naming hosts outside the zone), ``out_of_range``
 (an extra SRV target ``<slot-prefix>-999``), ``loopback`` and ``link_local`` (every address
-replaced). ``fail_names`` limits a fault to some query names.
+replaced). ``set_fail_mode(mode, names=[...])`` limits a fault to some query names;
+``DnsServer.delay`` holds every answer for that many seconds (a slow server).
 
 Bad input in the slices (a bad address, a missing label) is skipped with a log line, never
 raised into the server.
@@ -591,6 +592,8 @@ class DnsServer:
         self.port = port
         self.netns = netns
         self.faults = Faults()
+        #: seconds to hold every answer (a slow or overloaded server); 0 = answer at once
+        self.delay = 0.0
         self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._transports: collections.Counter[str] = collections.Counter()
         self._count_lock = threading.Lock()
@@ -624,6 +627,14 @@ class DnsServer:
     def total_queries(self) -> int:
         with self._count_lock:
             return sum(self._counts.values())
+
+    def query_counts(self) -> dict[str, int]:
+        """Snapshot: canonical name -> number of queries (all types)."""
+        out: dict[str, int] = collections.Counter()
+        with self._count_lock:
+            for (n, _), v in self._counts.items():
+                out[n] += v
+        return dict(out)
 
     def transport_count(self, transport: str) -> int:
         """Queries seen over ``"udp"`` or ``"tcp"``."""
@@ -695,13 +706,21 @@ class DnsServer:
         class _Udp(asyncio.DatagramProtocol):
             def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
                 out = server._handle(data, "udp")
-                if out is not None and server._udp is not None:
-                    server._udp.sendto(out, addr)
+                if out is None:
+                    return
+                if server.delay > 0:
+                    loop.call_later(server.delay, server._send_udp, out, addr)
+                else:
+                    server._send_udp(out, addr)
 
         transport, _ = await loop.create_datagram_endpoint(_Udp, sock=udp_sock)
         self._udp = transport
         self._tcp = await asyncio.start_server(self._serve_tcp, sock=tcp_sock)
         log.info("DNS stand-in for zone %s on %s (udp+tcp)", self.model.zone, self.address)
+
+    def _send_udp(self, out: bytes, addr: tuple[str, int]) -> None:
+        if self._udp is not None:
+            self._udp.sendto(out, addr)
 
     async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -713,6 +732,8 @@ class DnsServer:
                 (length,) = struct.unpack("!H", hdr)
                 wire = await reader.readexactly(length)
                 out = self._handle(wire, "tcp")
+                if self.delay > 0:
+                    await asyncio.sleep(self.delay)
                 if out is None:
                     continue
                 writer.write(struct.pack("!H", len(out)) + out)

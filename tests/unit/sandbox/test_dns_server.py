@@ -209,6 +209,7 @@ async def test_query_counter_per_name(server: DnsServer) -> None:
     assert server.query_count(slot(0) + ".", "A") == 3
     assert server.query_count(SRV, "SRV") == 1
     assert server.query_count(slot(1)) == 0
+    assert server.query_counts() == {slot(0): 3, SRV: 1}
     server.reset_counts()
     assert server.total_queries() == 0
 
@@ -231,6 +232,16 @@ async def test_timeout_drops_queries(server: DnsServer) -> None:
     with pytest.raises(dns.exception.Timeout):
         await resolver(server, lifetime=0.5).resolve(slot(0), "A")
     assert server.query_count(slot(0)) >= 1
+
+
+async def test_delay_holds_answers(server: DnsServer) -> None:
+    server.delay = 0.6
+    with pytest.raises(dns.exception.Timeout):
+        await resolver(server, lifetime=0.3).resolve(slot(0), "A")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert addrs(await resolver(server, lifetime=3).resolve(slot(0), "A")) == ["10.1.0.1"]
+    assert loop.time() - t0 >= 0.5
 
 
 async def test_garbage_reply_is_unparseable(server: DnsServer) -> None:
