@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib.metadata
-import inspect
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from guest_agent.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
@@ -143,19 +142,11 @@ def sd_notify(message: str) -> bool:
 # --- adapters to the discovery and netwatch modules -----------------------------------
 
 
-async def _maybe_await(value: object) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
 async def local_view() -> tuple[set[str], str | None]:
     """(local addresses, default-route source address) via ``netwatch``."""
     from guest_agent import netwatch
 
-    addrs = await _maybe_await(netwatch.local_addresses())
-    route = await _maybe_await(netwatch.default_route_address())
-    return {str(a) for a in addrs}, (str(route) if route else None)
+    return await netwatch.local_addresses(), await netwatch.default_route_address()
 
 
 def make_discovery(settings: Settings) -> Any:
@@ -319,6 +310,8 @@ class Agent:
         if result.written:
             log.info("files written", extra={"nodes": result.nodes_written,
                                              "hosts": result.hosts_written})
+        if result.reasserted:
+            self._count_reassert("apply")
         self.supervisor.update(pins, result.nodes_sha256, own.pin_ip is not None)
         s = self.status
         s.applies += 1
@@ -349,17 +342,20 @@ class Agent:
         except ApplyError as exc:
             self.record_error(f"re-assert: {exc}")
             return
-        if result is not None and result.written:
-            self.status.reasserts += 1
-            log.warning(
-                "managed file changed by another writer: re-asserted",
-                extra={"path": reason, "reasserts": self.status.reasserts},
-            )
+        if result is not None and result.reasserted:
+            self._count_reassert(reason)
             self.status.hosts_sha256 = result.hosts_sha256
             self.status.nodes_config_sha256 = result.nodes_sha256
             self.write_status()
 
-    async def on_addresses(self, *_: object) -> None:
+    def _count_reassert(self, reason: str) -> None:
+        self.status.reasserts += 1
+        log.warning(
+            "managed file changed by another writer: re-asserted",
+            extra={"path": reason, "reasserts": self.status.reasserts},
+        )
+
+    async def on_addresses(self) -> None:
         """Netwatch callback: our addresses changed (migration, DHCP)."""
         await self.update_addresses()
         log.info("local addresses changed: %s", sorted(self.local_addrs))
@@ -384,12 +380,20 @@ class Agent:
         )
 
     async def _watch_addresses(self) -> None:
+        """netwatch calls back synchronously; the (async) follow-up runs in its own task."""
         from guest_agent import netwatch
 
-        def changed(*args: object) -> Awaitable[None] | None:
-            return self.on_addresses(*args)
+        changed = asyncio.Event()
 
-        await _maybe_await(netwatch.watch_addresses(_sync_to_task(changed)))
+        async def follow() -> None:
+            while True:
+                await changed.wait()
+                changed.clear()
+                await self.on_addresses()
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(follow(), name="netwatch-follow")
+            tg.create_task(netwatch.watch_addresses(changed.set), name="netwatch-watch")
 
     async def _supervise(self) -> None:
         await self.first_apply.wait()
@@ -440,24 +444,6 @@ class Agent:
                 await asyncio.shield(self.supervisor.stop())
             self.write_status()
         return EXIT_FAILED if failed else EXIT_OK
-
-
-def _sync_to_task(fn: Callable[..., Awaitable[None] | None]) -> Callable[..., None]:
-    """Wrap an async callback for a caller that may call it synchronously.
-
-    The callback's coroutine is awaited by netwatch when it awaits results;
-    otherwise it is scheduled and its exceptions are logged.
-    """
-    pending: set[asyncio.Task[None]] = set()
-
-    def call(*args: object) -> Any:
-        result = fn(*args)
-        if inspect.isawaitable(result):
-            return result
-        return None
-
-    _ = pending
-    return call
 
 
 # --- once and status ---------------------------------------------------------------------

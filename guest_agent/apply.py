@@ -86,6 +86,8 @@ class ApplyResult:
     hosts_written: bool
     nodes_sha256: str
     hosts_sha256: str
+    #: a file was not as we had left it (another writer) and was written again
+    reasserted: bool = False
 
     @property
     def written(self) -> bool:
@@ -100,6 +102,8 @@ class Applier:
         self.ens = EnsembleId(settings.namespace, settings.ensemble)
         self.pins: dict[int, str] | None = None
         self.last: ApplyResult | None = None
+        #: what we last left in each file, to tell a foreign write from our own
+        self._left: dict[str, bytes] = {}
 
     def nodes_bytes(self, pins: Mapping[int, str]) -> bytes:
         s = self.settings
@@ -123,15 +127,26 @@ class Applier:
             return None
         return self._write(self.pins)
 
+    def _foreign(self, path: str, found: bytes | None, wanted: bytes) -> bool:
+        """Someone else changed ``path`` since our last write, and we must write it again."""
+        left = self._left.get(path)
+        return left is not None and found != left and found != wanted
+
     def _write(self, pins: Mapping[int, str]) -> ApplyResult:
         s = self.settings
         nodes = self.nodes_bytes(pins)
+        foreign = False
         try:
             os.makedirs(os.path.dirname(s.nodes_config) or ".", exist_ok=True)
+            old_nodes = read_bytes(s.nodes_config)
+            foreign |= self._foreign(s.nodes_config, old_nodes, nodes)
             nodes_written = write_file(s.nodes_config, nodes)
-            existing = read_bytes(s.hosts_file) or b""
-            hosts = merge_hosts(existing, self.ens, s.max_members, pins)
+            self._left[s.nodes_config] = nodes
+            existing = read_bytes(s.hosts_file)
+            hosts = merge_hosts(existing or b"", self.ens, s.max_members, pins)
+            foreign |= self._foreign(s.hosts_file, existing, hosts)
             hosts_written = write_file(s.hosts_file, hosts)
+            self._left[s.hosts_file] = hosts
         except (FileWriteError, OSError) as exc:
             raise ApplyError(str(exc)) from exc
         result = ApplyResult(
@@ -139,6 +154,7 @@ class Applier:
             hosts_written,
             hashlib.sha256(nodes).hexdigest(),
             hashlib.sha256(hosts).hexdigest(),
+            reasserted=foreign,
         )
         self.last = result
         return result

@@ -1,0 +1,193 @@
+"""The real agent process in the root namespace, fed by the DNS stand-in over loopback.
+
+Masquerade own slot, clobbered hosts file restored, process-mode supervision through the
+whole daemon (crash -> restart, SIGTERM -> child stopped, files left as they are), ``once``
+exit codes. IMEX here is tests/guest_support/fake_imex.py: the full stand-in resolves slot
+names, which outside a network namespace would go to the machine's resolver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from guest_agent import netwatch
+from guest_agent.hostsfile import read_block
+from guest_agent.model import ABSENT_IP, EnsembleId
+from tests.guest_support.agent import (
+    FAKE_IMEX,
+    READY_CTL,
+    AgentProc,
+    cli,
+    pid_alive,
+    read_events,
+    wait_until,
+    write_config,
+)
+from tests.sandbox.dns_server import ClusterDnsModel, ThreadedDnsServer
+
+NS, NAME = "gpu", "rack-a"
+ENS = EnsembleId(NS, NAME)
+PUB0, PUB1 = "10.77.0.10", "10.77.0.11"
+FOREIGN = "127.0.0.1\tlocalhost\n# kept by the admin\n10.1.2.3\tdb.example db\n"
+
+
+@pytest.fixture
+def dns() -> Iterator[tuple[ClusterDnsModel, ThreadedDnsServer]]:
+    model = ClusterDnsModel()
+    model.set_members(NS, NAME, {ENS.slot(0): PUB0, ENS.slot(1): PUB1})
+    with ThreadedDnsServer(model) as srv:
+        yield model, srv
+
+
+def _config(tmp_path: Path, port: int, **kw: object) -> Path:
+    values: dict[str, object] = {
+        "ensemble": NAME,
+        "namespace": NS,
+        "max_members": 4,
+        "nameservers": [f"127.0.0.1:{port}"],
+        "hosts_file": str(tmp_path / "hosts"),
+        "nodes_config": str(tmp_path / "imex" / "nodes_config.cfg"),
+        "status_file": str(tmp_path / "run" / "status.json"),
+        "imex_control": "process",
+        "imex_command": [*FAKE_IMEX, "--log", str(tmp_path / "imex.log")],
+        "imex_ctl": READY_CTL,
+        "own_index": 0,
+        "poll_interval": 0.2,
+        "dns_timeout": 0.5,
+        "signal_interval": 1.0,
+    }
+    values.update(kw)
+    (tmp_path / "hosts").write_text(FOREIGN)
+    return write_config(tmp_path / "config.toml", values)
+
+
+def _with_block(path: Path) -> bytes | None:
+    data = path.read_bytes()
+    return data if read_block(data, ENS) else None
+
+
+@pytest.fixture
+def agent_factory(tmp_path: Path) -> Iterator[list[AgentProc]]:
+    started: list[AgentProc] = []
+    yield started
+    for a in started:
+        if a.proc.poll() is None:
+            a.kill()
+
+
+def _start(tmp_path: Path, cfg: Path, started: list[AgentProc]) -> AgentProc:
+    a = AgentProc(cfg, tmp_path / "run" / "status.json", tmp_path / "agent.log")
+    started.append(a)
+    return a
+
+
+def test_masquerade_own_slot_and_clobber_restore(tmp_path, dns, agent_factory):  # type: ignore[no-untyped-def]
+    _model, srv = dns
+    route = asyncio.run(netwatch.default_route_address())
+    if route is None:
+        pytest.skip("this namespace has no default route: the masquerade rule needs one")
+    agent = _start(tmp_path, _config(tmp_path, srv.port), agent_factory)
+    st = agent.wait("files applied and IMEX started",
+                    lambda s: s.get("applies", 0) >= 1 and s.get("starts") == 1)
+    # Masquerade: the published IP is not local; own slot pinned to the default-route address.
+    assert st["own_ip"] == route and st["own_slot_how"] == "own_index"
+    assert "masquerade" in st["own_slot_note"]
+    assert {m["index"]: m["ip"] for m in st["members"]} == {0: PUB0, 1: PUB1}
+    hosts = (tmp_path / "hosts").read_bytes()
+    assert hosts.startswith(FOREIGN.encode())
+    assert read_block(hosts, ENS) == {0: route, 1: PUB1, 2: ABSENT_IP, 3: ABSENT_IP}
+    nodes = (tmp_path / "imex" / "nodes_config.cfg").read_text().splitlines()
+    assert nodes == [ENS.slot(i) for i in range(4)]
+
+    # cloud-init style clobber: the whole file re-rendered in place, our block gone.
+    clobber = "127.0.0.1 localhost\n127.0.1.1 guest-0\n# new admin line\n"
+    t0 = time.monotonic()
+    with open(tmp_path / "hosts", "r+") as f:
+        f.truncate(0)
+        f.write(clobber)
+    restored = wait_until(
+        "hosts block restored",
+        lambda: _with_block(tmp_path / "hosts"),
+        timeout=3.0,
+    )
+    assert time.monotonic() - t0 < 1.0
+    assert restored.startswith(clobber.encode())
+    assert read_block(restored, ENS) == {0: route, 1: PUB1, 2: ABSENT_IP, 3: ABSENT_IP}
+    # An editor-style replace (rename over the file) is caught too.
+    tmp = tmp_path / "hosts.new"
+    tmp.write_text(clobber + "10.9.9.9 extra\n")
+    t0 = time.monotonic()
+    os.replace(tmp, tmp_path / "hosts")
+    again = wait_until(
+        "hosts block restored after a rename",
+        lambda: _with_block(tmp_path / "hosts"),
+        timeout=3.0,
+    )
+    assert time.monotonic() - t0 < 1.0
+    assert b"10.9.9.9 extra\n" in again
+    st = agent.wait("re-asserts counted", lambda s: s.get("reasserts", 0) >= 2)
+    assert st["reasserts"] == 2  # our own writes are not counted
+    assert agent.stop() == 0
+
+
+def test_process_mode_supervision_through_the_daemon(tmp_path, dns, agent_factory):  # type: ignore[no-untyped-def]
+    _model, srv = dns
+    agent = _start(tmp_path, _config(tmp_path, srv.port), agent_factory)
+    st = agent.wait("IMEX started", lambda s: s.get("starts") == 1 and s.get("imex_pid"))
+    first = st["imex_pid"]
+    log = tmp_path / "imex.log"
+    wait_until("IMEX up", lambda: any(e["pid"] == first for e in read_events(log)), 10)
+    os.kill(first, signal.SIGKILL)  # IMEX crashes
+    st = agent.wait("IMEX restarted",
+                    lambda s: s.get("restarts") == 1 and s.get("imex_pid") != first)
+    second = st["imex_pid"]
+    assert pid_alive(second) and not pid_alive(first)
+    wait_until("IMEX up again", lambda: any(e["pid"] == second for e in read_events(log)), 10)
+    starts = [e for e in read_events(tmp_path / "imex.log") if e["event"] == "start"]
+    assert [e["pid"] for e in starts] == [first, second]
+    assert starts[1]["t"] - starts[0]["t"] >= 0.5  # backoff base
+
+    managed = (tmp_path / "hosts", tmp_path / "imex" / "nodes_config.cfg")
+    before = {p: p.read_bytes() for p in managed}
+    assert agent.stop() == 0
+    assert not pid_alive(second)  # the child IMEX was stopped ...
+    events = read_events(tmp_path / "imex.log")
+    assert {"event": "term", "pid": second} in [{k: e[k] for k in ("event", "pid")} for e in events]
+    for p, data in before.items():  # ... and the files left exactly as they were
+        assert p.read_bytes() == data
+
+
+def test_no_imex_before_own_slot_is_pinned(tmp_path, dns, agent_factory):  # type: ignore[no-untyped-def]
+    model, srv = dns
+    model.set_members(NS, NAME, {ENS.slot(1): PUB1})  # our slot 3 is not published
+    cfg = _config(tmp_path, srv.port, own_index=3, own_slot="published")
+    agent = _start(tmp_path, cfg, agent_factory)
+    st = agent.wait("first apply", lambda s: s.get("applies", 0) >= 1 and s.get("members"))
+    assert st["own_ip"] is None and st["starts"] == 0
+    assert not (tmp_path / "imex.log").exists()
+    model.set_members(NS, NAME, {ENS.slot(1): PUB1, ENS.slot(3): "10.77.0.13"})
+    st = agent.wait("IMEX started once own slot is pinned", lambda s: s.get("starts") == 1)
+    assert st["own_ip"] == "10.77.0.13"
+    assert agent.stop() == 0
+
+
+def test_once_exit_codes(tmp_path: Path, dns) -> None:  # type: ignore[no-untyped-def]
+    _model, srv = dns
+    cfg = _config(tmp_path, srv.port, imex_control="none")
+    ok = cli("once", "--config", str(cfg))
+    assert ok.returncode == 0, ok.stderr
+    assert "applied 2 member(s) from dns" in ok.stdout
+    assert read_block((tmp_path / "hosts").read_bytes(), ENS)[1] == PUB1  # type: ignore[index]
+    srv.server.set_fail_mode("refused")
+    before = (tmp_path / "hosts").read_bytes()
+    bad = cli("once", "--config", str(cfg))
+    assert bad.returncode == 3
+    assert "nothing could be learned" in bad.stderr
+    assert (tmp_path / "hosts").read_bytes() == before

@@ -1,0 +1,102 @@
+"""Pins merge (registry replaces, DNS updates what it asserts), own-slot override, real writes."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from guest_agent.apply import Applier, local_pins, merge_view
+from guest_agent.config import settings_from_mapping
+from guest_agent.hostsfile import read_block
+from guest_agent.model import ABSENT_IP, EnsembleId
+
+
+@dataclass(frozen=True)
+class V:
+    source: str
+    pins: dict[int, str]
+    absent: frozenset[int] = field(default_factory=frozenset)
+
+
+def test_registry_view_replaces_all_pins() -> None:
+    current = {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}
+    assert merge_view(current, V("registry", {1: "10.0.0.7"})) == {1: "10.0.0.7"}
+
+
+def test_dns_view_updates_only_what_it_asserts() -> None:
+    current = {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}
+    view = V("dns", {1: "10.0.0.7", 4: "10.0.0.5"}, frozenset({2}))
+    assert merge_view(current, view) == {0: "10.0.0.1", 1: "10.0.0.7", 4: "10.0.0.5"}
+    assert current == {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}  # not mutated
+
+
+def test_local_pins_override_own_slot_only_when_known() -> None:
+    pub = {0: "10.244.0.5", 1: "10.244.0.6"}
+    assert local_pins(pub, 0, "10.0.2.2") == {0: "10.0.2.2", 1: "10.244.0.6"}
+    assert local_pins(pub, None, "10.0.2.2") == pub
+    assert local_pins(pub, 0, None) == pub
+
+
+def _settings(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]
+    raw = {
+        "ensemble": "rack-a",
+        "namespace": "gpu",
+        "max_members": 4,
+        "hosts_file": str(tmp_path / "hosts"),
+        "nodes_config": str(tmp_path / "imex" / "nodes_config.cfg"),
+        "imex_control": "none",
+    }
+    raw.update(kw)
+    return settings_from_mapping(raw)
+
+
+def test_applier_writes_both_files_keeps_foreign_lines_and_is_idempotent(tmp_path: Path) -> None:
+    foreign = b"127.0.0.1\tlocalhost\n# admin note\n10.1.1.1 db.example db\n"
+    (tmp_path / "hosts").write_bytes(foreign)
+    ap = Applier(_settings(tmp_path))
+    ens = EnsembleId("gpu", "rack-a")
+    r = ap.apply({0: "10.0.0.1", 2: "10.0.0.3"})
+    assert r.nodes_written and r.hosts_written
+    hosts = (tmp_path / "hosts").read_bytes()
+    assert hosts.startswith(foreign)
+    assert read_block(hosts, ens) == {0: "10.0.0.1", 1: ABSENT_IP, 2: "10.0.0.3", 3: ABSENT_IP}
+    nodes = (tmp_path / "imex" / "nodes_config.cfg").read_bytes()
+    assert nodes.decode().splitlines() == [ens.slot(i) for i in range(4)]
+    assert r.nodes_sha256 == hashlib.sha256(nodes).hexdigest()
+    assert r.hosts_sha256 == hashlib.sha256(hosts).hexdigest()
+    again = ap.apply({0: "10.0.0.1", 2: "10.0.0.3"})
+    assert not again.written
+    assert ap.assert_files() is not None and not ap.assert_files().written  # type: ignore[union-attr]
+
+
+def test_assert_files_restores_block_after_clobber(tmp_path: Path) -> None:
+    ap = Applier(_settings(tmp_path))
+    ens = EnsembleId("gpu", "rack-a")
+    assert ap.assert_files() is None  # nothing applied yet: nothing to assert
+    ap.apply({1: "10.0.0.2"})
+    clobbered = b"127.0.0.1 localhost\n10.9.9.9 other\n"
+    (tmp_path / "hosts").write_bytes(clobbered)
+    r = ap.assert_files()
+    assert r is not None and r.hosts_written and not r.nodes_written
+    hosts = (tmp_path / "hosts").read_bytes()
+    assert hosts.startswith(clobbered)
+    assert read_block(hosts, ens) == {0: ABSENT_IP, 1: "10.0.0.2", 2: ABSENT_IP, 3: ABSENT_IP}
+
+
+def test_ips_mode_nodes_file_follows_pins(tmp_path: Path) -> None:
+    ap = Applier(_settings(tmp_path, mode="ips"))
+    r1 = ap.apply({0: "10.0.0.1"})
+    r2 = ap.apply({0: "10.0.0.1", 1: "10.0.0.2"})
+    assert r2.nodes_written and r1.nodes_sha256 != r2.nodes_sha256
+    lines = (tmp_path / "imex" / "nodes_config.cfg").read_text().splitlines()
+    assert lines == ["10.0.0.1", "10.0.0.2", ABSENT_IP, ABSENT_IP]
+
+
+def test_found_reports_files_as_they_are(tmp_path: Path) -> None:
+    ap = Applier(_settings(tmp_path))
+    assert ap.found() == (None, None)
+    ap.apply({3: "10.0.0.4"})
+    pins, sha = ap.found()
+    assert pins is not None and pins[3] == "10.0.0.4"
+    assert sha == ap.last.nodes_sha256  # type: ignore[union-attr]

@@ -1,0 +1,90 @@
+"""Status file: atomic write, load, table; ``imex-guest-agent status [--json]`` as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guest_agent.status import Status, StatusError, format_table, load_status, write_status
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _status(**kw: object) -> Status:
+    s = Status(ensemble="rack-a", namespace="gpu", domain_id="1a2b3c4d", mode="names",
+               agent_version="0.1.0")
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+def test_write_is_atomic_and_skips_unchanged(tmp_path: Path) -> None:
+    path = str(tmp_path / "run" / "status.json")
+    s = _status(own_index=2, signals=3)
+    assert write_status(path, s)
+    assert not write_status(path, s)
+    data = load_status(path)
+    assert data["own_index"] == 2 and data["signals"] == 3
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["status.json"]  # no temp left
+
+
+def test_load_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(StatusError, match="no status file"):
+        load_status(str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(StatusError, match=r"bad\.json: not valid JSON"):
+        load_status(str(tmp_path / "bad.json"))
+
+
+def test_table_marks_own_member_and_masquerade_note() -> None:
+    s = _status(
+        own_index=1, own_slot="imex-1a2b3c4d-1", own_ip="10.0.2.2", own_slot_how="hostname",
+        own_slot_note="the published IP 10.244.0.6 is not a local address (masquerade binding)",
+        members=[{"index": 0, "slot": "imex-1a2b3c4d-0", "ip": "10.244.0.5"},
+                 {"index": 1, "slot": "imex-1a2b3c4d-1", "ip": "10.244.0.6"}],
+        imex_state="READY", signals=4, restarts=1, reasserts=2, generation_applied=17,
+        source="registry",
+    )
+    table = format_table(s.to_json(), now=s.updated_at)
+    assert "masquerade binding" in table
+    assert "10.244.0.6 *" in table and "10.244.0.5 *" not in table
+    assert "READY via systemd" in table
+    assert "re-asserts  2" in table
+    assert "generation 17" in table
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        'ensemble = "rack-a"\nnamespace = "gpu"\nimex_control = "none"\n'
+        f'status_file = "{tmp_path / "status.json"}"\n'
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "guest_agent.cli", "status", "--config", str(cfg), *args],
+        capture_output=True, text=True, env=env, timeout=30, check=False,
+    )
+
+
+def test_status_command_json_and_table(tmp_path: Path) -> None:
+    missing = _cli(tmp_path, "--json")
+    assert missing.returncode == 1 and "no status file" in missing.stderr
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    write_status(str(tmp_path / "status.json"),
+                 _status(own_index=0, imex_state="READY", restarts=2, pid=gone.pid))
+    out = _cli(tmp_path, "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["own_index"] == 0 and data["restarts"] == 2 and data["imex_state"] == "READY"
+    assert data["agent_running"] is False
+    table = _cli(tmp_path)
+    assert table.returncode == 0 and "READY via systemd" in table.stdout
+    assert "may be stale" in table.stdout
+    write_status(str(tmp_path / "status.json"), _status(pid=os.getpid()))
+    assert json.loads(_cli(tmp_path, "--json").stdout)["agent_running"] is True
