@@ -8,15 +8,12 @@ nodes; state is read through the ctl stand-in (``-q``, ``-N -j``) and the daemon
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +27,9 @@ from tests.sandbox.imex_standin import (
     nodes_hash,
     parse_config,
     render_config,
+    write_standin_files,
 )
+from tests.sandbox.imex_standin import StandinProcess as Imex
 from tests.sandbox.netns import Fabric, Node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,70 +52,13 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 15.0) ->
     raise AssertionError(f"timed out waiting for {what}; last probe: {last!r}")
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-@dataclass
-class Imex:
-    """One stand-in daemon and the files that describe it."""
-
-    node: Node | None
-    config: Path
-    state_file: Path
-    proc: subprocess.Popen[bytes]
-
-    def state(self) -> dict[str, Any]:
-        try:
-            doc: dict[str, Any] = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
-        return doc
-
-    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "tests.sandbox.imex_ctl", "-c", str(self.config), *args]
-        if self.node is not None:
-            return self.node.run(argv, check=False, cwd=REPO, env=_env())
-        return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env(),
-                              timeout=30, check=False)
-
-    def domain(self) -> dict[str, Any]:
-        out = self.ctl("-N", "-j")
-        if out.returncode != 0:
-            return {}
-        doc: dict[str, Any] = json.loads(out.stdout)
-        return doc
-
-    def signal(self, sig: int) -> None:
-        pid = wait_for("the daemon's pid", lambda: self.state().get("pid"))
-        os.kill(int(pid), sig)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(10)
-
-
 def write_setup(d: Path, entries: list[str], *, port: int = PORT, cmd_port: int = CMD_PORT,
-                bind_ip: str = "", cmd_ip: str = "") -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    nodes = d / "nodes_config.cfg"
-    nodes.write_text("".join(e + "\n" for e in entries))
-    cfg = d / "config.cfg"
-    cfg.write_text(render_config(server_port=port, node_config_file=nodes, cmd_port=cmd_port,
-                                 bind_interface_ip=bind_ip, cmd_bind_interface_ip=cmd_ip,
-                                 log_file_name=d / "imex.log"))
-    return cfg
+                bind_ip: str = "") -> Path:
+    return write_standin_files(d, entries, server_port=port, cmd_port=cmd_port, bind_ip=bind_ip)
 
 
 def start(node: Node | None, cfg: Path, *extra: str) -> Imex:
-    state = cfg.parent / "state.json"
-    argv = [str(BIN / "nvidia-imex"), "-c", str(cfg), "--state-file", str(state), *extra]
-    if node is not None:
-        proc = node.popen(argv, cwd=REPO, env=_env(), stderr=subprocess.DEVNULL)
-    else:
-        proc = subprocess.Popen(argv, cwd=REPO, env=_env(), stderr=subprocess.DEVNULL)
-    return Imex(node, cfg, state, proc)
+    return Imex.start(cfg, node=node, args=extra)
 
 
 def free_port() -> int:

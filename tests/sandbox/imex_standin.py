@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("sandbox.imex")
 
@@ -615,6 +615,131 @@ class ImexStandin:
         self.write_state()
 
 
+
+# --------------------------------------------------------------------------- test harness
+
+BIN_DIR = Path(__file__).resolve().parent / "bin"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class NodeLike(Protocol):
+    """What :class:`StandinProcess` needs of a ``tests.sandbox.netns.Node``."""
+
+    def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]: ...
+
+    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 30,
+            **kwargs: Any) -> subprocess.CompletedProcess[str]: ...
+
+
+def write_standin_files(
+    directory: Path,
+    entries: Sequence[str],
+    *,
+    server_port: int = 50000,
+    cmd_port: int = 50005,
+    bind_ip: str = "",
+    cmd_ip: str = "",
+    daemonize: bool = False,
+    log_file: bool = True,
+) -> Path:
+    """Write ``nodes_config.cfg`` and ``config.cfg`` (log ``imex.log``) into ``directory``.
+
+    Returns the config path, which is what ``nvidia-imex -c`` and ``nvidia-imex-ctl -c`` take.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    nodes = directory / "nodes_config.cfg"
+    nodes.write_text("".join(e + "\n" for e in entries))
+    cfg = directory / "config.cfg"
+    cfg.write_text(render_config(
+        server_port=server_port, node_config_file=nodes, cmd_port=cmd_port,
+        bind_interface_ip=bind_ip, cmd_bind_interface_ip=cmd_ip,
+        log_file_name=directory / "imex.log" if log_file else "", daemonize=daemonize))
+    return cfg
+
+
+def _child_env() -> dict[str, str]:
+    pp = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": f"{REPO_ROOT}:{pp}" if pp else str(REPO_ROOT)}
+
+
+@dataclass
+class StandinProcess:
+    """A running stand-in daemon (optionally inside a netns node) and how to ask it things.
+
+    ``StandinProcess.start(cfg, node=fabric.nodes[0])``; ``.query_state()`` is ``-q``,
+    ``.domain()`` is ``-N -j`` (both through the ctl stand-in, inside the node), ``.state()``
+    is the state file (counters, resolved peer addresses).
+    """
+
+    config: Path
+    state_file: Path
+    proc: subprocess.Popen[Any]
+    node: NodeLike | None = None
+
+    @classmethod
+    def start(cls, config: Path, *, node: NodeLike | None = None,
+              state_file: Path | None = None, args: Sequence[str] = ()) -> StandinProcess:
+        state = state_file or config.parent / "state.json"
+        argv = [str(BIN_DIR / "nvidia-imex"), "-c", str(config), "--state-file", str(state),
+                *args]
+        kw: dict[str, Any] = {"cwd": REPO_ROOT, "env": _child_env(),
+                              "stderr": subprocess.DEVNULL}
+        proc = node.popen(argv, **kw) if node is not None else subprocess.Popen(argv, **kw)
+        return cls(config, state, proc, node)
+
+    def state(self) -> JsonDict:
+        """The state file ({} before the daemon wrote it)."""
+        try:
+            doc = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(BIN_DIR / "nvidia-imex-ctl"), "-c", str(self.config), *args]
+        if self.node is not None:
+            return self.node.run(argv, check=False, cwd=REPO_ROOT, env=_child_env())
+        return subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT,
+                              env=_child_env(), timeout=30, check=False)
+
+    def query_state(self) -> str | None:
+        """``nvidia-imex-ctl -q``: the state line, None when the daemon is unreachable."""
+        out = self.ctl("-q")
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    def domain(self) -> JsonDict:
+        """``nvidia-imex-ctl -N -j`` as a dict ({} when unreachable)."""
+        out = self.ctl("-N", "-j")
+        if out.returncode != 0:
+            return {}
+        doc = json.loads(out.stdout)
+        return doc if isinstance(doc, dict) else {}
+
+    def pid(self, timeout: float = 15.0) -> int:
+        """The daemon's own pid (from the state file: wrappers and DAEMONIZE fork)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid = self.state().get("pid")
+            if isinstance(pid, int):
+                return pid
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise ImexStandinError(f"stand-in with {self.config} never wrote its pid")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid(), sig)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait; SIGKILL after ``timeout``. Returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait(timeout)
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -753,10 +878,12 @@ __all__ = [
     "ImexStandinError",
     "NoLocalMatchError",
     "Options",
+    "StandinProcess",
     "find_own_node",
     "load_config",
     "nodes_hash",
     "parse_config",
     "read_nodes",
     "render_config",
+    "write_standin_files",
 ]
