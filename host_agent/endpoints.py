@@ -34,7 +34,10 @@ from typing import Any, Final, Protocol
 from host_agent.state import EnsembleSnapshot
 
 FIELD_MANAGER: Final = "imex-host-agent"
-MANAGED_BY: Final = "imex-ensemble.io/host-agent"
+#: DESIGN.md wrote "imex-ensemble.io/host-agent", but a label *value* may not hold
+#: "/" (the API server refuses such a slice with 422); this is the same name in
+#: the form Kubernetes' own controllers use (endpointslice-controller.k8s.io).
+MANAGED_BY: Final = "host-agent.imex-ensemble.io"
 MANAGED_BY_LABEL: Final = "endpointslice.kubernetes.io/managed-by"
 SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
 PORT_NAME: Final = "imex"

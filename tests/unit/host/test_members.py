@@ -227,7 +227,7 @@ def test_all_quirks_in_one_ensemble_give_exact_slices() -> None:
     owner = [{"apiVersion": "v1", "kind": "Service", "name": "gb200", "uid": "svc-uid-1",
               "controller": True, "blockOwnerDeletion": True}]
     labels = {"kubernetes.io/service-name": "gb200",
-              "endpointslice.kubernetes.io/managed-by": "imex-ensemble.io/host-agent"}
+              "endpointslice.kubernetes.io/managed-by": "host-agent.imex-ensemble.io"}
     port = [{"name": "imex", "port": 50000, "protocol": "TCP"}]
     expected = {
         "gb200-imex": {

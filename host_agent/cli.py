@@ -1,0 +1,152 @@
+"""``imex-host-agent``: flags and environment -> HostSettings -> the agent.
+
+Every flag has an environment variable ``IMEX_HOST_AGENT_<FLAG>`` (dashes as
+underscores); a flag given on the command line wins. Repeatable flags take a
+comma-separated list in the environment. Sidecar scope (``--vmi``) reads the
+namespace from ``POD_NAMESPACE`` (the downward API), or ``--namespace``.
+Bad values exit with status 2 and a message naming the flag; nothing starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from guest_agent.model import ModelError, check_dns_label
+from host_agent.settings import DEFAULT_LISTEN, HostSettings, SettingsError, parse_listen
+
+ENV_PREFIX: Final = "IMEX_HOST_AGENT_"
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off", ""})
+_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+log = logging.getLogger("imex.host")
+
+
+def _env_list(environ: Mapping[str, str], name: str) -> list[str]:
+    raw = environ.get(ENV_PREFIX + name, "")
+    return [p.strip() for p in raw.split(",") if p.strip()]
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    def env(name: str, default: str | None = None) -> str | None:
+        return environ.get(ENV_PREFIX + name, default)
+
+    p = argparse.ArgumentParser(
+        prog="imex-host-agent",
+        description="Publish KubeVirt VMI ensembles as EndpointSlices and serve the "
+        "ensemble registry. Every flag can also be set as IMEX_HOST_AGENT_<FLAG>.",
+    )
+    p.add_argument("--namespace", action="append", default=None, metavar="NS",
+                   help="namespace to watch (repeatable; default: every namespace; "
+                   "env: comma-separated)")
+    p.add_argument("--listen", default=env("LISTEN", DEFAULT_LISTEN), metavar="HOST:PORT",
+                   help=f"registry HTTP address (default {DEFAULT_LISTEN})")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), metavar="PATH",
+                   help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--vmi", default=env("VMI"), metavar="NAME",
+                   help="sidecar scope: publish only this VMI (namespace from POD_NAMESPACE)")
+    p.add_argument("--json", action="store_true", default=None, help="JSON log lines")
+    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"),
+                   type=str.upper, help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    p.add_argument("--trusted-proxy", action="append", default=None, metavar="CIDR",
+                   help="proxy whose X-Forwarded-For the registry believes (repeatable)")
+    p.add_argument("--report-stale-after", default=env("REPORT_STALE_AFTER", "120"),
+                   metavar="SECONDS", help="a guest report older than this is stale (120)")
+    return p
+
+
+def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> HostSettings:
+    """Parse flags over the environment; raises SettingsError naming the bad value."""
+    args = build_parser(environ).parse_args(argv)
+    namespaces = args.namespace if args.namespace is not None else _env_list(environ, "NAMESPACE")
+    vmi = args.vmi or None
+    if vmi is not None:
+        try:
+            check_dns_label(vmi, "--vmi")
+        except ModelError as exc:
+            raise SettingsError(str(exc)) from exc
+        if not namespaces:
+            pod_ns = environ.get("POD_NAMESPACE", "").strip()
+            if not pod_ns:
+                raise SettingsError(
+                    "--vmi needs the VMI's namespace: set POD_NAMESPACE from the downward API "
+                    "(fieldRef metadata.namespace) or pass --namespace"
+                )
+            namespaces = [pod_ns]
+        if len(namespaces) != 1:
+            raise SettingsError("--vmi watches one VMI: give exactly one namespace")
+    for ns in namespaces:
+        try:
+            check_dns_label(ns, "--namespace")
+        except ModelError as exc:
+            raise SettingsError(str(exc)) from exc
+
+    host, port = parse_listen(args.listen)
+
+    json_logs = args.json
+    if json_logs is None:
+        raw = environ.get(ENV_PREFIX + "JSON", "").strip().lower()
+        if raw not in _TRUE | _FALSE:
+            raise SettingsError(f"{ENV_PREFIX}JSON={raw!r}: expected true or false")
+        json_logs = raw in _TRUE
+    if args.log_level not in _LEVELS:
+        raise SettingsError(f"--log-level {args.log_level!r}: expected one of {', '.join(_LEVELS)}")
+
+    proxies = args.trusted_proxy if args.trusted_proxy is not None else _env_list(
+        environ, "TRUSTED_PROXY")
+    for cidr in proxies:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as exc:
+            raise SettingsError(f"--trusted-proxy {cidr!r} is not a CIDR") from exc
+    try:
+        stale = float(args.report_stale_after)
+    except ValueError as exc:
+        raise SettingsError(
+            f"--report-stale-after {args.report_stale_after!r} is not a number of seconds"
+        ) from exc
+    if not 0 < stale < 10**7:
+        raise SettingsError(f"--report-stale-after {stale}: must be positive")
+
+    return HostSettings(
+        namespaces=tuple(dict.fromkeys(namespaces)),
+        listen_host=host,
+        listen_port=port,
+        kubeconfig=args.kubeconfig or None,
+        vmi=vmi,
+        json_logs=bool(json_logs),
+        log_level=args.log_level,
+        trusted_proxies=tuple(proxies),
+        report_stale_after=stale,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from host_agent.kube import KubeConfigError
+    from host_agent.logs import setup_logging
+    from host_agent.main import run
+
+    try:
+        settings = build_settings(argv, os.environ)
+    except SettingsError as exc:
+        print(f"imex-host-agent: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level, settings.json_logs)
+    try:
+        return run(settings)
+    except KubeConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot listen on %s: %s", settings.listen, exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

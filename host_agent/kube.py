@@ -1,0 +1,217 @@
+"""The Kubernetes API as the host agent uses it, over lightkube (all I/O is here).
+
+Kinds are lightkube generic resources, so every object reaches the pure
+modules as the plain JSON mapping the API sent (no model conversion, no
+field renaming): VMIs (kubevirt.io/v1), Services (v1) and EndpointSlices
+(discovery.k8s.io/v1).
+
+``ListWatcher`` lists (returning the list's resourceVersion) and watches
+from a resourceVersion with bookmarks. Errors are translated at this
+boundary: ``Gone`` for 410 (the caller relists), ``KubeError`` for anything
+else (the caller backs off and resumes), each chained to the client's
+exception and keeping the HTTP status. A watch that stays silent longer than
+``idle_timeout`` is treated as dead (a half-open connection never closes by
+itself).
+
+lightkube's public ``watch()`` has no way to ask for bookmarks, so the watch
+request is built with the client's own request builder plus
+``allowWatchBookmarks=true``; everything else (auth, TLS, decoding, resume
+bookkeeping) stays lightkube's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import httpx2
+from lightkube import ALL_NS, ApiError, AsyncClient, KubeConfig
+from lightkube.core.exceptions import ConfigError
+from lightkube.generic_resource import GenericNamespacedResource, create_namespaced_resource
+from lightkube.types import PatchType, on_error_raise
+
+from host_agent.settings import HostSettings
+
+VirtualMachineInstance = create_namespaced_resource(
+    "kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances"
+)
+Service = create_namespaced_resource("", "v1", "Service", "services")
+EndpointSlice = create_namespaced_resource(
+    "discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"
+)
+
+Obj = dict[str, Any]
+ALL_NAMESPACES: Final = ALL_NS
+
+
+class KubeError(Exception):
+    """A failed call to the Kubernetes API; ``status`` is the HTTP code (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Gone(KubeError):
+    """410: the resourceVersion is too old (history compacted); relist."""
+
+
+class KubeConfigError(KubeError):
+    """No usable Kubernetes client configuration."""
+
+
+def _status_of(exc: BaseException) -> int:
+    if isinstance(exc, ApiError) and exc.status is not None and exc.status.code:
+        return int(exc.status.code)
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return exc.response.status_code
+    return 0
+
+
+def translate(exc: BaseException, what: str) -> KubeError:
+    """Our error for a client exception (call as ``raise translate(e, ...) from e``)."""
+    status = _status_of(exc)
+    detail = str(exc) or type(exc).__name__
+    if status == 410:
+        return Gone(f"{what}: 410 Gone ({detail})", status)
+    return KubeError(f"{what}: {status or type(exc).__name__}: {detail}", status)
+
+
+def load_config(kubeconfig: str | None) -> KubeConfig:
+    """``--kubeconfig`` if given, else in-cluster, else $KUBECONFIG / ~/.kube/config."""
+    try:
+        if kubeconfig:
+            return KubeConfig.from_file(kubeconfig)
+        return KubeConfig.from_env()
+    except (ConfigError, OSError, ValueError, KeyError) as exc:
+        where = kubeconfig or (
+            "in-cluster service account, $KUBECONFIG or "
+            + str(Path(os.environ.get("HOME", "~")) / ".kube" / "config")
+        )
+        raise KubeConfigError(
+            f"cannot load a Kubernetes configuration from {where}: {exc}"
+        ) from exc
+
+
+def make_client(settings: HostSettings) -> AsyncClient:
+    return AsyncClient(
+        load_config(settings.kubeconfig),
+        field_manager=settings.field_manager,
+        timeout=httpx2.Timeout(10.0),
+    )
+
+
+def _plain(obj: object) -> Obj:
+    return dict(obj) if isinstance(obj, Mapping) else {}
+
+
+class ListWatcher:
+    """List and watch one kind in one namespace (or all), with fixed selectors."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        resource: type[GenericNamespacedResource],
+        *,
+        namespace: str = ALL_NS,
+        labels: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        timeout_seconds: int = 290,
+        idle_timeout: float | None = None,
+    ) -> None:
+        self._client = client
+        self._res = resource
+        self._ns = namespace
+        self._labels = dict(labels) if labels else None
+        self._fields = dict(fields) if fields else None
+        self._timeout = timeout_seconds
+        self._idle = idle_timeout if idle_timeout is not None else timeout_seconds + 60.0
+        self.kind = resource.__name__
+        self.scope = "all namespaces" if namespace == ALL_NS else f"namespace {namespace}"
+
+    async def list(self) -> tuple[list[Obj], str]:
+        """Every object and the list's resourceVersion (the point to watch from)."""
+        try:
+            it = self._client.list(
+                self._res, namespace=self._ns, labels=self._labels, fields=self._fields
+            )
+            items = [_plain(o) async for o in it]
+            rv = it.resourceVersion
+        except Exception as exc:
+            raise translate(exc, f"list {self.kind} in {self.scope}") from exc
+        return items, rv
+
+    async def watch(self, resource_version: str) -> AsyncIterator[tuple[str, Obj]]:
+        """Events after ``resource_version`` (ADDED/MODIFIED/DELETED/BOOKMARK), forever.
+
+        A stream the server ends cleanly is resumed inside the client from the
+        last version seen; errors end the iteration with KubeError/Gone.
+        """
+        from lightkube.core.selector import build_selector
+
+        generic = self._client._client  # lightkube's request builder and watch loop
+        params: dict[str, Any] = {
+            "timeoutSeconds": self._timeout,
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "labelSelector": build_selector(self._labels) if self._labels else None,
+            "fieldSelector": (
+                build_selector(self._fields, for_fields=True) if self._fields else None
+            ),
+        }
+        request = generic.prepare_request(
+            "list", res=self._res, namespace=self._ns, watch=True, params=params
+        )
+        stream = generic.watch(request, on_error=on_error_raise).__aiter__()
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self._idle):
+                        event, obj = await stream.__anext__()
+                except StopAsyncIteration:
+                    return
+                except TimeoutError as exc:
+                    raise KubeError(
+                        f"watch {self.kind} in {self.scope}: silent for {self._idle:.0f} s"
+                    ) from exc
+                except Exception as exc:
+                    raise translate(exc, f"watch {self.kind} in {self.scope}") from exc
+                yield event, _plain(obj)
+        finally:
+            await stream.aclose()
+
+
+class SliceWriter:
+    """EndpointSlice writes: server-side apply (forced) and delete."""
+
+    def __init__(self, client: AsyncClient, field_manager: str) -> None:
+        self._client = client
+        self._field_manager = field_manager
+
+    async def apply_slice(self, body: Obj) -> str | None:
+        meta = body["metadata"]
+        try:
+            result = await self._client.patch(
+                EndpointSlice,
+                meta["name"],
+                body,
+                namespace=meta["namespace"],
+                patch_type=PatchType.APPLY,
+                field_manager=self._field_manager,
+                force=True,
+            )
+        except Exception as exc:
+            raise translate(exc, f"apply EndpointSlice {meta['namespace']}/{meta['name']}") from exc
+        rv = _plain(result).get("metadata", {}).get("resourceVersion")
+        return rv if isinstance(rv, str) else None
+
+    async def delete_slice(self, namespace: str, name: str) -> None:
+        try:
+            await self._client.delete(EndpointSlice, name, namespace=namespace)
+        except Exception as exc:
+            if _status_of(exc) == 404:
+                return
+            raise translate(exc, f"delete EndpointSlice {namespace}/{name}") from exc

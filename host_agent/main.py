@@ -1,0 +1,173 @@
+"""The host agent as one asyncio program.
+
+Task layout (one TaskGroup, every task's lifetime visible here):
+  informers (VMIs, ensemble Services, our EndpointSlices; one each per
+  watched namespace) -> reconciler (workers) -> State <- registry HTTP server.
+
+Start: the HTTP server answers at once (/healthz 200, /readyz 503 until the
+first full picture is reconciled); nothing is written before every informer
+has listed once. Stop (SIGTERM/SIGINT set an event): parked long-polls are
+answered (``state.close()``), the server drains for a few seconds, informers
+and reconciler are cancelled, the client is closed. The EndpointSlices stay
+as they are: a restarted agent rebuilds its state from the API and writes
+nothing that is already right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import socket
+from collections.abc import Iterator, Mapping
+
+from lightkube import AsyncClient, operators
+from prometheus_client import CollectorRegistry
+
+from host_agent import registry as registry_mod
+from host_agent.endpoints import SliceApplier
+from host_agent.kube import (
+    ALL_NAMESPACES,
+    EndpointSlice,
+    ListWatcher,
+    Service,
+    SliceWriter,
+    VirtualMachineInstance,
+    make_client,
+)
+from host_agent.metrics import HostMetrics
+from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
+from host_agent.services import ENSEMBLE_LABEL
+from host_agent.settings import HostSettings
+from host_agent.state import State
+from host_agent.vmi_watch import Informer
+
+log = logging.getLogger("imex.host")
+
+
+class _Server(registry_mod.RegistryServer):
+    """The registry's server without uvicorn's own signal handlers (ours set ``stop``)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket (bound here so port 0 is known before serving)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, reuse_port=False, backlog=1024)
+    sock.setblocking(False)
+    return sock
+
+
+class HostAgent:
+    """Everything one agent process holds; ``run`` drives it until ``stop`` is set."""
+
+    def __init__(self, settings: HostSettings, client: AsyncClient | None = None) -> None:
+        self.settings = settings
+        self.state = State()
+        self.metrics_registry = CollectorRegistry()
+        self.metrics = HostMetrics(self.metrics_registry)
+        self._client = client
+        self.vmis, self.services, self.slices = new_stores()
+        self.reconciler: Reconciler | None = None
+        self.informers: list[Informer] = []
+        self.address: tuple[str, int] | None = None
+        self.serving = asyncio.Event()
+
+    def _build(self, client: AsyncClient) -> None:
+        s = self.settings
+        writer = SliceWriter(client, s.field_manager)
+        applier = SliceApplier(writer, self.slices.get)
+        self.reconciler = rec = Reconciler(
+            s, self.state, self.vmis, self.services, self.slices, applier, self.metrics
+        )
+        namespaces: list[str | None] = list(s.namespaces) or [None]
+        vmi_fields = {"metadata.name": s.vmi} if s.vmi else None
+        has_label = {ENSEMBLE_LABEL: operators.exists()}
+        for ns in namespaces:
+            scope = ns if ns is not None else ALL_NAMESPACES
+            suffix = f"@{ns}" if ns is not None else ""
+
+            def watcher(
+                res: type, labels: Mapping[str, object], fields: Mapping[str, str] | None = None
+            ) -> ListWatcher:
+                return ListWatcher(client, res, namespace=scope, labels=labels, fields=fields,  # noqa: B023
+                                   timeout_seconds=s.watch_timeout_seconds)
+
+            self.informers += [
+                Informer("vmi" + suffix, watcher(VirtualMachineInstance, has_label, vmi_fields),
+                         self.vmis, rec.on_vmi, self.metrics, s, ns),
+                Informer("service" + suffix, watcher(Service, has_label),
+                         self.services, rec.on_service, self.metrics, s, ns),
+                Informer("endpointslice" + suffix, watcher(EndpointSlice, managed_slice_labels()),
+                         self.slices, rec.on_slice, self.metrics, s, ns),
+            ]
+
+    def _registry_app(self) -> object:
+        config = registry_mod.RegistryConfig(
+            trusted_proxies=tuple(
+                ipaddress.ip_network(c, strict=False) for c in self.settings.trusted_proxies
+            ),
+            report_stale_after=self.settings.report_stale_after,
+        )
+        return registry_mod.create_app(self.state, config, self.metrics_registry)
+
+    async def run(self, stop: asyncio.Event, sock: socket.socket | None = None) -> None:
+        s = self.settings
+        client = self._client or make_client(s)
+        own_client = self._client is None
+        self._build(client)
+        assert self.reconciler is not None
+        if sock is None:
+            sock = bind(s.listen_host, s.listen_port)
+        addr = sock.getsockname()
+        self.address = (addr[0], addr[1])
+        server = _Server(
+            registry_mod.server_config(self._registry_app(), s.listen_host, addr[1],  # type: ignore[arg-type]
+                                       log_config=None, lifespan="on"),
+            self.state,
+        )
+        log.info(
+            "imex-host-agent serving on %s:%d; watching %s%s",
+            addr[0], addr[1],
+            ", ".join(s.namespaces) if s.namespaces else "all namespaces",
+            f" (sidecar scope: VMI {s.vmi})" if s.vmi else "",
+        )
+        try:
+            async with asyncio.TaskGroup() as tg:
+                loops = [tg.create_task(i.run(), name=f"informer {i.name}") for i in self.informers]
+                loops.append(tg.create_task(
+                    self.reconciler.run([i.synced for i in self.informers]), name="reconciler"))
+                serve = tg.create_task(server.serve(sockets=[sock]), name="http")
+                self.serving.set()
+                stopped = tg.create_task(stop.wait(), name="stop")
+                await asyncio.wait((stopped, serve), return_when=asyncio.FIRST_COMPLETED)
+                log.info("stopping: answering long-polls, draining HTTP, cancelling watches")
+                self.state.close()
+                server.should_exit = True
+                for task in loops:
+                    task.cancel()
+                stopped.cancel()
+        finally:
+            sock.close()
+            if own_client:
+                await client.close()
+            log.info("stopped")
+
+
+def run(settings: HostSettings) -> int:
+    """Run until SIGTERM/SIGINT; the process exit code."""
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await HostAgent(settings).run(stop)
+
+    asyncio.run(_main())
+    return 0

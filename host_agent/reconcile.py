@@ -1,0 +1,306 @@
+"""Per-ensemble reconcile: cache -> members -> state -> EndpointSlices.
+
+Concurrency (the client-go work-queue rules): an ensemble is queued at most
+once; while it is being reconciled, new events only mark it dirty and it is
+queued again when the pass ends. So passes for one ensemble are serialized,
+different ensembles run in parallel on ``settings.workers`` workers, and a
+burst of events for one ensemble (18 VMIs booting, a relist) collapses into
+one pass and at most one write per slice. The first event of a burst waits
+``settings.settle_seconds`` before the ensemble is queued, so the rest of the
+burst joins it.
+
+Level-triggered: a pass reads only the caches, computes the whole member list
+(``state.set`` replaces it) and the whole desired slices, and the applier
+writes what differs. A pass that fails (API error) is retried with backoff;
+the state it already published stays.
+
+Nothing is reconciled before every informer has listed once: publishing from
+half a picture could drop members. ``state.mark_synced()`` follows the first
+pass over every ensemble known at that point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from guest_agent.model import EnsembleId, ModelError
+from host_agent.endpoints import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SERVICE_NAME_LABEL,
+    SliceApplier,
+    desired_slices,
+)
+from host_agent.members import derive_members
+from host_agent.metrics import HostMetrics
+from host_agent.services import ENSEMBLE_LABEL, parse_ensemble_service
+from host_agent.settings import HostSettings
+from host_agent.state import EnsembleSpec, State
+from host_agent.vmi_watch import Key, Obj, Store, backoff_delay, object_key
+
+log = logging.getLogger("imex.host.reconcile")
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def vmi_ensemble(obj: Obj) -> Key | None:
+    """The (namespace, service) a VMI says it belongs to."""
+    value = _labels(obj).get(ENSEMBLE_LABEL)
+    if not isinstance(value, str) or not value:
+        return None
+    return (object_key(obj)[0], value)
+
+
+def slice_ensemble(obj: Obj) -> Key | None:
+    """The (namespace, service) one of our EndpointSlices belongs to."""
+    value = _labels(obj).get(SERVICE_NAME_LABEL)
+    if not isinstance(value, str) or not value:
+        return None
+    return (object_key(obj)[0], value)
+
+
+def new_stores() -> tuple[Store, Store, Store]:
+    """(vmis indexed by ensemble, services, slices)."""
+    return Store("vmi", vmi_ensemble), Store("service"), Store("endpointslice")
+
+
+class Reconciler:
+    def __init__(
+        self,
+        settings: HostSettings,
+        state: State,
+        vmis: Store,
+        services: Store,
+        slices: Store,
+        applier: SliceApplier,
+        metrics: HostMetrics,
+    ) -> None:
+        self._settings = settings
+        self._state = state
+        self._vmis = vmis
+        self._services = services
+        self._slices = slices
+        self._applier = applier
+        self._metrics = metrics
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._active: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._failures: dict[Key, int] = {}
+        self._last_good: dict[Key, EnsembleSpec] = {}
+        self._last_problems: dict[Key, tuple[str, ...]] = {}
+        self._started = False
+        self._initial: set[Key] | None = None
+        self.passes = 0
+        self.idle = asyncio.Event()
+
+    # -- event intake (called by informers, on the loop thread) --------------
+
+    def on_vmi(self, old: Obj | None, new: Obj | None) -> None:
+        self._enqueue_keys(vmi_ensemble(o) for o in (old, new) if o is not None)
+
+    def on_service(self, old: Obj | None, new: Obj | None) -> None:
+        self._enqueue_keys(object_key(o) for o in (old, new) if o is not None)
+
+    def on_slice(self, old: Obj | None, new: Obj | None) -> None:
+        self._enqueue_keys(slice_ensemble(o) for o in (old, new) if o is not None)
+
+    def _enqueue_keys(self, keys: Iterable[Key | None]) -> None:
+        for key in set(keys):
+            if key is not None:
+                self.enqueue(key)
+
+    def enqueue(self, key: Key, delay: float | None = None) -> None:
+        """Queue ``key`` (once) after ``delay`` (default: the settle time)."""
+        self.idle.clear()
+        if key in self._active:
+            self._dirty.add(key)
+            return
+        if key in self._queued or key in self._timers:
+            return
+        if not self._started:
+            self._queued.add(key)  # held until the informers have synced
+            return
+        wait = self._settings.settle_seconds if delay is None else delay
+        if wait <= 0:
+            self._put(key)
+        else:
+            self._timers[key] = asyncio.get_running_loop().call_later(wait, self._put, key)
+
+    def _put(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        if key in self._active:
+            self._dirty.add(key)
+            return
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self, synced: Iterable[asyncio.Event]) -> None:
+        """Wait for every informer's first list, then reconcile forever."""
+        for event in synced:
+            await event.wait()
+        held = set(self._queued) | set(self._services.all_keys())
+        self._queued.clear()
+        self._initial = set(held)
+        self._started = True
+        log.info("caches synced: %d Services, %d VMIs; reconciling %d ensembles",
+                 len(self._services), len(self._vmis), len(held))
+        for key in sorted(held):
+            self._put(key)
+        if not held:
+            self._mark_synced()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(max(1, self._settings.workers)):
+                    tg.create_task(self._worker())
+        finally:
+            for handle in self._timers.values():
+                handle.cancel()
+            self._timers.clear()
+
+    def _mark_synced(self) -> None:
+        if not self._state.synced:
+            self._state.mark_synced()
+            log.info("initial reconcile done: %d ensembles published", len(self._state.all()))
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            started = time.perf_counter()
+            try:
+                await self.reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = backoff_delay(
+                    failures, self._settings.backoff_initial, self._settings.backoff_max
+                )
+                self._metrics.reconciles.labels("error").inc()
+                log.warning(
+                    "reconcile of %s/%s failed (%s); retrying in %.2f s",
+                    key[0], key[1], exc, delay, extra={"ensemble": f"{key[0]}/{key[1]}"},
+                )
+                self._dirty.discard(key)
+                self._active.discard(key)
+                self.enqueue(key, delay)
+            else:
+                self._failures.pop(key, None)
+                self._metrics.reconciles.labels("ok").inc()
+                self._active.discard(key)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.enqueue(key)
+            finally:
+                self.passes += 1
+                self._metrics.reconcile_seconds.observe(time.perf_counter() - started)
+                self._active.discard(key)
+                if self._initial is not None:
+                    self._initial.discard(key)
+                    if not self._initial:
+                        self._initial = None
+                        self._mark_synced()
+                if not self._queued and not self._active and not self._timers:
+                    self.idle.set()
+
+    # -- one pass --------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> None:
+        namespace, name = key
+        ident = f"{namespace}/{name}"
+        service = self._services.get(namespace, name)
+        if service is None:
+            self._forget(key)
+            return
+        spec, problems = parse_ensemble_service(service)
+        if spec is None:
+            previous = self._last_good.get(key)
+            if previous is None:
+                self._report_problems(key, problems)
+                self._metrics.problems.labels(namespace, name).set(len(problems))
+                return
+            spec = previous
+            problems = [*problems, f"Service {ident}: still using its last valid settings "
+                        f"(max-members {previous.max_members})"]
+        else:
+            self._last_good[key] = spec
+        members, member_problems = derive_members(spec, self._vmis.by_index(key))
+        all_problems = [*problems, *member_problems]
+        snap, changed = self._state.set(spec, members, all_problems)
+        if changed:
+            log.info(
+                "%s: %d members published, generation %d",
+                ident, len(snap.members), snap.generation,
+                extra={"ensemble": ident, "members": len(snap.members),
+                       "generation": snap.generation},
+            )
+        self._report_problems(key, all_problems)
+        self._metrics.set_ensemble(namespace, name, len(snap.members), len(all_problems))
+        writes = await self._sync_slices(namespace, desired_slices(snap, vmi=self._settings.vmi))
+        for write in writes:
+            op, slice_name = write.split(":", 1)
+            self._metrics.applies.labels(op).inc()
+            log.info("%s: %s EndpointSlice %s", ident, "applied" if op == "apply" else "deleted",
+                     slice_name, extra={"ensemble": ident})
+
+    async def _sync_slices(self, namespace: str, desired: Mapping[str, Any]) -> list[str]:
+        try:
+            return await self._applier.sync(namespace, desired)
+        except Exception:
+            self._metrics.apply_errors.inc()
+            raise
+
+    def _report_problems(self, key: Key, problems: list[str]) -> None:
+        """Log each problem once when it appears, and once when it is gone."""
+        now = tuple(problems)
+        before = self._last_problems.get(key, ())
+        if now == before:
+            return
+        ident = f"{key[0]}/{key[1]}"
+        for problem in now:
+            if problem not in before:
+                log.warning("%s", problem, extra={"ensemble": ident})
+        for problem in before:
+            if problem not in now:
+                log.info("resolved: %s", problem, extra={"ensemble": ident})
+        self._last_problems[key] = now
+
+    def _forget(self, key: Key) -> None:
+        namespace, name = key
+        self._last_good.pop(key, None)
+        self._last_problems.pop(key, None)
+        self._metrics.drop_ensemble(namespace, name)
+        try:
+            ens = EnsembleId(namespace, name)
+        except ModelError:
+            return
+        if self._state.drop(ens):
+            log.info("%s/%s: Service gone; ensemble no longer published", namespace, name,
+                     extra={"ensemble": f"{namespace}/{name}"})
+        self._applier.forget(namespace, [n for (ns, n) in self._slices.all_keys()
+                                         if ns == namespace and n.startswith(f"{name}-imex")])
+
+    # -- for tests and diagnostics -------------------------------------------
+
+    def pending(self) -> int:
+        return len(self._queued) + len(self._active) + len(self._timers)
+
+
+def managed_slice_labels() -> dict[str, str]:
+    """The label selector of the slice informer: only slices we manage."""
+    return {MANAGED_BY_LABEL: MANAGED_BY}

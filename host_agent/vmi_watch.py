@@ -1,0 +1,231 @@
+"""Informers: a local cache of VMIs, ensemble Services and our EndpointSlices.
+
+One ``Informer`` per (kind, namespace) keeps its part of a shared ``Store``
+equal to the API: list, then watch from the list's resourceVersion (with
+bookmarks, so a resume rarely needs a relist); every change is handed to
+``on_change(old, new)`` (the reconciler's enqueue), in the order the API sent
+it.
+
+Failure rules:
+- 410 Gone (history compacted): relist at once and hand every object of the
+  scope, old and new, to ``on_change``, so everything is reconciled.
+- Any other error (connection refused, 500, 429, a dead stream): back off
+  with full jitter (tenacity's random exponential wait), then resume the
+  watch from the last resourceVersion seen. The cache is left as it was:
+  the agent never forgets a member because the API was unreachable. Only a
+  successful list replaces the cache.
+- Nothing raises out of ``Informer.run`` except cancellation.
+
+All of this runs on the event loop thread; ``on_change`` must not block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from tenacity import RetryCallState, wait_random_exponential
+
+from host_agent.kube import Gone, KubeError
+from host_agent.metrics import HostMetrics
+from host_agent.settings import HostSettings
+
+log = logging.getLogger("imex.host.watch")
+
+Obj = dict[str, Any]
+Key = tuple[str, str]
+ChangeHandler = Callable[[Obj | None, Obj | None], None]
+
+
+def object_key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def resource_version(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    rv = meta.get("resourceVersion")
+    return rv if isinstance(rv, str) else None
+
+
+class Store:
+    """Objects of one kind by (namespace, name), with an optional secondary index.
+
+    ``index_of(obj)`` returns the index key of an object (e.g. the ensemble a
+    VMI belongs to) or None.
+    """
+
+    def __init__(self, kind: str, index_of: Callable[[Obj], Key | None] | None = None) -> None:
+        self.kind = kind
+        self._objects: dict[Key, Obj] = {}
+        self._index_of = index_of
+        self._index: dict[Key, set[Key]] = {}
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def get(self, namespace: str, name: str) -> Obj | None:
+        return self._objects.get((namespace, name))
+
+    def all_keys(self) -> list[Key]:
+        return list(self._objects)
+
+    def by_index(self, key: Key) -> list[Obj]:
+        return [self._objects[k] for k in sorted(self._index.get(key, ()))]
+
+    def put(self, obj: Obj) -> Obj | None:
+        key = object_key(obj)
+        old = self._objects.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        self._objects[key] = obj
+        if self._index_of is not None:
+            ikey = self._index_of(obj)
+            if ikey is not None:
+                self._index.setdefault(ikey, set()).add(key)
+        return old
+
+    def pop(self, key: Key) -> Obj | None:
+        old = self._objects.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+        return old
+
+    def _unindex(self, key: Key, obj: Obj) -> None:
+        if self._index_of is None:
+            return
+        ikey = self._index_of(obj)
+        if ikey is None:
+            return
+        members = self._index.get(ikey)
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self._index[ikey]
+
+    def replace(
+        self, items: Iterable[Obj], in_scope: Callable[[Key], bool]
+    ) -> list[tuple[Obj | None, Obj | None]]:
+        """Make the in-scope part equal to ``items``; returns every (old, new) pair."""
+        fresh = {object_key(o): o for o in items}
+        changes: list[tuple[Obj | None, Obj | None]] = []
+        for key in [k for k in self._objects if in_scope(k) and k not in fresh]:
+            changes.append((self.pop(key), None))
+        for obj in fresh.values():
+            changes.append((self.put(obj), obj))
+        return changes
+
+
+class ListWatch(Protocol):
+    kind: str
+    scope: str
+
+    async def list(self) -> tuple[list[Obj], str]: ...
+
+    def watch(self, resource_version: str) -> AsyncIterator[tuple[str, Obj]]: ...
+
+
+def backoff_delay(attempt: int, initial: float, maximum: float) -> float:
+    """Full-jitter exponential delay for the ``attempt``-th consecutive failure."""
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = max(1, attempt)
+    return float(wait_random_exponential(multiplier=initial, max=maximum)(state))
+
+
+class Informer:
+    """Keeps ``store``'s part for ``source`` equal to the API (see module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        source: ListWatch,
+        store: Store,
+        on_change: ChangeHandler,
+        metrics: HostMetrics,
+        settings: HostSettings,
+        namespace: str | None = None,
+    ) -> None:
+        self.name = name
+        self._source = source
+        self._store = store
+        self._on_change = on_change
+        self._metrics = metrics
+        self._settings = settings
+        self._namespace = namespace  # None: all namespaces
+        self.synced = asyncio.Event()
+        self.resource_version: str | None = None
+
+    def _in_scope(self, key: Key) -> bool:
+        return self._namespace is None or key[0] == self._namespace
+
+    async def run(self) -> None:
+        failures = 0
+        rv: str | None = None
+        while True:
+            try:
+                if rv is None:
+                    items, rv = await self._source.list()
+                    self._metrics.lists.labels(self.name).inc()
+                    for old, new in self._store.replace(items, self._in_scope):
+                        self._on_change(old, new)
+                    self.resource_version = rv
+                    if not self.synced.is_set():
+                        self._metrics.synced.labels(self.name).set(1)
+                        log.info(
+                            "%s listed: %d objects in %s", self.name, len(items), self._source.scope
+                        )
+                    self.synced.set()
+                async for event, obj in self._source.watch(rv):
+                    failures = 0
+                    new_rv = resource_version(obj)
+                    if new_rv:
+                        rv = new_rv
+                        self.resource_version = rv
+                    self._handle(event, obj)
+                self._metrics.watch_restarts.labels(self.name, "closed").inc()
+            except Gone as exc:
+                failures += 1
+                self._metrics.watch_restarts.labels(self.name, "gone").inc()
+                log.info("%s: %s; relisting", self.name, exc)
+                rv = None
+                if failures > 1:  # the fresh list's version was gone too: do not spin
+                    await asyncio.sleep(self._delay(failures - 1))
+            except KubeError as exc:
+                failures += 1
+                delay = self._delay(failures)
+                self._metrics.watch_restarts.labels(self.name, "error").inc()
+                log.warning(
+                    "%s: %s; retrying in %.2f s (resuming from %s)",
+                    self.name, exc, delay, rv or "a new list",
+                )
+                await asyncio.sleep(delay)
+            except Exception as exc:  # never let a bug in one event stop the informer
+                failures += 1
+                delay = self._delay(failures)
+                self._metrics.watch_restarts.labels(self.name, "error").inc()
+                log.exception("%s: unexpected %r; retrying in %.2f s", self.name, exc, delay)
+                await asyncio.sleep(delay)
+
+    def _delay(self, failures: int) -> float:
+        return backoff_delay(failures, self._settings.backoff_initial, self._settings.backoff_max)
+
+    def _handle(self, event: str, obj: Obj) -> None:
+        self._metrics.watch_events.labels(self.name, event).inc()
+        if event == "BOOKMARK":
+            return
+        key = object_key(obj)
+        if not self._in_scope(key):
+            return
+        if event in ("ADDED", "MODIFIED"):
+            old = self._store.put(obj)
+            self._on_change(old, obj)
+        elif event == "DELETED":
+            old = self._store.pop(key)
+            self._on_change(old if old is not None else obj, None)
+        else:
+            log.warning("%s: ignoring watch event of type %r", self.name, event)
