@@ -200,3 +200,40 @@ def test_cloud_init_writes_the_expected_files(variant: Variant, tmp_path: Path) 
         assert (root / "etc/imex-guest-agent/token").read_text() == opts.token
         assert settings.token_file == "/etc/imex-guest-agent/token"
     shutil.rmtree(root)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "cloudinit" / "examples"
+
+
+def test_committed_examples_are_current(tmp_path: Path) -> None:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run(
+        [str(EXAMPLES / "regenerate.sh"), str(tmp_path)],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    fresh = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    committed = {p.name: p.read_text() for p in EXAMPLES.glob("*.yaml")}
+    assert fresh.keys() == committed.keys()
+    for name, text in committed.items():
+        assert text == fresh[name], f"regenerate with {EXAMPLES / 'regenerate.sh'}"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_committed_example_passes_schema(name: str, tmp_path: Path) -> None:
+    text = (EXAMPLES / name).read_text()
+    secret = name.endswith(".secret.yaml")
+    user_data = user_data_of(text, secret)
+    assert secret == (len(user_data.encode()) > ci.INLINE_USERDATA_LIMIT)
+    path = tmp_path / "user-data"
+    path.write_text(user_data)
+    proc = subprocess.run(
+        [CLOUD_INIT, "schema", "--config-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
