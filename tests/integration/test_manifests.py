@@ -411,3 +411,33 @@ def test_sidecar_overlay() -> None:
     assert not objects("overlays/sidecar", "ClusterRole")
     _, user_data = cloudinit_secret("overlays/sidecar")
     assert "registry_url" not in user_data
+
+
+# --- the image ---------------------------------------------------------------
+
+
+def test_containerfile_matches_the_deployment() -> None:
+    """No image can be built here; check what can be checked without a builder."""
+    import re
+    import tomllib
+
+    text = (REPO / "Containerfile").read_text()
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert base is not None
+    # Pinned: exact Python patch release on a named Debian suite, never a floating tag.
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", base.group(1))
+    assert re.findall(r"^FROM (\S+)", text, re.M) == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"]
+    for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
+        for path in src.split():
+            assert (REPO / path).exists(), path
+    pod = one("base", "Deployment")["spec"]["template"]["spec"]
+    user = re.search(r"^USER (\d+):(\d+)$", text, re.M)
+    assert user is not None
+    assert (int(user.group(1)), int(user.group(2))) == (
+        pod["securityContext"]["runAsUser"],
+        pod["securityContext"]["runAsGroup"],
+    )
+    assert int(user.group(1)) != 0
+    assert re.search(r"^EXPOSE (\d+)$", text, re.M).group(1) == "8080"  # type: ignore[union-attr]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert '["imex-host-agent"]' in text and "imex-host-agent" in scripts
