@@ -215,7 +215,9 @@ class StatusAccepted(BaseModel):
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": ErrorOut} for code in codes}
+    """Error answers: always JSON, also on routes whose success is text/plain."""
+    content = {"application/json": {"schema": ErrorOut.model_json_schema()}}
+    return {code: {"content": content} for code in codes}
 
 
 _TEXT_200: dict[int | str, dict[str, Any]] = {
@@ -248,9 +250,14 @@ def caller_address(
     """The caller's address: the direct peer, or, when the peer is a trusted
     proxy, the rightmost ``X-Forwarded-For`` hop that is not a trusted proxy.
     """
-    if peer is None:
-        raise RegistryError(403, "cannot tell the caller's address; refusing the report")
-    addr = _parse_addr(peer, "peer address")
+    try:
+        addr = _parse_addr(peer or "", "peer address")
+    except RegistryError as exc:
+        raise RegistryError(
+            403,
+            f"cannot tell the caller's IP address (peer {peer!r}); reports must come from "
+            "the member's own address, directly or through a trusted proxy",
+        ) from exc
     hops = [h for header in forwarded_for for h in header.split(",") if h.strip()]
     if not hops or not any(addr in net for net in trusted):
         return addr
@@ -408,10 +415,19 @@ class RequestMetrics:
 
 
 Namespace = Annotated[
-    str, Path(pattern=_DNS_LABEL, max_length=63, description="the Service's namespace")
+    str,
+    Path(
+        pattern=_DNS_LABEL, max_length=63, description="the Service's namespace", examples=["gpu"]
+    ),
 ]
 Name = Annotated[
-    str, Path(pattern=_DNS_LABEL, max_length=63, description="the ensemble Service's name")
+    str,
+    Path(
+        pattern=_DNS_LABEL,
+        max_length=63,
+        description="the ensemble Service's name",
+        examples=["gb200"],
+    ),
 ]
 Wait = Annotated[
     int | None,
@@ -428,7 +444,9 @@ Timeout = Annotated[
 ]
 Format = Annotated[Literal["json", "table"], Query(description="json (default) or table")]
 NodesMode = Annotated[Literal["names", "ips"], Query(description="names (default) or ips")]
-SlotIndex = Annotated[int, Path(ge=0, le=2**31, description="the member's slot index")]
+SlotIndex = Annotated[
+    int, Path(ge=0, le=2**31, description="the member's slot index", examples=[0])
+]
 
 
 # -- the app ----------------------------------------------------------------------------
