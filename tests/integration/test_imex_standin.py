@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +21,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.sandbox import imex_ctl, imex_standin
+from tests.sandbox.imex_ctl import CtlError, cmd_target
 from tests.sandbox.imex_standin import (
     NO_MATCH_MESSAGE,
     ConfigFileError,
@@ -187,6 +191,37 @@ def test_garbage_on_its_ports_does_not_stop_the_daemon(
             s.recv(1024)
     assert imex.proc.poll() is None
     assert imex.ctl("-q").stdout == "READY\n"
+
+
+def test_standins_run_as_lone_stdlib_scripts(tmp_path: Path) -> None:
+    """Copied alone into a guest image they still work: no third-party or package imports."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shutil.copy(imex_standin.__file__, bin_dir / "nvidia-imex")
+    shutil.copy(imex_ctl.__file__, bin_dir / "nvidia-imex-ctl")
+    cmd_port = free_port()
+    cfg = write_setup(tmp_path / "etc", ["127.0.0.1"], port=free_port(), cmd_port=cmd_port)
+    py = [sys.executable, "-I", "-S"]  # no site-packages, no PYTHONPATH
+    proc = subprocess.Popen([*py, str(bin_dir / "nvidia-imex"), "-c", str(cfg)], cwd=tmp_path)
+    try:
+        def ask() -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*py, str(bin_dir / "nvidia-imex-ctl"), "-c", str(cfg), "-q"],
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                                  check=False)
+
+        wait_for("READY", lambda: ask().stdout == "READY\n")
+        assert ask().returncode == 0
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+
+
+def test_ctl_reads_the_command_address_from_config() -> None:
+    assert cmd_target("IMEX_CMD_PORT=50123\nIMEX_CMD_BIND_INTERFACE_IP=10.0.0.5\n") == (
+        "10.0.0.5", 50123)
+    assert cmd_target("# nothing\nIMEX_CMD_BIND_INTERFACE_IP=\n") == ("127.0.0.1", 50005)
+    with pytest.raises(CtlError, match="IMEX_CMD_PORT"):
+        cmd_target("IMEX_CMD_PORT=x")
 
 
 def test_ctl_fails_when_daemon_is_unreachable(tmp_path: Path) -> None:

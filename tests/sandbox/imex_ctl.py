@@ -13,6 +13,10 @@ use:
 * ``-c CONFIG`` reads ``IMEX_CMD_PORT``/``IMEX_CMD_BIND_INTERFACE_IP`` from the daemon's
   config.cfg (default ``/etc/nvidia-imex/config.cfg``); ``-i IP PORT`` names the daemon.
 * A daemon that cannot be reached: a message on stderr and exit status 1, nothing on stdout.
+
+Standard library only and independent of the daemon's module, so this one file can be
+copied into a guest image as ``nvidia-imex-ctl`` (as ``imex_standin.py`` can as
+``nvidia-imex``).
 """
 
 from __future__ import annotations
@@ -25,13 +29,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.sandbox.imex_standin import ConfigFileError, ImexConfig, load_config
-
 DEFAULT_CONFIG = Path("/etc/nvidia-imex/config.cfg")
+DEFAULT_CMD_PORT = 50005
 
 
 class CtlError(Exception):
-    """The daemon could not be asked (unreachable, bad reply)."""
+    """The daemon could not be asked (unreachable, bad reply, unreadable config)."""
+
+
+def cmd_target(config_text: str) -> tuple[str, int]:
+    """Pure: the command address from config.cfg (``IMEX_CMD_BIND_INTERFACE_IP``/``_PORT``)."""
+    values = {}
+    for line in config_text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and not key.startswith("#"):
+            values[key.strip()] = value.strip()
+    port_text = values.get("IMEX_CMD_PORT") or str(DEFAULT_CMD_PORT)
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise CtlError(f"IMEX_CMD_PORT={port_text!r}: not a port number")
+    return values.get("IMEX_CMD_BIND_INTERFACE_IP") or "127.0.0.1", int(port_text)
 
 
 def request(ip: str, port: int, cmd: str, timeout: float = 3.0) -> dict[str, Any]:
@@ -76,9 +92,13 @@ def _target(args: argparse.Namespace) -> tuple[str, int]:
         ip, port = args.ip
         return ip, int(port)
     cfg_path: Path = args.config or DEFAULT_CONFIG
-    use_defaults = args.config is None and not cfg_path.exists()
-    cfg = ImexConfig() if use_defaults else load_config(cfg_path)
-    return cfg.cmd_address, cfg.cmd_port
+    if args.config is None and not cfg_path.exists():
+        return "127.0.0.1", DEFAULT_CMD_PORT
+    try:
+        text = cfg_path.read_text()
+    except OSError as e:
+        raise CtlError(f"cannot read {cfg_path}: {e}") from e
+    return cmd_target(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             domain = request(ip, port, "nodes")
             print(json.dumps(domain) if args.j else render_table(domain))
-    except (CtlError, ConfigFileError, KeyError) as e:
+    except (CtlError, KeyError) as e:
         print(f"nvidia-imex-ctl: {e}", file=sys.stderr)
         return 1
     return 0
