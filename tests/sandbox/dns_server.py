@@ -968,9 +968,8 @@ async def _amain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.sandbox.dns_server",
-                                description="CoreDNS-like DNS stand-in for headless Services")
+def configure(p: argparse.ArgumentParser) -> None:
+    """The CLI's options (also usable by the ``python -m tests.sandbox`` dispatcher)."""
     p.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 5353),
                    help="HOST:PORT for UDP and TCP (port 0: pick one; printed on stdout)")
     p.add_argument("--zone", default="cluster.local")
@@ -980,7 +979,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kubeconfig", help="follow EndpointSlices/Services of this API server")
     p.add_argument("--fail-mode", choices=FAIL_MODES)
     p.add_argument("-v", "--verbose", action="store_true")
-    args = p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | argparse.Namespace | None = None) -> int:
+    """Run the server; ``argv`` may also be already parsed options (see :func:`configure`)."""
+    if isinstance(argv, argparse.Namespace):
+        args = argv
+    else:
+        p = argparse.ArgumentParser(prog="python -m tests.sandbox.dns_server",
+                                    description="CoreDNS-like DNS stand-in for headless Services")
+        configure(p)
+        args = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s dns-standin %(levelname)s %(message)s")
     try:

@@ -444,3 +444,47 @@ async def test_follows_endpointslices_and_services_from_the_api(tmp_path: Path) 
             await wait_answer(slot(0), None)
             feeder.cancel()
         await client.close()
+
+
+async def test_cli_follows_a_kubeconfig(tmp_path: Path) -> None:
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.codecs import from_dict
+
+    from tests.sandbox.kube_api.server import KubeApiServer
+
+    async with KubeApiServer() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        client = AsyncClient(KubeConfig.from_dict(api.kubeconfig()))
+        await client.create(from_dict({"apiVersion": "v1", "kind": "Namespace",
+                                       "metadata": {"name": NS}}))
+        await client.create(from_dict({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": SVC, "namespace": NS},
+            "spec": {"clusterIP": "None", "ports": [{"name": "imex", "port": 50000}]}}))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.sandbox.dns_server", "--listen", "127.0.0.1:0",
+            "--kubeconfig", str(kubeconfig), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            assert proc.stdout is not None
+            line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+            port = int(line.rsplit(":", 1)[1])
+            r = dns.asyncresolver.Resolver(configure=False)
+            r.nameservers, r.port, r.lifetime = ["127.0.0.1"], port, 2
+            builder = ClusterDnsModel(ZONE)
+            builder.set_members(NS, SVC, members(1))
+            await client.create(from_dict(builder.slices()[0]))
+            deadline = asyncio.get_running_loop().time() + 10
+            got: list[str] | None = None
+            while asyncio.get_running_loop().time() < deadline:
+                try:
+                    got = addrs(await r.resolve(slot(0), "A"))
+                    break
+                except dns.resolver.NXDOMAIN:
+                    await asyncio.sleep(0.05)
+            assert got == ["10.1.0.1"]
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await client.close()
