@@ -1,0 +1,102 @@
+"""State.wait_for_change: shared wake-ups, timeouts, cancellation, close and drop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from guest_agent.model import EnsembleId, Member
+from host_agent.state import EnsembleSpec, State
+
+A = EnsembleSpec(EnsembleId("gpu", "a"), 4, 50000)
+B = EnsembleSpec(EnsembleId("gpu", "b"), 4, 50000)
+
+
+def seeded() -> tuple[State, int, int]:
+    state = State()
+    ga = state.set(A, [Member(0, "10.0.0.1")], [])[0].generation
+    gb = state.set(B, [Member(0, "10.0.1.1")], [])[0].generation
+    return state, ga, gb
+
+
+async def parked(state: State, n: int) -> None:
+    """Let freshly created waiter tasks reach their await."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert state.waiters() >= n
+
+
+async def test_a_change_wakes_that_ensembles_waiters_only() -> None:
+    state, ga, gb = seeded()
+    on_a = [asyncio.create_task(state.wait_for_change(A.ens, ga, 30)) for _ in range(3)]
+    on_a.append(asyncio.create_task(state.wait_for_change(A.ens, ga, 20)))  # other bucket
+    on_b = asyncio.create_task(state.wait_for_change(B.ens, gb, 30))
+    await parked(state, 2)
+    state.set(A, [Member(0, "10.0.0.2")], [])
+    done = await asyncio.gather(*on_a)
+    assert {s.generation for s in done if s is not None} == {ga + 1}
+    assert len(done) == 4
+    assert not on_b.done()
+    assert state.waiters() == 1  # only B still has a pending poll
+    state.close()
+    b_snap = await on_b
+    assert b_snap is not None and b_snap.generation == gb
+
+
+async def test_timeout_answers_the_unchanged_snapshot_not_early() -> None:
+    state, ga, _ = seeded()
+    started = time.monotonic()
+    snap = await state.wait_for_change(A.ens, ga, 0.25)
+    took = time.monotonic() - started
+    assert snap is not None and snap.generation == ga
+    assert 0.25 <= took < 0.45, took
+    assert state.waiters() == 0
+
+
+async def test_no_wait_when_generation_differs_or_timeout_zero() -> None:
+    state, ga, _ = seeded()
+    started = time.monotonic()
+    assert (await state.wait_for_change(A.ens, ga - 1, 30)).generation == ga  # type: ignore[union-attr]
+    assert (await state.wait_for_change(A.ens, ga, 0)).generation == ga  # type: ignore[union-attr]
+    assert await state.wait_for_change(EnsembleId("gpu", "none"), 1, 30) is None
+    assert time.monotonic() - started < 0.05
+
+
+async def test_a_cancelled_waiter_does_not_disturb_its_neighbours() -> None:
+    state, ga, _ = seeded()
+    victim = asyncio.create_task(state.wait_for_change(A.ens, ga, 30))
+    neighbour = asyncio.create_task(state.wait_for_change(A.ens, ga, 30))
+    await parked(state, 1)
+    victim.cancel()
+    await asyncio.gather(victim, return_exceptions=True)
+    assert victim.cancelled()
+    assert not neighbour.done()
+    state.set(A, [Member(0, "10.0.0.3")], [])
+    snap = await asyncio.wait_for(neighbour, 1)
+    assert snap is not None and snap.generation == ga + 1
+
+
+async def test_drop_answers_none_and_close_answers_everyone() -> None:
+    state, ga, gb = seeded()
+    on_a = asyncio.create_task(state.wait_for_change(A.ens, ga, 30))
+    on_b = asyncio.create_task(state.wait_for_change(B.ens, gb, 30))
+    await parked(state, 2)
+    state.drop(A.ens)
+    assert await asyncio.wait_for(on_a, 1) is None
+    state.close()
+    assert (await asyncio.wait_for(on_b, 1)).generation == gb  # type: ignore[union-attr]
+    started = time.monotonic()
+    assert (await state.wait_for_change(B.ens, gb, 30)).generation == gb  # type: ignore[union-attr]
+    assert time.monotonic() - started < 0.05
+
+
+async def test_ten_thousand_waiters_wake_together_quickly() -> None:
+    state, ga, _ = seeded()
+    waiters = [asyncio.create_task(state.wait_for_change(A.ens, ga, 30)) for _ in range(10_000)]
+    await parked(state, 1)
+    started = time.perf_counter()
+    state.set(A, [Member(0, "10.0.0.4")], [])
+    answers = await asyncio.gather(*waiters)
+    took = time.perf_counter() - started
+    assert all(a is not None and a.generation == ga + 1 for a in answers)
+    assert took < 1.0, took  # linear: ~0.1 s here; the quadratic unhooking took ~0.5 s
