@@ -323,6 +323,32 @@ def fields_v1(paths: Iterable[Path]) -> JSON:
     return root
 
 
+def parse_fields_v1(fields: Any, prefix: Path = ()) -> set[Path]:
+    """Inverse of fields_v1 for the `f:` entries (list-item `k:`/`v:` keys are skipped)."""
+    out: set[Path] = set()
+    if not isinstance(fields, dict):
+        return out
+    for key, sub in fields.items():
+        if not key.startswith("f:"):
+            continue
+        path = (*prefix, key[2:])
+        children = parse_fields_v1(sub, path)
+        out |= children or {path}
+    return out
+
+
+def parse_managed_fields(entries: Any) -> dict[ManagerKey, set[Path]]:
+    """metadata.managedFields as a client sent it -> ownership (client-driven reset)."""
+    owners: dict[ManagerKey, set[Path]] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or not entry.get("manager"):
+            continue
+        key = (str(entry["manager"]), str(entry.get("operation") or "Update"),
+               str(entry.get("subresource") or ""))
+        owners[key] = owners.get(key, set()) | parse_fields_v1(entry.get("fieldsV1"))
+    return {k: v for k, v in owners.items() if v}
+
+
 Managers = dict[ManagerKey, set[Path]]
 
 

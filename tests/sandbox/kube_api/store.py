@@ -319,6 +319,7 @@ class Store:
     def update(self, t: ResourceType, ns: str | None, name: str, body: Any, manager: str,
                subresource: str = "") -> JSON:
         entry = self._entry(t, ns, name)
+        base = self._client_managed_fields(entry, body)
         obj = self._body_identity(t, ns, body, name)
         want_rv = obj["metadata"].get("resourceVersion")
         have_rv = entry.obj["metadata"]["resourceVersion"]
@@ -326,7 +327,7 @@ class Store:
             raise conflict(t.qualified, name, "the object has been modified; please apply your "
                            "changes to the latest version and try again", t.group, t.plural)
         new = self._merge_subresource(t, entry.obj, obj, subresource)
-        managers = patching.record_update(entry.obj, new, entry.managers, manager, subresource)
+        managers = patching.record_update(entry.obj, new, base, manager, subresource)
         return self._commit(t, entry, new, managers, manager)
 
     def patch(self, t: ResourceType, ns: str | None, name: str, patch_type: str, body: Any,
@@ -335,7 +336,6 @@ class Store:
             return self._apply(t, ns, name, body, manager, force, subresource)
         entry = self._entry(t, ns, name)
         current = self.render(entry)
-        current["metadata"].pop("managedFields", None)
         try:
             if patch_type == "merge":
                 patched = patching.merge_patch(current, body)
@@ -353,15 +353,32 @@ class Store:
         except patching.PatchError as e:
             raise ApiError(422, "Invalid", f"the server rejected our request due to an error in "
                            f"our request: {e}") from e
+        base = self._client_managed_fields(entry, patched)
         obj = self._body_identity(t, ns, patched, name)
         want_rv = obj["metadata"].get("resourceVersion")
         if want_rv not in (None, "") and want_rv != entry.obj["metadata"]["resourceVersion"]:
             raise conflict(t.qualified, name, "the object has been modified; please apply your "
                            "changes to the latest version and try again", t.group, t.plural)
         new = self._merge_subresource(t, entry.obj, obj, subresource)
-        managers = patching.record_update(entry.obj, new, entry.managers, manager or "unknown",
+        managers = patching.record_update(entry.obj, new, base, manager or "unknown",
                                           subresource)
         return self._commit(t, entry, new, managers, manager or "unknown")
+
+    def _client_managed_fields(self, entry: Entry, body: Any) -> patching.Managers:
+        """Ownership to start from: the client's managedFields if it changed them.
+
+        As upstream: a request that sends managedFields different from the stored
+        ones replaces them (kubectl does this when it migrates client-side apply
+        ownership to server-side apply); an empty list clears them.
+        """
+        meta = body.get("metadata") if isinstance(body, dict) else None
+        sent = meta.get("managedFields") if isinstance(meta, dict) else None
+        if sent is None:
+            return entry.managers
+        stored = self.render(entry)["metadata"].get("managedFields")
+        if sent == stored:
+            return entry.managers
+        return patching.parse_managed_fields(sent)
 
     def _apply(self, t: ResourceType, ns: str | None, name: str, body: Any,
                manager: str | None, force: bool, subresource: str) -> JSON:
