@@ -1,0 +1,282 @@
+"""The host agent end to end against the API double (real lightkube client).
+
+Publishing, deletion, Service removal, watch drops, 410 relists, 500 storms,
+an outage, an agent restart and a 1,000-VMI cluster. Every fault test checks
+two things: no member is lost (the state and the slice stay right), and the
+double counted exactly the EndpointSlice writes the real changes needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from guest_agent.model import EnsembleId
+from host_agent.endpoints import MANAGED_BY
+from tests.host_support.kubevirt import service, vmi
+from tests.integration.host.conftest import NS, AgentFactory, eventually
+from tests.sandbox.kube_api.fixtures import KubeApiHandle
+
+pytestmark = pytest.mark.timeout(60)
+
+ENS = EnsembleId(NS, "gb200")
+SLICES = ("discovery.k8s.io/v1", "EndpointSlice")
+VMI = ("kubevirt.io/v1", "VirtualMachineInstance")
+
+
+def slices(api: KubeApiHandle, ns: str = NS) -> dict[str, dict[str, Any]]:
+    return {s["metadata"]["name"]: s for s in api.list(*SLICES, ns)}
+
+
+def slice_pins(api: KubeApiHandle, name: str = "gb200-imex", ns: str = NS) -> dict[str, str]:
+    s = slices(api, ns).get(name)
+    if s is None:
+        return {}
+    return {e["hostname"]: e["addresses"][0] for e in s.get("endpoints") or []}
+
+
+def slice_writes(api: KubeApiHandle) -> int:
+    return api.writes("endpointslices")
+
+
+def pins(*pairs: tuple[int, str], ens: EnsembleId = ENS) -> dict[str, str]:
+    return {ens.slot(i): ip for i, ip in pairs}
+
+
+def setup_ensemble(api: KubeApiHandle, n: int = 3, name: str = "gb200") -> None:
+    api.put(service(name, namespace=NS))
+    for i in range(n):
+        api.put(vmi(f"{name}-{i}", ensemble=name, ip=f"10.244.0.{i + 1}"))
+
+
+async def test_publishes_exact_slice_then_follows_changes(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup_ensemble(api)
+    agent = await start_agent()
+    await agent.settled()
+    expected = pins((0, "10.244.0.1"), (1, "10.244.0.2"), (2, "10.244.0.3"))
+    assert await eventually(lambda: slice_pins(api) == expected, what="first slice")
+    body = slices(api)["gb200-imex"]
+    svc = api.get("v1", "Service", "gb200", NS)
+    assert body["metadata"]["labels"] == {
+        "kubernetes.io/service-name": "gb200",
+        "endpointslice.kubernetes.io/managed-by": MANAGED_BY,
+    }
+    assert body["metadata"]["ownerReferences"] == [{
+        "apiVersion": "v1", "kind": "Service", "name": "gb200",
+        "uid": svc["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
+    }]
+    assert body["ports"] == [{"name": "imex", "port": 50000, "protocol": "TCP"}]
+    assert body["endpoints"][0]["targetRef"]["name"] == "gb200-0"
+    assert slice_writes(api) == 1
+    gen = agent.agent.state.get(ENS).generation  # type: ignore[union-attr]
+
+    # Live migration: KubeVirt reports a new IP and node; the slot follows.
+    api.put(vmi("gb200-1", ip="10.244.9.2", node="node-b"))
+    expected[ENS.slot(1)] = "10.244.9.2"
+    await eventually(lambda: slice_pins(api) == expected, what="migrated IP")
+    snap = agent.agent.state.get(ENS)
+    assert snap is not None and snap.generation == gen + 1
+
+    # A deleted VMI's endpoint disappears.
+    api.delete(*VMI, "gb200-2", NS)
+    del expected[ENS.slot(2)]
+    await eventually(lambda: slice_pins(api) == expected, what="deleted VMI gone")
+    # IPv6 member: a second slice; losing the last v4 member deletes the v4 one.
+    api.put(vmi("gb200-5", ip="fd00:10:244::5"))
+    await eventually(lambda: slice_pins(api, "gb200-imex-v6") == pins((5, "fd00:10:244::5")),
+                     what="v6 slice")
+    api.delete(*VMI, "gb200-0", NS)
+    api.delete(*VMI, "gb200-1", NS)
+    await eventually(lambda: "gb200-imex" not in slices(api), what="v4 slice deleted")
+    await agent.settled()
+    assert slice_writes(api) == 5  # create, update, update, create v6, delete v4 (+0 extra)
+
+    # The Service goes: the ensemble is no longer published (and GC takes the slice).
+    api.delete("v1", "Service", "gb200", NS)
+    await eventually(lambda: agent.agent.state.get(ENS) is None, what="ensemble dropped")
+    await eventually(lambda: not slices(api), what="slices garbage-collected")
+
+
+async def test_burst_of_events_collapses_into_one_apply(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    api.put(service("gb200", namespace=NS, annotations={"imex-ensemble.io/max-members": "18"}))
+    agent = await start_agent(settle_seconds=0.3)
+    await agent.settled()
+    before = slice_writes(api)
+    for i in range(18):  # a boot storm: 18 VMIs come up at once
+        api.put(vmi(f"gb200-{i}", ip=f"10.244.1.{i + 1}"))
+    await eventually(lambda: len(slice_pins(api)) == 18, what="18 members")
+    await agent.settled()
+    assert slice_writes(api) - before == 1
+
+
+async def test_watch_drops_lose_nothing_and_write_nothing_extra(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup_ensemble(api)
+    agent = await start_agent()
+    await agent.settled()
+    await eventually(lambda: len(slice_pins(api)) == 3)
+    writes = slice_writes(api)
+    watches = api.requests[("watch", "virtualmachineinstances")]
+    for round_ in range(4):
+        api.drop_watches(abort=round_ % 2 == 1)
+        # Wait until the agent has watched again before the next drop.
+        await eventually(
+            lambda n=round_: api.requests[("watch", "virtualmachineinstances")] > watches + n,
+            what="watch re-established",
+        )
+    # A change made after the drops arrives through a resumed watch.
+    api.put(vmi("gb200-3", ip="10.244.0.4"))
+    await eventually(lambda: len(slice_pins(api)) == 4, what="member added after drops")
+    await agent.settled()
+    assert slice_writes(api) == writes + 1
+    assert agent.agent.metrics.lists.labels("vmi")._value.get() == 1  # type: ignore[attr-defined]
+
+
+async def test_410_relists_and_reconciles_without_spurious_writes(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup_ensemble(api)
+    agent = await start_agent()
+    await agent.settled()
+    await eventually(lambda: len(slice_pins(api)) == 3)
+    writes = slice_writes(api)
+    lists_before = agent.agent.metrics.lists.labels("vmi")._value.get()  # type: ignore[attr-defined]
+    # While the watches are down, a VMI changes and one is deleted, then history is compacted:
+    # the resume gets 410 and only a relist can see the deletion.
+    api.outage("refuse")
+    api.put(vmi("gb200-0", ip="10.244.5.1"))
+    api.delete(*VMI, "gb200-2", NS)
+    api.compact()
+    assert agent.agent.state.get(ENS) is not None
+    assert len(agent.agent.state.get(ENS).members) == 3  # type: ignore[union-attr]
+    api.recover()
+    await eventually(
+        lambda: slice_pins(api) == pins((0, "10.244.5.1"), (1, "10.244.0.2")), what="relisted"
+    )
+    await agent.settled()
+    assert agent.agent.metrics.lists.labels("vmi")._value.get() > lists_before  # type: ignore[attr-defined]
+    assert slice_writes(api) == writes + 1
+
+
+async def test_500_storm_keeps_members_and_recovers(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup_ensemble(api)
+    agent = await start_agent()
+    await agent.settled()
+    await eventually(lambda: len(slice_pins(api)) == 3)
+    writes = slice_writes(api)
+    api.fail(500, duration=1.0)
+    api.drop_watches()
+    api.fail(429, count=5, verbs=["list", "watch"])
+    # During the storm the agent keeps what it knows.
+    t_end = time.monotonic() + 0.5
+    while time.monotonic() < t_end:
+        snap = agent.agent.state.get(ENS)
+        assert snap is not None and len(snap.members) == 3
+        await asyncio.sleep(0.05)
+    await eventually(lambda: sum(
+        agent.agent.metrics.watch_restarts.labels(i.name, "error")._value.get()  # type: ignore[attr-defined]
+        for i in agent.agent.informers) > 0, what="errors seen")
+    api.put(vmi("gb200-3", ip="10.244.0.4"))  # may land during the storm: applied afterwards
+    await eventually(lambda: len(slice_pins(api)) == 4, timeout=15, what="recovered")
+    await agent.settled()
+    assert slice_writes(api) - writes == 1 + _failed_writes(api)
+    snap = agent.agent.state.get(ENS)
+    assert snap is not None and len(snap.members) == 4
+
+
+def _failed_writes(api: KubeApiHandle) -> int:
+    """Apply attempts the double refused with 500 (they changed nothing)."""
+    return sum(n for (verb, res), n in api.requests.items()
+               if res == "endpointslices" and verb == "patch") - api.writes("endpointslices", "patch")
+
+
+async def test_agent_restart_writes_nothing(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup_ensemble(api, 5)
+    api.put(vmi("gb200-9", ip="fd00:10:244::9"))
+    first = await start_agent()
+    await first.settled()
+    await eventually(lambda: len(slice_pins(api)) == 5 and slice_pins(api, "gb200-imex-v6"))
+    gen = first.agent.state.get(ENS).generation  # type: ignore[union-attr]
+    await first.stop()
+    writes = slice_writes(api)
+    second = await start_agent()
+    await second.settled()
+    snap = second.agent.state.get(ENS)
+    assert snap is not None and len(snap.members) == 6
+    assert snap.generation > gen  # a restarted agent never reissues a generation
+    assert slice_writes(api) == writes
+
+
+async def test_bad_input_is_a_problem_per_object_and_the_rest_is_published(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    api.put(service("gb200", namespace=NS, annotations={
+        "imex-ensemble.io/port": "http", "imex-ensemble.io/token-sha256": "nope"}))
+    api.put(service("broken", namespace=NS,
+                    annotations={"imex-ensemble.io/max-members": "lots"}))
+    api.put(vmi("gb200-0", ip="10.244.0.1"))
+    api.put(vmi("gb200-1", index="one", ip="10.244.0.2"))  # non-numeric index label
+    api.put(vmi("gb200-2", status=False))  # no status at all
+    api.put(vmi("gb200-3", ip="10.0.2.2"))  # masquerade flip
+    api.put(vmi("gb200-4", interfaces=[]))  # odd interface list
+    api.put(vmi("spare-x", ip="10.244.0.8"))  # no index anywhere
+    api.put(vmi("gb200-5", ip="10.244.0.5"))
+    api.put(vmi("dup", index="5", ip="10.244.0.6"))  # duplicate slot 5
+    api.put(vmi("broken-0", ensemble="broken", ip="10.244.0.9"))
+    agent = await start_agent()
+    await agent.settled()
+    await eventually(lambda: slice_pins(api) == pins((0, "10.244.0.1")), what="good member")
+    snap = agent.agent.state.get(ENS)
+    assert snap is not None
+    text = "\n".join(snap.problems)
+    for fragment in ("port='http'", "token-sha256", "index='one'",
+                     "reports only the guest-internal 10.0.2.2", "gb200-4 has no interfaces",
+                     "spare-x has no imex-ensemble.io/index label",
+                     "slot 5 is claimed by 2 live VMIs (dup, gb200-5)"):
+        assert fragment in text, fragment
+    assert len(snap.problems) == 7
+    assert slices(api)["gb200-imex"]["ports"][0]["port"] == 50000
+    assert agent.agent.state.get(EnsembleId(NS, "broken")) is None
+    problems = agent.agent.metrics.problems
+    assert problems.labels(NS, "gb200")._value.get() == 7  # type: ignore[attr-defined]
+    assert problems.labels(NS, "broken")._value.get() == 1  # type: ignore[attr-defined]
+    assert "broken-imex" not in slices(api)
+    # Fixing the duplicate publishes slot 5 at once.
+    api.delete(*VMI, "dup", NS)
+    await eventually(lambda: slice_pins(api) == pins((0, "10.244.0.1"), (5, "10.244.0.5")))
+
+
+async def test_thousand_vmis_in_hundred_ensembles(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    for e in range(100):
+        name = f"ens{e}"
+        api.put(service(name, namespace=NS, uid=f"00000000-0000-4000-8000-{e:012d}"))
+        for i in range(10):
+            api.put(vmi(f"{name}-{i}", ensemble=name, ip=f"10.{e // 200 + 1}.{e % 200}.{i + 1}"))
+    started = time.monotonic()
+    agent = await start_agent()
+    await agent.settled(timeout=60)
+    elapsed = time.monotonic() - started
+    got = slices(api)
+    assert len(got) == 100
+    for e in range(100):
+        ens = EnsembleId(NS, f"ens{e}")
+        body = got[f"ens{e}-imex"]
+        assert {ep["hostname"]: ep["addresses"][0] for ep in body["endpoints"]} == {
+            ens.slot(i): f"10.{e // 200 + 1}.{e % 200}.{i + 1}" for i in range(10)}
+    assert slice_writes(api) == 100
+    print(f"\n1,000 VMIs / 100 ensembles reconciled in {elapsed:.2f} s")
+    assert elapsed < 30
