@@ -101,6 +101,7 @@ class Discovery:
             RegistryClient(settings, ens, token=token) if settings.registry_url else None
         )
         self._registry_ok_at: float | None = None
+        self._started_at: float | None = None
         self._registry_failing = False
         self._registry_failures = 0
         self._generation: int | None = None
@@ -120,6 +121,21 @@ class Discovery:
         if self.registry is None or self._registry_ok_at is None or self._registry_failing:
             return False
         age = time.monotonic() - self._registry_ok_at
+        return age <= self.settings.poll_interval + self.settings.longpoll_timeout
+
+    def _registry_in_charge(self) -> bool:
+        """Whether DNS views must wait: the registry has not failed and is not overdue.
+
+        Before its first answer the registry gets the same allowance, counted from the
+        start of :meth:`run`: a registry that refuses connections fails over at once, one
+        that hangs after ``poll_interval + longpoll_timeout``.
+        """
+        if self.registry is None or self._registry_failing:
+            return False
+        ref = self._registry_ok_at if self._registry_ok_at is not None else self._started_at
+        if ref is None:
+            return False
+        age = time.monotonic() - ref
         return age <= self.settings.poll_interval + self.settings.longpoll_timeout
 
     @property
@@ -156,6 +172,7 @@ class Discovery:
 
     async def run(self, publish: Publish) -> None:
         """Publish views forever (until cancelled)."""
+        self._started_at = time.monotonic()
         async with asyncio.TaskGroup() as tg:
             if self.registry is not None:
                 tg.create_task(self._registry_loop(publish), name="discovery-registry")
@@ -165,7 +182,7 @@ class Discovery:
 
     async def _publish(self, publish: Publish, view: View) -> None:
         async with self._publish_lock:
-            if view.source == "dns" and self.registry_healthy:
+            if view.source == "dns" and self._registry_in_charge():
                 return  # the registry answered meanwhile; it wins
             if view == self._published:
                 return
@@ -228,7 +245,7 @@ class Discovery:
         cap = min(30.0, max(1.0, 4 * self.settings.poll_interval))
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(Exception),
-            wait=tenacity.wait_exponential_jitter(initial=min(0.2, cap), max=cap, jitter=cap / 4),
+            wait=_backoff(initial=min(0.2, cap), cap=cap),
             stop=tenacity.stop_never,
             sleep=self._sleep_unless(self._kick_registry),
             before_sleep=self._registry_before_sleep,
@@ -259,7 +276,7 @@ class Discovery:
             return False  # DNS down or unusable: publish nothing, keep last-known-good
         view = dns_view(state)
         self.last_dns_view = view
-        if not self.registry_healthy:
+        if not self._registry_in_charge():
             await self._publish(publish, view)
         return True
 
@@ -267,9 +284,7 @@ class Discovery:
         interval = self.settings.poll_interval
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_result(lambda learned: not learned),
-            wait=tenacity.wait_exponential_jitter(
-                initial=interval, max=4 * interval, jitter=interval / 4
-            ),
+            wait=_backoff(initial=interval, cap=4 * interval),
             stop=tenacity.stop_never,
             sleep=self._sleep_unless(self._kick_dns),
         )
@@ -290,6 +305,13 @@ class Discovery:
                     await event.wait()
 
         return sleep
+
+
+def _backoff(initial: float, cap: float) -> tenacity.wait.wait_base:
+    """Exponential from ``initial`` up to ``cap``, plus up to a quarter of ``cap`` of jitter."""
+    return tenacity.wait_exponential(multiplier=initial, max=cap) + tenacity.wait_random(
+        0, cap / 4
+    )
 
 
 async def _until(coro: Coroutine[Any, Any, T], event: asyncio.Event) -> T | None:

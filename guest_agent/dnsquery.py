@@ -294,6 +294,9 @@ def nameservers_from_resolv_conf(path: str | Path = RESOLV_CONF) -> tuple[Namese
     for line in text.splitlines():
         fields = re.split(r"\s+", line.strip())
         if len(fields) >= 2 and fields[0] == "nameserver":
+            if "%" in fields[1]:
+                log.info("%s: skipping scoped nameserver %s", path, fields[1])
+                continue
             try:
                 out.append(Nameserver(str(ipaddress.ip_address(fields[1]))))
             except ValueError:

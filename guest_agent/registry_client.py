@@ -79,7 +79,7 @@ def parse_ensemble(
     data: object, ens: EnsembleId, max_members: int, warn: Warn | None = None
 ) -> RegistrySnapshot:
     """Validate the ensemble document; see the module docstring for the rules."""
-    say: Warn = warn or (lambda m: log.warning("%s", m))
+    say: Warn = warn if warn is not None else (lambda m: log.warning("%s", m))
     if not isinstance(data, dict):
         raise RegistryBadResponse(f"registry answer is {type(data).__name__}, not an object")
     if data.get("namespace") != ens.namespace or data.get("name") != ens.name:
