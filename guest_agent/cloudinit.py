@@ -74,6 +74,8 @@ _URL_KINDS: Final[dict[str, InstallKind]] = {
 
 # RFC 6750 b64token: what an Authorization: Bearer header can carry verbatim.
 _TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
+# A PEP 508 name with optional extras, then an optional version spec.
+_REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]*\])?)([<>=!~][ -~]*)?$")
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
@@ -102,8 +104,11 @@ class InstallSource:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https", "file") or not (parts.netloc or parts.path):
             raise CloudInitError(f"--install {text!r}: {url!r} is not an http(s) or file URL")
-        if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
-            raise CloudInitError(f"--install {text!r}: the URL contains whitespace or controls")
+        if not _printable_ascii(url):
+            raise CloudInitError(
+                f"--install {text!r}: the URL must be printable ASCII without spaces "
+                "(percent-encode anything else)"
+            )
         return cls(kind, url)
 
 
@@ -344,6 +349,16 @@ def package_requirement(opts: Options) -> str:
         return f"{DISTRIBUTION}[guest]"
 
 
+def requirement_name(opts: Options) -> str:
+    """The requirement without its version spec: ``imex-ensemble[guest]``."""
+    m = _REQUIREMENT.match(package_requirement(opts))
+    return m.group(1) if m else f"{DISTRIBUTION}[guest]"
+
+
+def _printable_ascii(text: str) -> bool:
+    return all(0x21 <= ord(c) <= 0x7E for c in text)
+
+
 def render_setup_script(opts: Options) -> str:
     """The runcmd shell script: install, enable the unit, restart IMEX once. Stops on error."""
     q = shlex.quote
@@ -359,8 +374,8 @@ def render_setup_script(opts: Options) -> str:
         elif src.kind == "find-links":
             lines.append(f"{pip} --no-index --find-links {q(src.url)} {req}")
         else:
-            name = req.strip("'").split("==")[0]
-            lines.append(f"{pip} {q(f'{name} @ {src.url}')}")
+            # A direct reference names the project and extras, never a version.
+            lines.append(f"{pip} {q(f'{requirement_name(opts)} @ {src.url}')}")
     lines.append("systemctl daemon-reload")
     lines.append(f"systemctl enable --now {UNIT_NAME}")
     if opts.restart_imex:
@@ -544,8 +559,11 @@ def options_from_args(args: argparse.Namespace) -> Options:
             parse_nameserver("--nameserver", ns)
         except ConfigError as exc:
             raise CloudInitError(str(exc)) from exc
-    if args.package is not None and (not args.package.strip() or "\n" in args.package):
-        raise CloudInitError("--package must be one pip requirement")
+    if args.package is not None and not _REQUIREMENT.match(args.package):
+        raise CloudInitError(
+            f"--package {args.package!r} is not a pip requirement such as "
+            "'imex-ensemble[guest]==0.1.0'"
+        )
     opts = Options(
         ensemble=args.ensemble,
         namespace=args.namespace,

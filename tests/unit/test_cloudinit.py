@@ -209,6 +209,12 @@ def test_version_pin_follows_the_generator() -> None:
     )
 
 
+def test_wheel_direct_reference_drops_the_version_spec() -> None:
+    url = "https://files.internal/imex_ensemble-0.2.0-py3-none-any.whl"
+    o = opts(install=ci.InstallSource.parse(f"wheel:{url}"), package="imex-ensemble[guest]>=0.2")
+    assert script_lines(o)[2][-1] == f"imex-ensemble[guest] @ {url}"
+
+
 def test_preinstalled_only_enables() -> None:
     lines = script_lines(opts())
     assert ["python3", "-m", "venv", "/opt/imex-guest-agent"] not in lines
@@ -305,6 +311,10 @@ def test_flags_map_to_options(tmp_path: Path) -> None:
         (["--install", "ftp:x"], "--install"),
         (["--install", "find-links:gopher://x"], "not an http(s) or file URL"),
         (["--install", "wheel:"], "--install"),
+        (["--install", "find-links:http://w.internal/\u00e9"], "printable ASCII"),
+        (["--install", "pip-index:http://w.internal/a b"], "printable ASCII"),
+        (["--package", "imex-ensemble; rm -rf /"], "--package"),
+        (["--package", "-e ."], "--package"),
         (["--imex-port", "70000"], "--imex-port"),
         (["--nameserver", "dns.example"], "--nameserver"),
         (["--registry-url", "reg:8080"], "registry_url"),
