@@ -39,7 +39,18 @@ handlers only set flags or restart tasks from the loop. Bad input on any socket 
 connection with a log line and never stops the daemon.
 """
 
+# ruff: noqa: E402  (the SIGUSR1 guard below must run before the slower imports)
 from __future__ import annotations
+
+import signal
+import time
+
+# SIGUSR1's default action kills the process. A supervisor may signal the daemon moments
+# after starting it, before the event loop's handler exists; count such early signals
+# instead of dying (they change nothing: no connection exists yet, all resolve fresh).
+_EARLY_USR1: list[float] = []
+if __name__ == "__main__":
+    signal.signal(signal.SIGUSR1, lambda *_: _EARLY_USR1.append(time.time()))
 
 import argparse
 import asyncio
@@ -49,11 +60,9 @@ import ipaddress
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +91,7 @@ PING_INTERVAL_S = 0.5
 PEER_TIMEOUT_S = 3.0
 CONNECT_TIMEOUT_S = 2.0
 MAX_LINE = 64 * 1024
+SIGNAL_LOG_MAX = 200
 
 JsonDict = dict[str, Any]
 
@@ -342,6 +352,10 @@ class ImexStandin:
         self.signal_log: list[JsonDict] = []
         self.last_acted: float | None = None
         self.starts = self._previous_starts() + 1
+        for t in _EARLY_USR1:
+            self.signals_received += 1
+            self.signals_ignored += 1
+            self.signal_log.append({"t": t, "acted": False, "early": True})
         self._stop = asyncio.Event()
         self._servers: list[asyncio.base_events.Server] = []
         self._incoming: set[asyncio.StreamWriter] = set()
@@ -427,6 +441,7 @@ class ImexStandin:
         self.signals_received += 1
         acted = self.last_acted is None or now - self.last_acted >= self.opts.usr1_window
         self.signal_log.append({"t": time.time(), "acted": acted})
+        del self.signal_log[:-SIGNAL_LOG_MAX]
         if acted:
             self.last_acted = now
             self.signals_acted += 1
