@@ -304,7 +304,8 @@ class Store:
         t = rt.find_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
         if t is None:
             raise bad_request(f"unknown kind {obj.get('apiVersion')}/{obj.get('kind')}")
-        ns = (obj.get("metadata") or {}).get("namespace") if t.namespaced else None
+        ns = ((obj.get("metadata") or {}).get("namespace") or "default") if t.namespaced \
+            else None
         name = (obj.get("metadata") or {}).get("name", "")
         if (ns or "", name) in self.objects[t.key]:
             cur = self.get(t, ns, name)
