@@ -74,6 +74,8 @@ _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _TEXT = "text/plain; charset=utf-8"
 _GENERATION_HEADER = "X-Imex-Generation"
+#: Request methods counted by name; anything else is "other" (bounded label values).
+_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "PATCH", "DELETE", "OPTIONS"})
 
 
 @dataclass(frozen=True)
@@ -411,7 +413,8 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, counting_send)
         finally:
-            self.metrics.requests.labels(self._route(scope), scope["method"], str(status)).inc()
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            self.metrics.requests.labels(self._route(scope), method, str(status)).inc()
 
 
 Namespace = Annotated[
