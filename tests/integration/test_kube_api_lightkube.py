@@ -249,3 +249,30 @@ async def test_namespaces_and_missing_namespace(client: AsyncClient) -> None:
     await client.create(service("ens", ns="team-a"))
     await client.delete(Namespace, "team-a")
     assert [s async for s in client.list(Service, namespace="team-a")] == []
+
+
+async def test_dry_run_validates_but_stores_nothing(kube_api: KubeApiHandle,
+                                                    client: AsyncClient) -> None:
+    rv = kube_api.resource_version
+    answered = await client.create(service("ens"), dry_run=True)
+    assert answered.metadata.name == "ens" and answered.spec.clusterIP == "None"
+    assert kube_api.resource_version == rv
+    with pytest.raises(ApiError) as err:
+        await client.get(Service, "ens", namespace="default")
+    assert err.value.status.code == 404
+    with pytest.raises(ApiError) as err:
+        await client.create(service("Not-A-Label"), dry_run=True)
+    assert err.value.status.code == 422
+
+
+async def test_deletecollection_and_orphaning(client: AsyncClient) -> None:
+    from lightkube.types import CascadeType
+
+    svc = await client.create(service("ens"))
+    await client.apply(slice_for(svc, {"addresses": ["10.244.0.5"], "hostname": "imex-x-0"}),
+                       field_manager="imex-host-agent")
+    await client.create(service("other"))
+    await client.deletecollection(Service, namespace="default", cascade=CascadeType.ORPHAN)
+    assert [s async for s in client.list(Service, namespace="default")] == []
+    (left,) = [s async for s in client.list(EndpointSlice, namespace="default")]
+    assert left.metadata.name == "ens-imex" and not left.metadata.ownerReferences

@@ -10,7 +10,7 @@ detection of changes"):
   older servers);
 - collections `/api/v1/[namespaces/<ns>/]<plural>` and
   `/apis/<g>/<v>/[namespaces/<ns>/]<plural>`: GET = list or watch
-  (`?watch=true`), POST = create; items `.../<plural>/<name>`: GET, PUT,
+  (`?watch=true`), POST = create, DELETE = deletecollection; items `.../<plural>/<name>`: GET, PUT,
   PATCH (by Content-Type), DELETE; `.../<name>/status` for the status
   subresource;
 - watch streams: newline-delimited `{"type", "object"}` events, BOOKMARK
@@ -29,10 +29,11 @@ the double's own and documented in server.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import yaml
@@ -180,6 +181,8 @@ class KubeApi:
                 return "list", resource, lambda: self._list(req, t, ns)
             if m == "POST":
                 return "create", resource, lambda: self._create(req, t, ns)
+            if m == "DELETE":
+                return "delete", resource, lambda: self._delete_collection(req, t, ns)
             raise ApiError(405, "MethodNotAllowed", f"{m} is not supported on a collection")
         if m == "GET":
             return "get", resource, lambda: self._get(t, ns, name)
@@ -295,42 +298,69 @@ class KubeApi:
         finally:
             self.store.unwatch(w)
 
+    @contextlib.contextmanager
+    def _dry_run(self, req: Request) -> Iterator[None]:
+        value = req.query.get("dryRun")
+        if value not in (None, "", "All"):
+            raise bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
+        self.store.dry_run = value == "All"
+        try:
+            yield
+        finally:
+            self.store.dry_run = False
+
     async def _create(self, req: Request, t: ResourceType, ns: str | None) -> Response:
-        _no_dry_run(req)
-        obj = self.store.create(t, ns, _body(req), _manager(req))
+        with self._dry_run(req):
+            obj = self.store.create(t, ns, _body(req), _manager(req))
         return json_response(201, obj)
 
     async def _update(self, req: Request, t: ResourceType, ns: str | None, name: str,
                       sub: str) -> Response:
-        _no_dry_run(req)
-        return json_response(200, self.store.update(t, ns, name, _body(req), _manager(req), sub))
+        with self._dry_run(req):
+            obj = self.store.update(t, ns, name, _body(req), _manager(req), sub)
+        return json_response(200, obj)
 
     async def _patch(self, req: Request, t: ResourceType, ns: str | None, name: str, sub: str,
                      ptype: str) -> Response:
-        _no_dry_run(req)
         existed = (ns or "", name) in self.store.objects[t.key]
         body = _body(req, yaml_ok=ptype == "apply")
         manager = req.query.get("fieldManager") or (None if ptype == "apply" else _manager(req))
         force = req.query.get("force", "") in ("true", "1")
-        obj = self.store.patch(t, ns, name, ptype, body, manager, force, sub)
+        with self._dry_run(req):
+            obj = self.store.patch(t, ns, name, ptype, body, manager, force, sub)
         return json_response(200 if existed else 201, obj)
 
     async def _delete(self, req: Request, t: ResourceType, ns: str | None,
                       name: str) -> Response:
-        _no_dry_run(req)
         propagation = req.query.get("propagationPolicy")
         precondition = None
         if req.body:
             opts = _body(req)
             propagation = opts.get("propagationPolicy", propagation)
             precondition = (opts.get("preconditions") or {}).get("resourceVersion")
-        gone = self.store.delete(t, ns, name, propagation, precondition)
+        with self._dry_run(req):
+            gone = self.store.delete(t, ns, name, propagation, precondition)
         if gone["metadata"].get("deletionTimestamp") and \
                 (ns or "", name) in self.store.objects[t.key]:
             return json_response(200, gone)  # waiting for finalizers
         return json_response(200, status_object(200, "", "", {
             "name": name, "group": t.group, "kind": t.plural,
             "uid": gone["metadata"].get("uid", "")}))
+
+
+    async def _delete_collection(self, req: Request, t: ResourceType,
+                                 ns: str | None) -> Response:
+        """deletecollection: every object the selectors match, one by one."""
+        items, _ = self.store.list(t, ns, req.query.get("labelSelector"),
+                                   req.query.get("fieldSelector"))
+        with self._dry_run(req):
+            for item in items:
+                meta = item["metadata"]
+                key = (meta.get("namespace", ""), meta["name"])
+                if key in self.store.objects[t.key]:
+                    self.store.delete(t, meta.get("namespace"), meta["name"],
+                                      req.query.get("propagationPolicy"))
+        return json_response(200, status_object(200, "", "", {"kind": t.plural}))
 
 
 async def _one_error(status: JSON) -> AsyncIterator[bytes]:
@@ -356,6 +386,3 @@ def _manager(req: Request) -> str:
     return agent.split("/")[0][:128] or "unknown"
 
 
-def _no_dry_run(req: Request) -> None:
-    if req.query.get("dryRun"):
-        raise bad_request("dryRun is not supported by the sandbox API double")

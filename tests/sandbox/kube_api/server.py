@@ -21,11 +21,12 @@ Fault injection (Python API here, HTTP at `POST /_sandbox/faults`):
 the connections instead), `compact()` (resume from any older
 resourceVersion gets 410), `outage("refuse"|"hold")` / `recover()`
 (an API outage: connections refused, or accepted and never answered),
-`restart(down=0.0)` (watches and connections dropped, state kept, optionally
-refusing for `down` seconds, as a restarting apiserver behind a stable
-address). Counters: `writes(resource=None, verb=None)`, `requests`
-(Counter of (verb, resource)), `changes` (Counter of (plural, event type)
-actually stored), `reset_counters()`.
+`restart(down=0.0, compact=False)` (watches and connections dropped, state
+kept, optionally refusing for `down` seconds, as a restarting apiserver
+behind a stable address; `compact` also forgets the watch history).
+Counters: `writes(resource=None, verb=None)`, `requests` (Counter of
+(verb, resource)), `changes` (Counter of (plural, event type) actually
+stored), `reset_counters()`.
 
 Admin HTTP (same authentication as the API):
 `POST /_sandbox/faults` with JSON `{"action": "fail"|"delay"|"clear"|
@@ -175,9 +176,15 @@ class KubeApiServer:
         """End an outage (listening again on the same port)."""
         await self.http.resume()
 
-    async def restart(self, down: float = 0.0) -> None:
-        """Drop watches and connections, keep state; refuse for `down` seconds first."""
+    async def restart(self, down: float = 0.0, compact: bool = False) -> None:
+        """Drop watches and connections, keep state; refuse for `down` seconds first.
+
+        `compact=True` also forgets the watch history, as when etcd was compacted
+        while the apiserver was away: every resume then gets 410.
+        """
         self.store.close_watches(abort=True)
+        if compact:
+            self.store.compact()
         await self.http.refuse()
         if down > 0:
             await asyncio.sleep(down)
@@ -389,8 +396,8 @@ class ThreadedKubeApi:
     def recover(self) -> None:
         self._call(self.server.recover())
 
-    def restart(self, down: float = 0.0) -> None:
-        self._call(self.server.restart(down), timeout=30.0 + down)
+    def restart(self, down: float = 0.0, compact: bool = False) -> None:
+        self._call(self.server.restart(down, compact), timeout=30.0 + down)
 
     # counters
     def writes(self, resource: str | None = None, verb: str | None = None) -> int:

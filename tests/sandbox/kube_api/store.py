@@ -27,6 +27,8 @@ TEST STAND-IN, never product code. What it imitates and how:
   own writes (their own resourceVersions), before the DELETE returns: faster
   than a real cluster, where it is asynchronous.
 - managedFields for server-side apply (see patching.py).
+- `dryRun=All`: the request is defaulted, validated and answered, nothing
+  is stored, no resourceVersion is taken, no event is sent.
 
 Concurrency: everything here is synchronous and runs on the server's event
 loop thread, so each operation is atomic with respect to the others; the
@@ -132,6 +134,7 @@ class Store:
         self.watchers: set[Watcher] = set()
         self.changes: Counter[tuple[str, str]] = Counter()  # (plural, ADDED|MODIFIED|DELETED)
         self.clock = clock
+        self.dry_run = False  # set around one request by the API layer (`?dryRun=All`)
         self._cluster_ips = (str(ipaddress.ip_address("10.96.0.10") + i)
                              for i in itertools.count())
         for ns in ("default", "kube-system"):
@@ -489,6 +492,10 @@ class Store:
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = self.clock()
             meta["generation"] = 1
+        if self.dry_run:  # validated and defaulted, as the real dry run; nothing stored
+            if entry is None:
+                meta.pop("resourceVersion", None)
+            return self.render(Entry(new, managers, {k: self.clock() for k in managers}))
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
         times = dict(entry.manager_times) if entry else {}
@@ -515,6 +522,8 @@ class Store:
                            f"({precondition_rv}) does not match the ResourceVersion in record "
                            f"({entry.obj['metadata']['resourceVersion']}). The object might "
                            "have been modified", t.group, t.plural)
+        if self.dry_run:
+            return self.render(entry)
         if entry.obj["metadata"].get("finalizers"):
             if entry.obj["metadata"].get("deletionTimestamp"):
                 return self.render(entry)
