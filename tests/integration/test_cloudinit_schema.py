@@ -11,6 +11,7 @@ agent's own loader.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -101,8 +102,9 @@ VARIANTS = [
 ]
 
 
+@functools.cache
 def generate(variant: Variant) -> tuple[str, str]:
-    """(stdout, stderr) of the real command."""
+    """(stdout, stderr) of the real command (once per variant and session)."""
     proc = subprocess.run(
         [sys.executable, "-m", "guest_agent.cli", "cloudinit", *variant.argv],
         capture_output=True,
