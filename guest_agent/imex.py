@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import enum
 import logging
 import signal
@@ -307,7 +308,10 @@ class ProcessController:
     async def start(self) -> None:
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdin=asyncio.subprocess.DEVNULL, start_new_session=True
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
             )
         except OSError as exc:
             raise ImexError(f"cannot start {self.argv[0]}: {exc.strerror}") from exc
@@ -345,6 +349,30 @@ class ProcessController:
             await asyncio.Event().wait()
             return
         await proc.wait()
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec hook: the child gets SIGTERM if the agent dies (even by SIGKILL).
+
+    Without it an orphaned IMEX would keep its ports and the next agent's IMEX
+    could never start. systemd (KillMode=mixed) cleans up too; this covers
+    agents run by anything else. libc is loaded here, in the parent, so the
+    forked child only makes one system call before exec.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    sigterm = int(signal.SIGTERM)
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
+
+    return hook
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def make_controller(kind: str, unit: str, command: Sequence[str]) -> Controller:

@@ -191,3 +191,18 @@ def test_once_exit_codes(tmp_path: Path, dns) -> None:  # type: ignore[no-untype
     assert bad.returncode == 3
     assert "nothing could be learned" in bad.stderr
     assert (tmp_path / "hosts").read_bytes() == before
+
+
+def test_imex_child_follows_a_killed_agent(tmp_path, dns, agent_factory):  # type: ignore[no-untyped-def]
+    """SIGKILL of the agent: its IMEX child gets SIGTERM (PDEATHSIG), no orphan keeps the ports."""
+    _model, srv = dns
+    agent = _start(tmp_path, _config(tmp_path, srv.port), agent_factory)
+    pid = agent.wait("IMEX started", lambda s: s.get("starts") == 1 and s.get("imex_pid"))[
+        "imex_pid"]
+    log = tmp_path / "imex.log"
+    wait_until("IMEX up", lambda: any(e["pid"] == pid for e in read_events(log)), 10)
+    agent.proc.kill()
+    agent.proc.wait()
+    wait_until("orphaned IMEX gone", lambda: not pid_alive(pid), 5)
+    assert {"event": "term", "pid": pid} in [
+        {k: e[k] for k in ("event", "pid")} for e in read_events(log)]
