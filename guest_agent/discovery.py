@@ -107,8 +107,9 @@ class Discovery:
         self._generation: int | None = None
         self._published: View | None = None
         self._publish_lock = asyncio.Lock()
-        self._kick_registry = asyncio.Event()
-        self._kick_dns = asyncio.Event()
+        self._kick_registry = asyncio.Event()  # wakes the registry loop
+        self._registry_kicked = False  # the next request goes without ``wait``
+        self._kick_dns = asyncio.Event()  # wakes the DNS loop
         #: last views per source, for status and tests
         self.last_registry_view: View | None = None
         self.last_dns_view: View | None = None
@@ -145,6 +146,7 @@ class Discovery:
 
     def kick(self) -> None:
         """Rediscover now on both paths (e.g. an own address appeared or went away)."""
+        self._registry_kicked = True
         self._kick_registry.set()
         self._kick_dns.set()
 
@@ -231,12 +233,14 @@ class Discovery:
     async def _registry_fetch(self) -> RegistrySnapshot:
         assert self.registry is not None
         wait = self._generation
-        if self._kick_registry.is_set():
-            self._kick_registry.clear()
+        self._kick_registry.clear()
+        if self._registry_kicked:
+            self._registry_kicked = False
             wait = None
         result = await _until(self.registry.fetch(wait), self._kick_registry)
-        if result is None:  # kicked: ask again at once, without wait
+        if result is None:  # kicked during the long-poll: ask again at once, without wait
             self._kick_registry.clear()
+            self._registry_kicked = False
             result = await self.registry.fetch(None)
         return result
 
@@ -297,12 +301,17 @@ class Discovery:
 
     @staticmethod
     def _sleep_unless(event: asyncio.Event) -> Callable[[float], Coroutine[Any, Any, None]]:
-        """A sleep for tenacity that ends early when ``event`` is set (not cleared here)."""
+        """A sleep that ends early when ``event`` is set, and consumes it.
+
+        Consuming matters: a kick that stayed set would turn every later backoff sleep
+        into none, a hot loop while a server keeps refusing.
+        """
 
         async def sleep(seconds: float) -> None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(seconds):
                     await event.wait()
+            event.clear()
 
         return sleep
 

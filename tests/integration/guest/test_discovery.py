@@ -387,3 +387,29 @@ async def test_refused_registry_fails_over_at_once(dns: DnsServer) -> None:
         first = await views.until(lambda v: True, POLL + 1)
         assert first.source == "dns" and time.monotonic() - t0 < POLL + 0.5
         assert not disc.registry_healthy
+
+
+async def test_kick_while_everything_refuses_does_not_spin(
+    dns: DnsServer, registry: FakeRegistry
+) -> None:
+    dns_publish(dns, {0: "10.0.0.1"})
+    registry.set({0: "10.0.0.1"})
+    views = Views()
+    disc = Discovery(settings(dns, registry), ENS)
+    async with running(disc, views):
+        await views.until(lambda v: v.source == "registry", 2)
+        await registry.until_requests(2)
+        registry.mode = "error"
+        dns.set_fail_mode("refused")
+        await registry.go_down()
+        registry.mode = "error"
+        disc.kick()
+        dns.reset_counts()
+        n_reg = len(registry.requests)
+        await asyncio.sleep(1.5)
+        disc.kick()
+        await asyncio.sleep(0.5)
+    # backoff with a cap of 4 * poll_interval: a handful of passes, not hundreds
+    srv_queries = dns.query_count(ENS.srv_name(), "SRV")
+    assert 2 <= srv_queries <= 12, srv_queries
+    assert 2 <= len(registry.requests) - n_reg <= 12, len(registry.requests) - n_reg
