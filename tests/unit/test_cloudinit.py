@@ -353,3 +353,10 @@ def test_main_prints_inline_user_data(capsys: pytest.CaptureFixture[str]) -> Non
     assert rc == 0
     assert out.out == ci.generate(opts(ensemble="e", namespace="n", token=TOKEN), None).text
     assert "token-sha256" in out.err
+
+
+def test_install_source_needs_a_url_exactly_when_it_downloads() -> None:
+    with pytest.raises(ci.CloudInitError, match="URL"):
+        ci.InstallSource("wheel")
+    with pytest.raises(ci.CloudInitError, match="URL"):
+        ci.InstallSource("preinstalled", "http://x/")
