@@ -115,6 +115,10 @@ def test_status_subresource_and_server_side_apply(kubectl: Kubectl,
     ip = kubectl("get", "vmi", "ens-0", "-o",
                  "jsonpath={.status.phase} {.status.interfaces[0].ipAddress}").stdout
     assert ip == "Running 10.244.0.5"
+    # server-side printing: KubeVirt's printer columns, as `kubectl get vmi` shows them
+    header, row = kubectl("get", "vmi", "ens-0").stdout.splitlines()
+    assert header.split() == ["NAME", "AGE", "PHASE", "IP", "NODENAME", "READY"]
+    assert row.split()[0] == "ens-0" and row.split()[2:4] == ["Running", "10.244.0.5"]
     # a main-resource patch cannot change status (status subresource split)
     kubectl("patch", "vmi", "ens-0", "--type=merge", "-p", '{"status":{"phase":"Failed"}}')
     assert kubectl("get", "vmi", "ens-0", "-o", "jsonpath={.status.phase}").stdout == "Running"

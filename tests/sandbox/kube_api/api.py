@@ -13,6 +13,8 @@ detection of changes"):
   (`?watch=true`), POST = create, DELETE = deletecollection; items `.../<plural>/<name>`: GET, PUT,
   PATCH (by Content-Type), DELETE; `.../<name>/status` for the status
   subresource;
+- Table responses for `Accept: ...;as=Table;g=meta.k8s.io` (kubectl get),
+  see tables.py;
 - watch streams: newline-delimited `{"type", "object"}` events, BOOKMARK
   events every `bookmark_interval` seconds when `allowWatchBookmarks=true`,
   `timeoutSeconds` ends the stream cleanly, a too-old `resourceVersion`
@@ -38,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from . import openapi
+from . import openapi, tables
 from . import resources as rt
 from .errors import ApiError, bad_request, status_object
 from .faults import Counters, Faults
@@ -185,7 +187,7 @@ class KubeApi:
                 return "delete", resource, lambda: self._delete_collection(req, t, ns)
             raise ApiError(405, "MethodNotAllowed", f"{m} is not supported on a collection")
         if m == "GET":
-            return "get", resource, lambda: self._get(t, ns, name)
+            return "get", resource, lambda: self._get(req, t, ns, name)
         if m == "PUT":
             return "update", resource, lambda: self._update(req, t, ns, name, sub)
         if m == "PATCH":
@@ -244,12 +246,18 @@ class KubeApi:
 
     # ------------------------------------------------------------- verbs
 
-    async def _get(self, t: ResourceType, ns: str | None, name: str) -> Response:
-        return json_response(200, self.store.get(t, ns, name))
+    async def _get(self, req: Request, t: ResourceType, ns: str | None, name: str) -> Response:
+        obj = self.store.get(t, ns, name)
+        if tables.wants_table(req.headers.get("accept", "")):
+            return json_response(200, tables.table(
+                t, [obj], obj["metadata"].get("resourceVersion"), _include(req)))
+        return json_response(200, obj)
 
     async def _list(self, req: Request, t: ResourceType, ns: str | None) -> Response:
         items, rv = self.store.list(t, ns, req.query.get("labelSelector"),
                                     req.query.get("fieldSelector"))
+        if tables.wants_table(req.headers.get("accept", "")):
+            return json_response(200, tables.table(t, items, rv, _include(req)))
         return json_response(200, {"kind": t.list_kind, "apiVersion": t.api_version,
                                    "metadata": {"resourceVersion": rv}, "items": items})
 
@@ -268,10 +276,13 @@ class KubeApi:
             if e.code != 410:
                 raise
             return StreamResponse(200, _one_error(e.status()))
-        return StreamResponse(200, self._events(t, w, bookmarks, timeout))
+        as_table = tables.wants_table(req.headers.get("accept", ""))
+        return StreamResponse(200, self._events(t, w, bookmarks, timeout,
+                                                _include(req) if as_table else None))
 
     async def _events(self, t: ResourceType, w: Watcher, bookmarks: bool,
-                      timeout: float | None) -> AsyncIterator[bytes]:
+                      timeout: float | None, table: str | None) -> AsyncIterator[bytes]:
+        """The watch stream; `table` = includeObject when the client asked for Tables."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout is not None else None
         try:
@@ -294,6 +305,8 @@ class KubeApi:
                     return
                 if kind == WATCH_ABORT:
                     raise AbortConnection()
+                if table is not None:
+                    obj = tables.table(t, [obj], None, table)
                 yield encode({"type": kind, "object": obj}) + b"\n"
         finally:
             self.store.unwatch(w)
@@ -376,6 +389,13 @@ def _body(req: Request, yaml_ok: bool = False) -> Any:
         return json.loads(req.body)
     except (ValueError, yaml.YAMLError) as e:
         raise bad_request(f"the request body could not be decoded: {e}") from e
+
+
+def _include(req: Request) -> str:
+    value = req.query.get("includeObject") or "Metadata"
+    if value not in ("None", "Metadata", "Object"):
+        raise bad_request(f'includeObject: Unsupported value: "{value}"')
+    return value
 
 
 def _manager(req: Request) -> str:
