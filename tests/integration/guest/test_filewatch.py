@@ -1,0 +1,125 @@
+"""watch_files + Applier.assert_files on real files with real inotify.
+
+Foreign writes (in place, and replace-by-rename followed by an in-place write, which only a
+re-armed watch sees) are re-asserted within 1 s with foreign lines kept; our own writes
+raise events but cost no write and are not counted; other files in the directory are
+ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from guest_agent.apply import Applier
+from guest_agent.config import settings_from_mapping
+from guest_agent.filewatch import watch_files
+from guest_agent.hostsfile import read_block
+from guest_agent.model import EnsembleId
+
+ENS = EnsembleId("gpu", "rack-w")
+PINS = {0: "10.0.0.1", 1: "10.0.0.2"}
+
+
+class Counter:
+    def __init__(self, applier: Applier) -> None:
+        self.applier = applier
+        self.calls: list[str] = []
+        self.reasserts = 0
+        self.changed = asyncio.Event()
+
+    def __call__(self, reason: str) -> None:
+        self.calls.append(reason)
+        result = self.applier.assert_files()
+        if result is not None and result.reasserted:
+            self.reasserts += 1
+            self.changed.set()
+
+
+@contextlib.asynccontextmanager
+async def watching(tmp_path: Path) -> AsyncIterator[Counter]:
+    settings = settings_from_mapping({
+        "ensemble": ENS.name, "namespace": ENS.namespace, "max_members": 2,
+        "hosts_file": str(tmp_path / "etc" / "hosts"),
+        "nodes_config": str(tmp_path / "imex" / "nodes_config.cfg"),
+        "imex_control": "none",
+    })
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "hosts").write_text("127.0.0.1 localhost\n")
+    applier = Applier(settings)
+    applier.apply(PINS)
+    counter = Counter(applier)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch_files(
+        [settings.hosts_file, settings.nodes_config], counter, stop=stop, recheck=30))
+    await asyncio.sleep(0.3)  # let inotify arm (the watch runs in a thread)
+    try:
+        yield counter
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def _restored(counter: Counter, n: int, t0: float) -> float:
+    while counter.reasserts < n:
+        counter.changed.clear()
+        await asyncio.wait_for(counter.changed.wait(), 3)
+    return time.monotonic() - t0
+
+
+async def test_in_place_clobber_restored_within_a_second(tmp_path: Path) -> None:
+    hosts = tmp_path / "etc" / "hosts"
+    async with watching(tmp_path) as counter:
+        t0 = time.monotonic()
+        with open(hosts, "r+") as f:  # cloud-init's way: truncate and write in place
+            f.truncate(0)
+            f.write("127.0.0.1 localhost\n127.0.1.1 vm-1\n")
+        assert await _restored(counter, 1, t0) < 1.0
+        data = hosts.read_bytes()
+        assert data.startswith(b"127.0.0.1 localhost\n127.0.1.1 vm-1\n")
+        assert read_block(data, ENS) == PINS
+
+
+async def test_replaced_file_is_rearmed(tmp_path: Path) -> None:
+    hosts = tmp_path / "etc" / "hosts"
+    async with watching(tmp_path) as counter:
+        new = tmp_path / "etc" / "hosts.tmp"
+        new.write_text("10.9.9.9 other\n")
+        t0 = time.monotonic()
+        os.replace(new, hosts)  # an editor's save: a new inode
+        assert await _restored(counter, 1, t0) < 1.0
+        await asyncio.sleep(0.3)
+        # An in-place write to the *new* inode: seen only if the watch followed it.
+        t0 = time.monotonic()
+        with open(hosts, "r+") as f:
+            f.truncate(0)
+            f.write("10.8.8.8 again\n")
+        assert await _restored(counter, 2, t0) < 1.0
+        assert read_block(hosts.read_bytes(), ENS) == PINS
+        assert hosts.read_bytes().startswith(b"10.8.8.8 again\n")
+
+
+async def test_nodes_file_clobber_restored(tmp_path: Path) -> None:
+    nodes = tmp_path / "imex" / "nodes_config.cfg"
+    async with watching(tmp_path) as counter:
+        good = nodes.read_bytes()
+        t0 = time.monotonic()
+        nodes.write_text("10.0.0.1\n")
+        assert await _restored(counter, 1, t0) < 1.0
+        assert nodes.read_bytes() == good
+
+
+async def test_own_writes_and_unrelated_files_cost_nothing(tmp_path: Path) -> None:
+    async with watching(tmp_path) as counter:
+        (tmp_path / "etc" / "resolv.conf").write_text("nameserver 10.0.0.10\n")
+        counter.applier.apply({0: "10.0.0.7"})  # our own change: an event, no re-assert
+        await asyncio.sleep(0.5)
+        assert counter.reasserts == 0
+        assert not any(c.endswith("resolv.conf") for c in counter.calls)
+        assert any(c.endswith("hosts") for c in counter.calls)  # the event was seen ...
+        assert read_block((tmp_path / "etc" / "hosts").read_bytes(), ENS) == {
+            0: "10.0.0.7", 1: "127.0.0.2"}  # ... and the file is ours, untouched

@@ -1,0 +1,188 @@
+"""The IMEX supervisor with real child processes and real signals (no agent around it).
+
+The child is tests/guest_support/fake_imex.py, which logs every start, SIGUSR1 and SIGTERM
+with its pid and a timestamp; the systemd controller runs a recording ``systemctl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import stat
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from guest_agent.imex import (
+    Action,
+    Backoff,
+    ImexError,
+    Policy,
+    ProcessController,
+    Supervisor,
+    SystemdController,
+    query_state,
+)
+from tests.guest_support.agent import FAKE_IMEX, READY_CTL, pid_alive, read_events
+
+PINS_A = {0: "10.0.0.1", 1: "10.0.0.2"}
+
+
+async def until(what: str, cond: Callable[[], object], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running(sup: Supervisor) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(sup.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await sup.stop()
+
+
+def _events(log: Path, kind: str) -> list[dict[str, float]]:
+    return [e for e in read_events(log) if e["event"] == kind]
+
+
+async def test_child_dies_is_restarted_with_backoff_and_stopped_with_sigterm(
+        tmp_path: Path) -> None:
+    log = tmp_path / "imex.log"
+    ctl = ProcessController([*FAKE_IMEX, "--log", str(log), "--die-after", "0.3"])
+    sup = Supervisor(ctl, Policy(), READY_CTL, ready_poll=0.1,
+                     backoff=Backoff(base=0.4, cap=0.8, stable_after=60))
+    sup.update(PINS_A, "sha-n", own_pinned=True)
+    async with running(sup):
+        await until("three starts", lambda: len(_events(log, "start")) >= 3, 10)
+        starts = [e["t"] for e in _events(log, "start")]
+        crashes = [e["t"] for e in _events(log, "crash")]
+        # Backoff: 0.4 s after the first crash, then 0.8 s (doubling, capped).
+        assert starts[1] - crashes[0] >= 0.4
+        assert starts[2] - crashes[1] >= 0.8
+        assert sup.stats.starts == 1 and sup.stats.restarts >= 2
+    # stop(): the last child got SIGTERM (or had crashed already) and is gone.
+    assert ctl.proc is not None and ctl.proc.returncode is not None
+
+
+async def test_stop_sends_sigterm_then_sigkill(tmp_path: Path) -> None:
+    log = tmp_path / "imex.log"
+    ctl = ProcessController([*FAKE_IMEX, "--log", str(log), "--ignore-term"], stop_timeout=0.5)
+    await ctl.start()
+    await until("child up", lambda: _events(log, "start"))
+    pid = ctl.pid
+    assert pid is not None
+    t0 = time.monotonic()
+    await ctl.stop()
+    assert time.monotonic() - t0 >= 0.5
+    assert _events(log, "term")  # it got SIGTERM first ...
+    assert ctl.proc is not None and ctl.proc.returncode == -signal.SIGKILL  # ... then SIGKILL
+    assert not pid_alive(pid)
+
+
+async def test_signals_coalesce_through_the_supervisor(tmp_path: Path) -> None:
+    """Same rule as with IMEX's 5 s, on a 1 s window: a burst gives 2 signals, the last final."""
+    log = tmp_path / "imex.log"
+    ctl = ProcessController([*FAKE_IMEX, "--log", str(log)])
+    sup = Supervisor(ctl, Policy(signal_interval=1.0), READY_CTL, ready_poll=0.1)
+    sup.update(PINS_A, "sha-n", own_pinned=True)
+    async with running(sup):
+        await until("started", lambda: _events(log, "start"))
+        await asyncio.sleep(1.1)  # the first window after a start is closed to signals
+        told = []
+        for k in range(10):  # 10 changes in 0.4 s
+            pins = {0: "10.0.0.1", 1: f"10.0.1.{k}"}
+            sup.update(pins, "sha-n", own_pinned=True)
+            told.append(time.time())
+            await asyncio.sleep(0.04)
+        await until("two signals", lambda: len(_events(log, "usr1")) >= 2, 5)
+        await asyncio.sleep(1.2)  # a third would come now if anything were pending
+        usr1 = [e["t"] for e in _events(log, "usr1")]
+        assert len(usr1) == 2 and usr1[1] - usr1[0] >= 1.0 - 0.02
+        assert usr1[1] >= told[-1]
+        assert sup.told.pins == tuple(sorted(pins.items()))
+        assert sup.stats.signals == 2 and sup.stats.restarts == 0
+
+
+async def test_not_ready_past_grace_restarts(tmp_path: Path) -> None:
+    log = tmp_path / "imex.log"
+    ctl = ProcessController([*FAKE_IMEX, "--log", str(log)])
+    stuck = ["/bin/sh", "-c", "echo WAITING_FOR_PEERS", "ctl"]
+    sup = Supervisor(ctl, Policy(ready_grace=0.6), stuck, ready_poll=0.1)
+    sup.update(PINS_A, "sha-n", own_pinned=True)
+    async with running(sup):
+        await until("a restart for readiness", lambda: sup.stats.restarts >= 1, 5)
+        assert sup.stats.state == "WAITING_FOR_PEERS"
+        assert sup.stats.last_reason is not None and "not READY" in sup.stats.last_reason
+
+
+async def test_nothing_started_until_own_slot_pinned(tmp_path: Path) -> None:
+    log = tmp_path / "imex.log"
+    sup = Supervisor(ProcessController([*FAKE_IMEX, "--log", str(log)]), Policy(), READY_CTL,
+                     ready_poll=0.05)
+    sup.update(PINS_A, "sha-n", own_pinned=False)
+    async with running(sup):
+        d = await sup.step()
+        assert d is not None and d.action is Action.NOTHING
+        await asyncio.sleep(0.3)
+        assert not log.exists()
+        sup.update(PINS_A, "sha-n", own_pinned=True)
+        await until("started", lambda: _events(log, "start"))
+
+
+@pytest.fixture
+def systemctl(tmp_path: Path) -> tuple[list[str], Path]:
+    """A recording systemctl: one argv per line; ``is-active`` answers from a file."""
+    record = tmp_path / "systemctl.log"
+    script = tmp_path / "systemctl"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$*" >> {record}\n'
+        f'if [ "$1" = is-active ]; then [ -e {tmp_path}/active ]; exit $?; fi\n'
+        f'if [ "$1" = start ] || [ "$1" = restart ]; then touch {tmp_path}/active; fi\n'
+        'exit 0\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return [str(script)], record
+
+
+async def test_systemd_controller_argv(systemctl: tuple[list[str], Path]) -> None:
+    argv, record = systemctl
+    ctl = SystemdController("nvidia-imex.service", systemctl=argv)
+    assert not await ctl.alive()
+    await ctl.start()
+    assert await ctl.alive()
+    await ctl.signal(signal.SIGUSR1)
+    await ctl.restart()
+    await ctl.stop()  # leaves the unit running: nothing is called
+    assert record.read_text().splitlines() == [
+        "is-active --quiet nvidia-imex.service",
+        "start nvidia-imex.service",
+        "is-active --quiet nvidia-imex.service",
+        "kill --kill-whom=main --signal=SIGUSR1 nvidia-imex.service",
+        "restart nvidia-imex.service",
+    ]
+
+
+async def test_systemctl_failure_is_an_imex_error(tmp_path: Path) -> None:
+    ctl = SystemdController("nvidia-imex.service", systemctl=["/bin/false"])
+    with pytest.raises(ImexError, match="failed"):
+        await ctl.restart()
+    with pytest.raises(ImexError, match="cannot run"):
+        await SystemdController("x", systemctl=[str(tmp_path / "missing")]).start()
+
+
+async def test_query_state() -> None:
+    assert await query_state(READY_CTL) == "READY"
+    assert await query_state(["/bin/false"]) is None
+    assert await query_state([os.devnull]) is None  # not executable
