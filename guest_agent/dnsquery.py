@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -212,10 +213,12 @@ def interpret_srv(
         return SrvVerdict("error")
     qname = dns.name.from_text(ens.srv_name(zone))
     named: dict[dns.name.Name, int] = {}
+    ours = foreign = 0
     for rrset in response.answer:
         if rrset.rdtype == dns.rdatatype.CNAME:
             continue
         if rrset.name != qname or rrset.rdtype != dns.rdatatype.SRV:
+            foreign += 1
             warn(
                 f"DNS SRV: ignoring {rrset.name.to_text()} "
                 f"{dns.rdatatype.to_text(rrset.rdtype)} in the answer: not what was asked"
@@ -223,10 +226,16 @@ def interpret_srv(
             continue
         for rd in rrset:
             assert isinstance(rd, dns.rdtypes.IN.SRV.SRV)
+            ours += 1
             index = _slot_of(rd.target, ens, zone, max_members, warn, "SRV target")
             if index is not None:
                 named[rd.target] = index
-    if not named and not any(r.rdtype == dns.rdatatype.SRV for r in response.answer):
+    if not named:
+        if ours or foreign:
+            # Records, but not one usable target: a broken or hostile answer says nothing
+            # about our slots (treating it as "all absent" would unpin every peer).
+            warn(f"DNS SRV {qname.to_text()}: answer without a usable target; ignored")
+            return SrvVerdict("error")
         return SrvVerdict("nodata")
     addresses: dict[int, list[str]] = {}
     for rrset in response.additional:
@@ -334,9 +343,8 @@ class DnsClient:
         self.settings = settings
         self.ens = ens
         self.zone = settings.cluster_domain
-        self.nameservers: tuple[Nameserver, ...] = (
-            settings.nameservers or nameservers_from_resolv_conf(resolv_conf)
-        )
+        self.resolv_conf = resolv_conf
+        self._resolv_cache: tuple[tuple[int, int] | None, tuple[Nameserver, ...]] | None = None
         self.crosscheck_every = crosscheck_every
         self.warn: Warn = _OnceLogger()
         self._passes = 0
@@ -344,6 +352,22 @@ class DnsClient:
         self.tcp_fallbacks = 0
         self.queries = 0
         self.failures = 0
+
+    @property
+    def nameservers(self) -> tuple[Nameserver, ...]:
+        """The configured nameservers, else resolv.conf's, re-read when the file changes
+        (DHCP or NetworkManager may rewrite it while the agent runs)."""
+        if self.settings.nameservers:
+            return self.settings.nameservers
+        stamp: tuple[int, int] | None
+        try:
+            st = os.stat(self.resolv_conf)
+            stamp = (st.st_mtime_ns, st.st_ino)
+        except OSError:
+            stamp = None
+        if self._resolv_cache is None or self._resolv_cache[0] != stamp:
+            self._resolv_cache = (stamp, nameservers_from_resolv_conf(self.resolv_conf))
+        return self._resolv_cache[1]
 
     async def query(
         self, qname: dns.name.Name, rdtype: dns.rdatatype.RdataType
@@ -353,7 +377,7 @@ class DnsClient:
         None when every nameserver failed (timeout, SERVFAIL, REFUSED, garbage, socket
         error): the caller treats that as unknown.
         """
-        for ns in self.nameservers:
+        for ns in self.nameservers:  # one snapshot per query
             request = dns.message.make_query(qname, rdtype)
             request.flags |= dns.flags.RD
             self.queries += 1

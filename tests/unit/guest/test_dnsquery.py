@@ -246,3 +246,37 @@ def test_resolv_conf(tmp_path: object) -> None:
     assert [str(n) for n in nameservers_from_resolv_conf(p)] == ["127.0.0.1:53"]
     assert [str(n) for n in nameservers_from_resolv_conf(p.parent / "missing")] == [
         "127.0.0.1:53"]
+
+
+def test_srv_with_only_hostile_targets_says_nothing() -> None:
+    # all targets bogus: not "every slot absent", which would unpin every peer
+    log = Log()
+    v = interpret_srv(srv_response(["evil.example.com.", slot_name(99)]), ENS, ZONE, SIZE, log)
+    assert v.kind == "error"
+    assert any("without a usable target" in m for m in log)
+
+
+def test_srv_answer_only_for_another_name_says_nothing() -> None:
+    r = srv_response([])
+    r.answer.append(
+        dns.rrset.from_text("_imex._tcp.other.team-a.svc.cluster.local.", 5, "IN", "SRV",
+                            f"0 100 50000 {slot_name(1)}")
+    )
+    assert interpret_srv(r, ENS, ZONE, SIZE, Log()).kind == "error"
+
+
+def test_resolv_conf_reread_when_it_changes(tmp_path: object) -> None:
+    import os
+    from pathlib import Path
+
+    from guest_agent.config import Settings
+    from guest_agent.dnsquery import DnsClient
+
+    p = Path(str(tmp_path)) / "resolv.conf"
+    p.write_text("nameserver 10.96.0.10\n")
+    client = DnsClient(Settings(ensemble="rack1", namespace="team-a"), ENS, resolv_conf=str(p))
+    assert [n.ip for n in client.nameservers] == ["10.96.0.10"]
+    new = p.with_name("resolv.new")
+    new.write_text("nameserver 10.96.0.53\n")
+    os.replace(new, p)  # as NetworkManager or dhclient do
+    assert [n.ip for n in client.nameservers] == ["10.96.0.53"]
