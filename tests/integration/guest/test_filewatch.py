@@ -64,6 +64,13 @@ async def watching(tmp_path: Path) -> AsyncIterator[Counter]:
         await asyncio.wait_for(task, 5)
 
 
+def clobber(path: Path, text: str) -> None:
+    """Truncate and write in place (same inode), as cloud-init's writer does."""
+    with open(path, "r+") as f:
+        f.truncate(0)
+        f.write(text)
+
+
 async def _restored(counter: Counter, n: int, t0: float) -> float:
     while counter.reasserts < n:
         counter.changed.clear()
@@ -75,9 +82,7 @@ async def test_in_place_clobber_restored_within_a_second(tmp_path: Path) -> None
     hosts = tmp_path / "etc" / "hosts"
     async with watching(tmp_path) as counter:
         t0 = time.monotonic()
-        with open(hosts, "r+") as f:  # cloud-init's way: truncate and write in place
-            f.truncate(0)
-            f.write("127.0.0.1 localhost\n127.0.1.1 vm-1\n")
+        clobber(hosts, "127.0.0.1 localhost\n127.0.1.1 vm-1\n")  # cloud-init's way
         assert await _restored(counter, 1, t0) < 1.0
         data = hosts.read_bytes()
         assert data.startswith(b"127.0.0.1 localhost\n127.0.1.1 vm-1\n")
@@ -95,9 +100,7 @@ async def test_replaced_file_is_rearmed(tmp_path: Path) -> None:
         await asyncio.sleep(0.3)
         # An in-place write to the *new* inode: seen only if the watch followed it.
         t0 = time.monotonic()
-        with open(hosts, "r+") as f:
-            f.truncate(0)
-            f.write("10.8.8.8 again\n")
+        clobber(hosts, "10.8.8.8 again\n")
         assert await _restored(counter, 2, t0) < 1.0
         assert read_block(hosts.read_bytes(), ENS) == PINS
         assert hosts.read_bytes().startswith(b"10.8.8.8 again\n")
