@@ -58,9 +58,11 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import copy
 import ipaddress
 import json
 import logging
+import re
 import signal
 import socket
 import struct
@@ -215,6 +217,55 @@ def _slice_id(slice_: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '?')}/{meta.get('name', '?')}"
 
 
+_RFC1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _add_cluster_ip_service(
+    b: _Builder, zone: str, ns: str, svc: str, svc_name: dns.name.Name,
+    spec: Mapping[str, Any], cluster_ips: list[str],
+) -> None:
+    """A ClusterIP Service: the VIP and SRV to the service name, no endpoint names."""
+    for ip in cluster_ips:
+        with contextlib.suppress(ValueError):
+            b.add_address(svc_name, ip)
+    for port in spec.get("ports") or []:
+        if port.get("name"):
+            proto = str(port.get("protocol", "TCP")).lower()
+            vip_srv = _name(f"_{port['name']}._{proto}.{svc}.{ns}.svc.{zone}")
+            b.add(vip_srv, dns.rdatatype.SRV, f"0 100 {int(port['port'])} {svc_name}")
+
+
+def _add_headless_slice(
+    b: _Builder, srv: dict[dns.name.Name, list[tuple[int, str]]], zone: str, ns: str,
+    svc: str, svc_name: dns.name.Name, s: Mapping[str, Any],
+) -> None:
+    """One slice of a headless Service: names per ready endpoint, SRV per named port."""
+    named_ports = [p for p in s.get("ports") or [] if p.get("name") and p.get("port")]
+    for ep in s.get("endpoints") or []:
+        if not _ready(ep):
+            continue
+        addrs = _endpoint_addresses(s, ep)
+        hostname = ep.get("hostname")
+        if hostname is not None and not (
+            isinstance(hostname, str) and _RFC1123_LABEL.match(hostname)
+        ):
+            # the API server refuses these; a hand-made slice gets a log line, no records
+            log.warning("slice %s: hostname %r is not a lowercase RFC 1123 label; skipped",
+                        _slice_id(s), hostname)
+            continue
+        for ip in addrs:
+            host_name = dns.name.Name(((hostname or _dashed(ip)).encode(),)).concatenate(
+                svc_name)
+            b.add_address(svc_name, ip)
+            b.add_address(host_name, ip)
+            for port in named_ports:
+                proto = str(port.get("protocol", "TCP")).lower()
+                srv_name = _name(f"_{port['name']}._{proto}.{svc}.{ns}.svc.{zone}")
+                entry = (int(port["port"]), host_name.to_text())
+                if entry not in srv[srv_name]:
+                    srv[srv_name].append(entry)
+
+
 def build_table(
     zone: str,
     ttl: int,
@@ -227,9 +278,13 @@ def build_table(
     by_service: dict[tuple[str, str], list[Mapping[str, Any]]] = collections.defaultdict(list)
     srv: dict[dns.name.Name, list[tuple[int, str]]] = collections.defaultdict(list)
     for s in slices:
-        meta = s.get("metadata") or {}
-        svc = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
-        ns = meta.get("namespace")
+        try:
+            meta = s.get("metadata") or {}
+            svc = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
+            ns = meta.get("namespace")
+        except AttributeError:
+            log.warning("skipping a slice that is not a Kubernetes object: %.80r", s)
+            continue
         if not svc or not ns:
             log.warning("slice %s: no %s label or namespace; CoreDNS ignores it",
                         _slice_id(s), SERVICE_NAME_LABEL)
@@ -240,45 +295,33 @@ def build_table(
 
     keys = set(by_service) if services is None else set(services)
     for ns, svc in sorted(keys):
-        svc_name = _name(f"{svc}.{ns}.svc.{zone}")
-        spec = (services or {}).get((ns, svc), {}).get("spec") or {}
-        cluster_ips = [ip for ip in (spec.get("clusterIPs") or [spec.get("clusterIP")])
-                       if ip and ip != "None"]
-        if cluster_ips:
-            # ClusterIP service: the VIP and SRV to the service name, no endpoint names
-            for ip in cluster_ips:
-                with contextlib.suppress(ValueError):
-                    b.add_address(svc_name, ip)
-            for port in spec.get("ports") or []:
-                if port.get("name"):
-                    proto = str(port.get("protocol", "TCP")).lower()
-                    vip_srv = _name(f"_{port['name']}._{proto}.{svc}.{ns}.svc.{zone}")
-                    b.add(vip_srv, dns.rdatatype.SRV, f"0 100 {int(port['port'])} {svc_name}")
+        try:
+            svc_name = _name(f"{svc}.{ns}.svc.{zone}")
+            spec = (services or {}).get((ns, svc), {}).get("spec") or {}
+            cluster_ips = [ip for ip in (spec.get("clusterIPs") or [spec.get("clusterIP")])
+                           if ip and ip != "None"]
+            if cluster_ips:
+                _add_cluster_ip_service(b, zone, ns, svc, svc_name, spec, cluster_ips)
+                continue
+        except (AttributeError, TypeError, ValueError, KeyError,
+                dns.exception.DNSException) as e:
+            log.warning("service %s/%s: skipped, malformed: %s", ns, svc, e)
             continue
         for s in by_service.get((ns, svc), []):
-            named_ports = [p for p in s.get("ports") or [] if p.get("name") and p.get("port")]
-            for ep in s.get("endpoints") or []:
-                if not _ready(ep):
-                    continue
-                addrs = _endpoint_addresses(s, ep)
-                if not addrs:
-                    continue
-                hostname = ep.get("hostname")
-                for ip in addrs:
-                    host = hostname or _dashed(ip)
-                    try:
-                        host_name = dns.name.Name((host.encode(),)).concatenate(svc_name)
-                    except (dns.exception.DNSException, ValueError) as e:
-                        log.warning("slice %s: bad hostname %r: %s", _slice_id(s), host, e)
-                        continue
-                    b.add_address(svc_name, ip)
-                    b.add_address(host_name, ip)
-                    for port in named_ports:
-                        proto = str(port.get("protocol", "TCP")).lower()
-                        srv_name = _name(f"_{port['name']}._{proto}.{svc}.{ns}.svc.{zone}")
-                        entry = (int(port["port"]), host_name.to_text())
-                        if entry not in srv[srv_name]:
-                            srv[srv_name].append(entry)
+            # all or nothing per slice: build aside, merge when the whole slice made sense
+            part = _Builder(origin, ttl)
+            part_srv: dict[dns.name.Name, list[tuple[int, str]]] = collections.defaultdict(list)
+            try:
+                _add_headless_slice(part, part_srv, zone, ns, svc, svc_name, s)
+            except (AttributeError, TypeError, ValueError, KeyError,
+                    dns.exception.DNSException) as e:
+                log.warning("slice %s: skipped, malformed: %s", _slice_id(s), e)
+                continue
+            for key, rds in part.records.items():
+                bucket = b.records[key]
+                bucket.extend(rd for rd in rds if rd not in bucket)
+            for owner, entries in part_srv.items():
+                srv[owner].extend(e for e in entries if e not in srv[owner])
     # CoreDNS spreads the weight evenly over the records of one SRV set
     for owner, targets in srv.items():
         weight = max(1, 100 // len(targets))
@@ -300,21 +343,20 @@ class ClusterDnsModel:
         self._slices: dict[tuple[str, str], JsonDict] = {}
         self._services: dict[tuple[str, str], JsonDict] | None = None
         self._table = build_table(self.zone, ttl, [], None)
-        self._changed = threading.Condition(self._lock)
         self.version = 0
 
     # ---- feeding
     def set_endpoint_slices(self, slices: Sequence[Mapping[str, Any]]) -> None:
-        """Replace all EndpointSlices (raw Kubernetes JSON) at once."""
+        """Replace all EndpointSlices (raw Kubernetes JSON) at once (nothing, on a TypeError)."""
+        new = self._copies(slices)
         with self._lock:
-            self._slices = {}
-            for s in slices:
-                self._slices[self._obj_key(s)] = dict(s)
+            self._slices = new
             self._rebuild()
 
     def upsert_endpoint_slice(self, slice_: Mapping[str, Any]) -> None:
         with self._lock:
-            self._slices[self._obj_key(slice_)] = dict(slice_)
+            key = self._obj_key(slice_)
+            self._slices[key] = copy.deepcopy(dict(slice_))
             self._rebuild()
 
     def delete_endpoint_slice(self, namespace: str, name: str) -> None:
@@ -324,17 +366,17 @@ class ClusterDnsModel:
 
     def set_services(self, services: Sequence[Mapping[str, Any]] | None) -> None:
         """Replace all Services; ``None`` means "every slice's Service exists, headless"."""
+        new = None if services is None else self._copies(services)
         with self._lock:
-            self._services = None if services is None else {
-                self._obj_key(s): dict(s) for s in services
-            }
+            self._services = new
             self._rebuild()
 
     def upsert_service(self, service: Mapping[str, Any]) -> None:
         with self._lock:
             if self._services is None:
                 self._services = {}
-            self._services[self._obj_key(service)] = dict(service)
+            key = self._obj_key(service)
+            self._services[key] = copy.deepcopy(dict(service))
             self._rebuild()
 
     def delete_service(self, namespace: str, name: str) -> None:
@@ -380,8 +422,18 @@ class ClusterDnsModel:
                     self._slices.pop(key, None)
             self._rebuild()
 
+    @classmethod
+    def _copies(cls, objs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], JsonDict]:
+        out: dict[tuple[str, str], JsonDict] = {}
+        for o in objs:
+            key = cls._obj_key(o)
+            out[key] = copy.deepcopy(dict(o))
+        return out
+
     @staticmethod
     def _obj_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+        if not isinstance(obj, Mapping):
+            raise TypeError(f"not a Kubernetes object (a JSON object): {obj!r:.80}")
         meta = obj.get("metadata") or {}
         return (str(meta.get("namespace", "")), str(meta.get("name", "")))
 
@@ -390,7 +442,6 @@ class ClusterDnsModel:
         self._table = build_table(self.zone, self.ttl, list(self._slices.values()),
                                   self._services)
         self.version += 1
-        self._changed.notify_all()
 
     # ---- reading
     @property
@@ -399,7 +450,7 @@ class ClusterDnsModel:
 
     def slices(self) -> list[JsonDict]:
         with self._lock:
-            return [dict(s) for s in self._slices.values()]
+            return copy.deepcopy(list(self._slices.values()))
 
 
 def endpoint_slice(

@@ -304,10 +304,30 @@ def test_bad_slices_are_skipped_not_raised() -> None:
     ])
     unlabelled = endpoint_slice(NS, "other", [{"addresses": ["10.9.9.9"], "hostname": "x"}])
     del unlabelled["metadata"]["labels"]
-    m.set_endpoint_slices([good, unlabelled])
+    bad_port = endpoint_slice(NS, "third", [{"addresses": ["10.9.9.8"], "hostname": "y"}])
+    bad_port["ports"] = [{"name": "imex", "port": "many"}]
+    not_a_list = endpoint_slice(NS, "fourth", [])
+    not_a_list["endpoints"] = 7
+    m.set_endpoint_slices([good, unlabelled, bad_port, not_a_list])
     assert [rd.to_text() for rd in _ask(m, slot(0), "A").answer[0]] == ["10.1.0.1"]
     assert _ask(m, slot(1), "AAAA").rcode() == dns.rcode.NXDOMAIN
     assert _ask(m, f"x.other.{NS}.svc.{ZONE}", "A").rcode() == dns.rcode.NXDOMAIN
+    assert _ask(m, f"y.third.{NS}.svc.{ZONE}", "A").rcode() == dns.rcode.NXDOMAIN
+    # the hostname that is not an RFC 1123 label publishes nothing, not even its address
+    assert [rd.to_text() for rd in _ask(m, BASE, "A").answer[0]] == ["10.1.0.1"]
+    with pytest.raises(TypeError, match="not a Kubernetes object"):
+        m.set_endpoint_slices([good, "oops"])  # type: ignore[list-item]
+    # refused as a whole: the previous data stays
+    assert [rd.to_text() for rd in _ask(m, slot(0), "A").answer[0]] == ["10.1.0.1"]
+
+
+def test_the_model_keeps_its_own_copy() -> None:
+    m = ClusterDnsModel(ZONE)
+    eps: list[dict[str, Any]] = [{"addresses": ["10.1.0.1"], "hostname": f"{SLOT}-0"}]
+    m.set_endpoint_slices([endpoint_slice(NS, SVC, eps)])
+    eps[0]["addresses"] = ["10.6.6.6"]
+    m.set_services(None)  # any rebuild
+    assert [rd.to_text() for rd in _ask(m, slot(0), "A").answer[0]] == ["10.1.0.1"]
 
 
 def test_known_services_gate_slices_and_clusterip_answers_vip() -> None:
