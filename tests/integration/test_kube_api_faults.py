@@ -50,6 +50,8 @@ async def test_500_storm_for_n_requests(kube_api: KubeApiHandle, client: AsyncCl
         assert err.value.status.code == 500 and err.value.status.reason == "InternalError"
     await client.create(service("ens"))
     assert kube_api.writes("services", "create") == 4  # attempts, as the audit log counts
+    assert kube_api.writes("services", served_only=True) == 1
+    assert kube_api.faulted == {("create", "services"): 3}
     assert kube_api.changes[("services", "ADDED")] == 1
 
 

@@ -130,11 +130,17 @@ class Counters:
     def count(self, verb: str, resource: str) -> None:
         self.requests[(verb, resource)] += 1
 
-    def writes(self, resource: str | None = None, verb: str | None = None) -> int:
-        """Write requests received (create/update/patch/apply/delete), optionally narrowed."""
-        return sum(n for (v, r), n in self.requests.items()
-                   if v in WRITE_VERBS and (verb is None or v == verb)
-                   and (resource is None or r == resource or r.split("/")[0] == resource))
+    def writes(self, resource: str | None = None, verb: str | None = None,
+               served_only: bool = False) -> int:
+        """Write requests received (create/update/patch/apply/delete), optionally narrowed.
+
+        `served_only` leaves out the requests an injected fault answered.
+        """
+        def count(counter: Counter[tuple[str, str]]) -> int:
+            return sum(n for (v, r), n in counter.items()
+                       if v in WRITE_VERBS and (verb is None or v == verb)
+                       and (resource is None or r == resource or r.split("/")[0] == resource))
+        return count(self.requests) - (count(self.faulted) if served_only else 0)
 
     def reset(self) -> None:
         self.requests.clear()

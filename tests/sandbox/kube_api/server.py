@@ -24,9 +24,10 @@ resourceVersion gets 410), `outage("refuse"|"hold")` / `recover()`
 `restart(down=0.0, compact=False)` (watches and connections dropped, state
 kept, optionally refusing for `down` seconds, as a restarting apiserver
 behind a stable address; `compact` also forgets the watch history).
-Counters: `writes(resource=None, verb=None)`, `requests` (Counter of
-(verb, resource)), `changes` (Counter of (plural, event type) actually
-stored), `reset_counters()`.
+Counters: `writes(resource=None, verb=None, served_only=False)`, `requests`
+(Counter of (verb, resource)), `faulted` (the part of `requests` a fault
+answered), `changes` (Counter of (plural, event type) actually stored),
+`reset_counters()`.
 
 Admin HTTP (same authentication as the API):
 `POST /_sandbox/faults` with JSON `{"action": "fail"|"delay"|"clear"|
@@ -208,8 +209,15 @@ class KubeApiServer:
     def changes(self) -> Counter[tuple[str, str]]:
         return self.store.changes
 
-    def writes(self, resource: str | None = None, verb: str | None = None) -> int:
-        return self.counters.writes(resource, verb)
+    @property
+    def faulted(self) -> Counter[tuple[str, str]]:
+        """Requests an injected fault answered, by (verb, resource)."""
+        return self.counters.faulted
+
+    def writes(self, resource: str | None = None, verb: str | None = None,
+               served_only: bool = False) -> int:
+        """Write requests by kind/verb; `served_only` leaves out fault-answered ones."""
+        return self.counters.writes(resource, verb, served_only)
 
     def reset_counters(self) -> None:
         self.counters.reset()
@@ -400,8 +408,13 @@ class ThreadedKubeApi:
         self._call(self.server.restart(down, compact), timeout=30.0 + down)
 
     # counters
-    def writes(self, resource: str | None = None, verb: str | None = None) -> int:
-        return self._sync(self.server.writes, resource, verb)
+    def writes(self, resource: str | None = None, verb: str | None = None,
+               served_only: bool = False) -> int:
+        return self._sync(self.server.writes, resource, verb, served_only)
+
+    @property
+    def faulted(self) -> Counter[tuple[str, str]]:
+        return self._sync(lambda: Counter(self.server.faulted))
 
     @property
     def requests(self) -> Counter[tuple[str, str]]:
