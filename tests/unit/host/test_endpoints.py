@@ -33,8 +33,10 @@ def test_names() -> None:
 
 
 def test_families_split_and_empty_family_is_deleted() -> None:
-    s = snap(Member(0, "10.0.0.1", "gb200-0", "n", "Running", True),
-             Member(1, "fd00::1", "gb200-1", "n", "Running", True))
+    s = snap(
+        Member(0, "10.0.0.1", "gb200-0", "n", "Running", True),
+        Member(1, "fd00::1", "gb200-1", "n", "Running", True),
+    )
     out = desired_slices(s)
     assert set(out) == {"gb200-imex", "gb200-imex-v6"}
     assert out["gb200-imex"] is not None and out["gb200-imex-v6"] is not None
@@ -82,8 +84,10 @@ BODY = {"metadata": {"name": "s"}, "endpoints": [{"addresses": ["10.0.0.1"]}]}
 
 
 def obs(rv: str, endpoints: list[Any] | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": "s", "resourceVersion": rv, "uid": "x"},
-            "endpoints": endpoints if endpoints is not None else [{"addresses": ["10.0.0.1"]}]}
+    return {
+        "metadata": {"name": "s", "resourceVersion": rv, "uid": "x"},
+        "endpoints": endpoints if endpoints is not None else [{"addresses": ["10.0.0.1"]}],
+    }
 
 
 @pytest.mark.parametrize(
@@ -130,15 +134,19 @@ async def test_applier_writes_once_and_heals() -> None:
     assert await applier.sync("rack1", desired) == []  # informer has not seen it yet
     body = desired["gb200-imex"]
     assert body is not None
-    observed[("rack1", "gb200-imex")] = {**body, "metadata": {**body["metadata"],
-                                                              "resourceVersion": "11"}}
+    observed[("rack1", "gb200-imex")] = {
+        **body,
+        "metadata": {**body["metadata"], "resourceVersion": "11"},
+    }
     assert await applier.sync("rack1", desired) == []
     # Someone else deletes it: repaired.
     del observed[("rack1", "gb200-imex")]
     assert await applier.sync("rack1", desired) == ["apply:gb200-imex"]
     # Last member goes: the slice is deleted once.
-    observed[("rack1", "gb200-imex")] = {**body, "metadata": {**body["metadata"],
-                                                              "resourceVersion": "12"}}
+    observed[("rack1", "gb200-imex")] = {
+        **body,
+        "metadata": {**body["metadata"], "resourceVersion": "12"},
+    }
     empty = desired_slices(snap())
     assert await applier.sync("rack1", empty) == ["delete:gb200-imex"]
     assert await applier.sync("rack1", empty) == []

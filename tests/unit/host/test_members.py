@@ -35,8 +35,9 @@ def _ref(name: str) -> dict[str, str]:
     }
 
 
-def ep(index: int, ip: str, name: str | None = None, *, ready: bool = True,
-       node: str | None = "node-a") -> dict[str, Any]:
+def ep(
+    index: int, ip: str, name: str | None = None, *, ready: bool = True, node: str | None = "node-a"
+) -> dict[str, Any]:
     vmi_name = name or f"gb200-{index}"
     out: dict[str, Any] = {
         "addresses": [ip],
@@ -73,7 +74,9 @@ def _migrating(name: str, ip: str, node: str) -> dict[str, Any]:
     obj = vmi(name, ip=ip, node=node)
     obj["status"]["activePods"] = {"uid-src": "node-a", "uid-dst": "node-b"}
     obj["status"]["migrationState"] = {
-        "sourceNode": "node-a", "targetNode": "node-b", "completed": False,
+        "sourceNode": "node-a",
+        "targetNode": "node-b",
+        "completed": False,
         "migrationUid": "m-1",
     }
     return obj
@@ -119,10 +122,13 @@ QUIRKS = [
     ),
     Quirk(
         "secondary-network-from-annotation",
-        vmi("gb200-9", interfaces=[
-            _iface("default", "10.244.0.9", ["10.244.0.9"]),
-            _iface("imex-net", "192.168.50.9/24", ["192.168.50.9/24"]),
-        ]),
+        vmi(
+            "gb200-9",
+            interfaces=[
+                _iface("default", "10.244.0.9", ["10.244.0.9"]),
+                _iface("imex-net", "192.168.50.9/24", ["192.168.50.9/24"]),
+            ],
+        ),
         ep(9, "192.168.50.9"),
         spec=SPEC_NET,
     ),
@@ -134,18 +140,24 @@ QUIRKS = [
     ),
     Quirk(
         "no-default-interface-first-wins",
-        vmi("gb200-11", interfaces=[
-            _iface("nvlink", "192.168.60.11", ["192.168.60.11"]),
-            _iface("mgmt", "172.16.0.11", ["172.16.0.11"]),
-        ]),
+        vmi(
+            "gb200-11",
+            interfaces=[
+                _iface("nvlink", "192.168.60.11", ["192.168.60.11"]),
+                _iface("mgmt", "172.16.0.11", ["172.16.0.11"]),
+            ],
+        ),
         ep(11, "192.168.60.11"),
     ),
     Quirk(
         "guest-agent-only-interface-without-name-skipped-for-default",
-        vmi("gb200-12", interfaces=[
-            _iface(None, "172.17.0.1", ["172.17.0.1"]),
-            _iface("default", "10.244.0.12", ["10.244.0.12"]),
-        ]),
+        vmi(
+            "gb200-12",
+            interfaces=[
+                _iface(None, "172.17.0.1", ["172.17.0.1"]),
+                _iface("default", "10.244.0.12", ["10.244.0.12"]),
+            ],
+        ),
         ep(12, "10.244.0.12"),
     ),
     Quirk(
@@ -154,41 +166,78 @@ QUIRKS = [
         problem="VMI gb200-13 has no usable IP address on network 'default': "
         "169.254.1.13 is a link-local address",
     ),
-    Quirk("phase-scheduling-holds-slot-silently", vmi("gb200-14", phase="Scheduling",
-                                                      ip=None, node=None, ready=None)),
+    Quirk(
+        "phase-scheduling-holds-slot-silently",
+        vmi("gb200-14", phase="Scheduling", ip=None, node=None, ready=None),
+    ),
     Quirk("phase-pending", vmi("gb200-15", phase="Pending", ready=False)),
     Quirk("being-deleted", vmi("gb200-16", ip="10.244.0.16", deleting=True)),
     Quirk("succeeded", vmi("gb200-17", phase="Succeeded", ip="10.244.0.17", ready=False)),
     Quirk("failed", vmi("gb200-18", phase="Failed", ip="10.244.0.18", ready=False)),
-    Quirk("not-ready-published-not-ready", vmi("gb200-19", ip="10.244.0.19", ready=False),
-          ep(19, "10.244.0.19", ready=False)),
-    Quirk("no-conditions-not-ready", vmi("gb200-20", ip="10.244.0.20", ready=None),
-          ep(20, "10.244.0.20", ready=False)),
-    Quirk("no-nodeName", vmi("gb200-21", ip="10.244.0.21", node=None),
-          ep(21, "10.244.0.21", node=None)),
-    Quirk("live-migration-publishes-reported-ip", _migrating("gb200-22", "10.244.3.22", "node-a"),
-          ep(22, "10.244.3.22")),
-    Quirk("index-label-wins-over-name", vmi("worker-x", index="23", ip="10.244.0.23"),
-          ep(23, "10.244.0.23", name="worker-x")),
-    Quirk("index-label-leading-zero", vmi("gb200-24", index="024", ip="10.244.0.24"),
-          problem="VMI gb200-24 label imex-ensemble.io/index='024' is not a slot number"),
-    Quirk("index-label-not-numeric", vmi("gb200-25", index="three", ip="10.244.0.25"),
-          problem="label imex-ensemble.io/index='three' is not a slot number"),
-    Quirk("replicaset-random-suffix", vmi("gb200-rs-x7k2p", ip="10.244.0.26"),
-          problem="VMI gb200-rs-x7k2p has no imex-ensemble.io/index label and its name does "
-          "not end in -<n>"),
-    Quirk("index-out-of-range", vmi("gb200-64", ip="10.244.0.64"),
-          problem="slot index 64 is out of range: the ensemble has 64 slots"),
+    Quirk(
+        "not-ready-published-not-ready",
+        vmi("gb200-19", ip="10.244.0.19", ready=False),
+        ep(19, "10.244.0.19", ready=False),
+    ),
+    Quirk(
+        "no-conditions-not-ready",
+        vmi("gb200-20", ip="10.244.0.20", ready=None),
+        ep(20, "10.244.0.20", ready=False),
+    ),
+    Quirk(
+        "no-nodeName",
+        vmi("gb200-21", ip="10.244.0.21", node=None),
+        ep(21, "10.244.0.21", node=None),
+    ),
+    Quirk(
+        "live-migration-publishes-reported-ip",
+        _migrating("gb200-22", "10.244.3.22", "node-a"),
+        ep(22, "10.244.3.22"),
+    ),
+    Quirk(
+        "index-label-wins-over-name",
+        vmi("worker-x", index="23", ip="10.244.0.23"),
+        ep(23, "10.244.0.23", name="worker-x"),
+    ),
+    Quirk(
+        "index-label-leading-zero",
+        vmi("gb200-24", index="024", ip="10.244.0.24"),
+        problem="VMI gb200-24 label imex-ensemble.io/index='024' is not a slot number",
+    ),
+    Quirk(
+        "index-label-not-numeric",
+        vmi("gb200-25", index="three", ip="10.244.0.25"),
+        problem="label imex-ensemble.io/index='three' is not a slot number",
+    ),
+    Quirk(
+        "replicaset-random-suffix",
+        vmi("gb200-rs-x7k2p", ip="10.244.0.26"),
+        problem="VMI gb200-rs-x7k2p has no imex-ensemble.io/index label and its name does "
+        "not end in -<n>",
+    ),
+    Quirk(
+        "index-out-of-range",
+        vmi("gb200-64", ip="10.244.0.64"),
+        problem="slot index 64 is out of range: the ensemble has 64 slots",
+    ),
     Quirk("no-status-at-all", vmi("gb200-27", status=False)),
     Quirk("empty-status", vmi("gb200-28", phase=None, node=None, ready=None)),
-    Quirk("name-not-a-dns-label", vmi("GB200_29", index="29", ip="10.244.0.29"),
-          problem="VMI GB200_29: VMI name 'GB200_29' is not a lowercase RFC 1123 label"),
-    Quirk("unparseable-address", vmi("gb200-30", ip="not-an-ip", ips=["not-an-ip"]),
-          problem="'not-an-ip' is not an IP address"),
+    Quirk(
+        "name-not-a-dns-label",
+        vmi("GB200_29", index="29", ip="10.244.0.29"),
+        problem="VMI GB200_29: VMI name 'GB200_29' is not a lowercase RFC 1123 label",
+    ),
+    Quirk(
+        "unparseable-address",
+        vmi("gb200-30", ip="not-an-ip", ips=["not-an-ip"]),
+        problem="'not-an-ip' is not an IP address",
+    ),
     Quirk("phase-unknown-holds-slot", vmi("gb200-31", phase="Unknown", ip="10.244.0.31")),
-    Quirk("ipv4-mapped-v6-refused", vmi("gb200-32", ip="::ffff:10.244.0.32",
-                                        ips=["::ffff:10.244.0.32"]),
-          problem="IPv4-mapped"),
+    Quirk(
+        "ipv4-mapped-v6-refused",
+        vmi("gb200-32", ip="::ffff:10.244.0.32", ips=["::ffff:10.244.0.32"]),
+        problem="IPv4-mapped",
+    ),
 ]
 
 
@@ -221,26 +270,52 @@ def test_all_quirks_in_one_ensemble_give_exact_slices() -> None:
     members, problems = derive_members(SPEC, [q.vmi for q in default_net])
     snap, _ = State().set(SPEC, members, problems)
     slices = desired_slices(snap)
-    v4 = sorted((q.endpoint for q in default_net if q.endpoint and ":" not in
-                 q.endpoint["addresses"][0]), key=lambda e: int(e["hostname"].rsplit("-", 1)[1]))
+    v4 = sorted(
+        (q.endpoint for q in default_net if q.endpoint and ":" not in q.endpoint["addresses"][0]),
+        key=lambda e: int(e["hostname"].rsplit("-", 1)[1]),
+    )
     v6 = [q.endpoint for q in default_net if q.endpoint and ":" in q.endpoint["addresses"][0]]
-    owner = [{"apiVersion": "v1", "kind": "Service", "name": "gb200", "uid": "svc-uid-1",
-              "controller": True, "blockOwnerDeletion": True}]
-    labels = {"kubernetes.io/service-name": "gb200",
-              "endpointslice.kubernetes.io/managed-by": "host-agent.imex-ensemble.io"}
+    owner = [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "name": "gb200",
+            "uid": "svc-uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    labels = {
+        "kubernetes.io/service-name": "gb200",
+        "endpointslice.kubernetes.io/managed-by": "host-agent.imex-ensemble.io",
+    }
     port = [{"name": "imex", "port": 50000, "protocol": "TCP"}]
     expected = {
         "gb200-imex": {
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": "gb200-imex", "namespace": "rack1", "labels": labels,
-                         "ownerReferences": owner},
-            "addressType": "IPv4", "endpoints": v4, "ports": port,
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "gb200-imex",
+                "namespace": "rack1",
+                "labels": labels,
+                "ownerReferences": owner,
+            },
+            "addressType": "IPv4",
+            "endpoints": v4,
+            "ports": port,
         },
         "gb200-imex-v6": {
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": "gb200-imex-v6", "namespace": "rack1", "labels": labels,
-                         "ownerReferences": owner},
-            "addressType": "IPv6", "endpoints": v6, "ports": port,
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "gb200-imex-v6",
+                "namespace": "rack1",
+                "labels": labels,
+                "ownerReferences": owner,
+            },
+            "addressType": "IPv6",
+            "endpoints": v6,
+            "ports": port,
         },
     }
     assert json.dumps(slices, sort_keys=True) == json.dumps(expected, sort_keys=True)
@@ -270,8 +345,10 @@ def test_duplicate_with_a_pending_vmi_still_blocks_the_slot() -> None:
 
 def test_duplicate_resolves_when_one_is_deleting_or_finished() -> None:
     running = vmi("gb200-2", ip="10.244.0.2")
-    for other in (vmi("spare", index="2", ip="10.244.0.9", deleting=True),
-                  vmi("spare", index="2", phase="Failed", ip="10.244.0.9")):
+    for other in (
+        vmi("spare", index="2", ip="10.244.0.9", deleting=True),
+        vmi("spare", index="2", phase="Failed", ip="10.244.0.9"),
+    ):
         members, problems = derive_members(SPEC, [running, other])
         assert [(m.index, m.ip) for m in members] == [(2, "10.244.0.2")]
         assert problems == []
@@ -292,8 +369,14 @@ def test_live_migration_switches_ip_and_node_when_kubevirt_reports_it() -> None:
 def test_member_fields() -> None:
     c = examine_vmi(vmi("gb200-4", ip="10.244.0.4/16", node="n9", ready=True), SPEC)
     assert c.member is not None
-    assert (c.member.index, c.member.ip, c.member.vmi, c.member.node, c.member.phase,
-            c.member.ready) == (4, "10.244.0.4", "gb200-4", "n9", "Running", True)
+    assert (
+        c.member.index,
+        c.member.ip,
+        c.member.vmi,
+        c.member.node,
+        c.member.phase,
+        c.member.ready,
+    ) == (4, "10.244.0.4", "gb200-4", "n9", "Running", True)
 
 
 @pytest.mark.parametrize(
@@ -301,15 +384,21 @@ def test_member_fields() -> None:
     [
         (lambda v: v["status"].update(interfaces="eth0"), "status.interfaces is not a list"),
         (lambda v: v["status"].update(interfaces=[None, 3, "x"]), "has no IP address"),
-        (lambda v: v["status"]["interfaces"][0].update(ipAddress=None, ipAddresses="10.1.1.1"),
-         "no IP address"),
-        (lambda v: v["status"]["interfaces"][0].update(ipAddress=17, ipAddresses=[17]),
-         "17 (not a string)"),
+        (
+            lambda v: v["status"]["interfaces"][0].update(ipAddress=None, ipAddresses="10.1.1.1"),
+            "no IP address",
+        ),
+        (
+            lambda v: v["status"]["interfaces"][0].update(ipAddress=17, ipAddresses=[17]),
+            "17 (not a string)",
+        ),
         (lambda v: v["status"].update(conditions="Ready"), None),
         (lambda v: v.update(status=None), None),
         (lambda v: v["metadata"].update(labels=None), "cannot tell which slot"),
-        (lambda v: v["metadata"].update(labels={"imex-ensemble.io/index": 5}),
-         "imex-ensemble.io/index=5 is not a string"),
+        (
+            lambda v: v["metadata"].update(labels={"imex-ensemble.io/index": 5}),
+            "imex-ensemble.io/index=5 is not a string",
+        ),
         (lambda v: v.update(metadata=[]), "<unnamed>"),
     ],
 )
@@ -330,7 +419,8 @@ def test_members_from_service_spec_roundtrip() -> None:
         service(annotations={"imex-ensemble.io/max-members": "4"})
     )
     assert spec is not None and problems == []
-    members, problems = derive_members(spec, [vmi("gb200-3", ip="10.0.0.3"),
-                                              vmi("gb200-4", ip="10.0.0.4")])
+    members, problems = derive_members(
+        spec, [vmi("gb200-3", ip="10.0.0.3"), vmi("gb200-4", ip="10.0.0.4")]
+    )
     assert [m.index for m in members] == [3]
     assert "slot index 4 is out of range: the ensemble has 4 slots (0..3)" in problems[0]

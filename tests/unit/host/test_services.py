@@ -23,22 +23,31 @@ def test_defaults() -> None:
 
 
 def test_all_annotations() -> None:
-    spec, problems = parse_ensemble_service(service(annotations={
-        "imex-ensemble.io/max-members": "8",
-        "imex-ensemble.io/port": "50001",
-        "imex-ensemble.io/network": "imex-net",
-        "imex-ensemble.io/token-sha256": TOKEN.upper(),
-    }))
+    spec, problems = parse_ensemble_service(
+        service(
+            annotations={
+                "imex-ensemble.io/max-members": "8",
+                "imex-ensemble.io/port": "50001",
+                "imex-ensemble.io/network": "imex-net",
+                "imex-ensemble.io/token-sha256": TOKEN.upper(),
+            }
+        )
+    )
     assert problems == []
     assert spec is not None
     assert (spec.max_members, spec.port, spec.network, spec.token_sha256) == (
-        8, 50001, "imex-net", TOKEN)
+        8,
+        50001,
+        "imex-net",
+        TOKEN,
+    )
 
 
 @pytest.mark.parametrize("value", ["", "twelve", "-1", "0", "1e3", "4097", " ", "١٢"])
 def test_bad_max_members_is_a_refusal(value: str) -> None:
     spec, problems = parse_ensemble_service(
-        service(annotations={"imex-ensemble.io/max-members": value}))
+        service(annotations={"imex-ensemble.io/max-members": value})
+    )
     assert spec is None
     assert problems == [
         f"Service rack1/gb200: annotation imex-ensemble.io/max-members={value!r} is not an "
@@ -62,8 +71,7 @@ def test_bad_max_members_is_a_refusal(value: str) -> None:
 def test_bad_optional_annotations_fall_back_with_a_problem(
     key: str, value: str, field: str, fallback: Any, fragment: str
 ) -> None:
-    spec, problems = parse_ensemble_service(
-        service(annotations={f"imex-ensemble.io/{key}": value}))
+    spec, problems = parse_ensemble_service(service(annotations={f"imex-ensemble.io/{key}": value}))
     assert spec is not None
     assert getattr(spec, field) == fallback
     assert len(problems) == 1 and fragment in problems[0]
@@ -73,7 +81,8 @@ def test_bad_optional_annotations_fall_back_with_a_problem(
 def test_token_value_never_appears_in_problems() -> None:
     secretish = "s3cr3t-token-value"
     _, problems = parse_ensemble_service(
-        service(annotations={"imex-ensemble.io/token-sha256": secretish}))
+        service(annotations={"imex-ensemble.io/token-sha256": secretish})
+    )
     assert problems and secretish not in problems[0]
 
 
@@ -84,8 +93,7 @@ def test_label_must_name_the_service_itself() -> None:
 
 
 def test_selector_and_cluster_ip_are_problems_but_still_publish() -> None:
-    spec, problems = parse_ensemble_service(
-        service(selector={"app": "x"}, cluster_ip="10.96.0.10"))
+    spec, problems = parse_ensemble_service(service(selector={"app": "x"}, cluster_ip="10.96.0.10"))
     assert spec is not None
     assert len(problems) == 2
     assert "has a selector" in problems[0]
@@ -99,9 +107,15 @@ def test_selector_and_cluster_ip_are_problems_but_still_publish() -> None:
         {"metadata": None},
         {"metadata": {"name": "Bad_Name", "namespace": "rack1"}},
         {"metadata": {"name": "x", "namespace": "rack1", "labels": "nope"}},
-        {"metadata": {"name": "x", "namespace": "rack1",
-                      "labels": {"imex-ensemble.io/ensemble": "x"}, "annotations": []},
-         "spec": "weird"},
+        {
+            "metadata": {
+                "name": "x",
+                "namespace": "rack1",
+                "labels": {"imex-ensemble.io/ensemble": "x"},
+                "annotations": [],
+            },
+            "spec": "weird",
+        },
     ],
 )
 def test_garbage_never_raises(obj: dict[str, Any]) -> None:

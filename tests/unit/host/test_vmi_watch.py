@@ -1,0 +1,152 @@
+"""Informer rules with a scripted list/watch source (no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from host_agent.kube import Gone, KubeError
+from host_agent.metrics import HostMetrics
+from host_agent.settings import HostSettings
+from host_agent.vmi_watch import Informer, Store, backoff_delay
+
+SETTINGS = HostSettings(backoff_initial=0.001, backoff_max=0.01)
+
+
+def obj(name: str, rv: str, ns: str = "ns", **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": rv}, **extra}
+
+
+class Script:
+    """Each list()/watch() call takes the next step: a value, or an exception to raise."""
+
+    kind = "Thing"
+    scope = "all namespaces"
+
+    def __init__(self, lists: list[Any], watches: list[Any]) -> None:
+        self.lists = lists
+        self.watches = watches
+        self.watched_from: list[str] = []
+        self.done = asyncio.Event()
+
+    async def list(self) -> tuple[list[dict[str, Any]], str]:
+        step = self.lists.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        return step  # type: ignore[no-any-return]
+
+    async def watch(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        self.watched_from.append(resource_version)
+        if not self.watches:
+            self.done.set()
+            await asyncio.Event().wait()
+        step = self.watches.pop(0)
+        for item in step:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+async def drive(script: Script, store: Store | None = None) -> tuple[Store, list[Any], HostMetrics]:
+    store = store or Store("thing")
+    seen: list[Any] = []
+    metrics = HostMetrics(CollectorRegistry())
+    inf = Informer("thing", script, store, lambda o, n: seen.append((o, n)), metrics, SETTINGS)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(script.done.wait(), 5)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return store, seen, metrics
+
+
+def names(store: Store) -> set[str]:
+    return {k[1] for k in store.all_keys()}
+
+
+async def test_list_then_watch_from_the_lists_version_and_resume_after_errors() -> None:
+    script = Script(
+        lists=[([obj("a", "5")], "10")],
+        watches=[
+            [("ADDED", obj("b", "11")), ("BOOKMARK", obj("", "15")),
+             KubeError("connection reset")],
+            [("MODIFIED", obj("a", "16")), ("DELETED", obj("b", "17"))],
+        ],
+    )
+    store, seen, metrics = await drive(script)
+    assert script.watched_from == ["10", "15", "17"]
+    assert names(store) == {"a"}
+    assert [(o is None, n is None) for o, n in seen] == [
+        (True, False), (True, False), (False, False), (False, True)]
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "error"}) == 1
+
+
+async def test_410_relists_and_reports_every_object() -> None:
+    script = Script(
+        lists=[([obj("a", "5"), obj("b", "6")], "10"), ([obj("a", "20"), obj("c", "21")], "30")],
+        watches=[[Gone("too old", 410)]],
+    )
+    store, seen, metrics = await drive(script)
+    assert names(store) == {"a", "c"}
+    assert script.watched_from == ["10", "30"]
+    relist = seen[2:]
+    assert {(o["metadata"]["name"] if o else None, n["metadata"]["name"] if n else None)
+            for o, n in relist} == {("b", None), ("a", "a"), (None, "c")}
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_lists_total", {"kind": "thing"}) == 2
+
+
+async def test_failed_lists_keep_the_cache() -> None:
+    store = Store("thing")
+    store.put(obj("keep", "1"))
+    script = Script(
+        lists=[KubeError("500"), KubeError("refused"), ([obj("keep", "1"), obj("new", "2")], "9")],
+        watches=[],
+    )
+    store, _seen, _ = await drive(script, store)
+    assert names(store) == {"keep", "new"}
+
+
+async def test_unexpected_exceptions_do_not_stop_the_informer() -> None:
+    script = Script(lists=[([], "1")], watches=[[ValueError("bug")], [("ADDED", obj("x", "2"))]])
+    store, _, _ = await drive(script)
+    assert names(store) == {"x"}
+
+
+async def test_namespace_scoped_informer_replaces_only_its_namespace() -> None:
+    store = Store("thing")
+    store.put(obj("other", "1", ns="b"))
+    script = Script(lists=[([obj("mine", "2", ns="a")], "3")], watches=[])
+    seen: list[Any] = []
+    inf = Informer("thing@a", script, store, lambda o, n: seen.append((o, n)),
+                   HostMetrics(CollectorRegistry()), SETTINGS, "a")
+    task = asyncio.create_task(inf.run())
+    await asyncio.wait_for(script.done.wait(), 5)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert set(store.all_keys()) == {("b", "other"), ("a", "mine")}
+
+
+def test_backoff_is_jittered_and_capped() -> None:
+    delays = [backoff_delay(n, 0.5, 4.0) for n in range(1, 12) for _ in range(20)]
+    assert all(0 <= d <= 4.0 for d in delays)
+    assert len(set(delays)) > 100
+
+
+def test_store_index() -> None:
+    store = Store("vmi", lambda o: ("ns", o["e"]) if "e" in o else None)
+    store.put(obj("a", "1", e="x"))
+    store.put(obj("b", "1", e="x"))
+    store.put(obj("a", "2", e="y"))  # moved to another ensemble
+    assert [o["metadata"]["name"] for o in store.by_index(("ns", "x"))] == ["b"]
+    assert [o["metadata"]["name"] for o in store.by_index(("ns", "y"))] == ["a"]
+    store.pop(("ns", "b"))
+    assert store.by_index(("ns", "x")) == []
