@@ -30,7 +30,8 @@ from tenacity import (
     RetryError,
     retry_if_exception,
     stop_never,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from guest_agent import http
@@ -131,7 +132,8 @@ class Reporter:
     async def _deliver(self, report: Report) -> None:
         retrying = AsyncRetrying(
             retry=retry_if_exception(_transient),
-            wait=wait_exponential_jitter(initial=self.initial_wait, max=self.max_wait),
+            wait=wait_exponential(multiplier=self.initial_wait, max=self.max_wait)
+            + wait_random(0, self.initial_wait),
             stop=stop_never,
             sleep=self._sleep,
             reraise=True,

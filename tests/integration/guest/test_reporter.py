@@ -1,0 +1,149 @@
+"""Status reports over real HTTP on loopback: URL, token, retries, latest wins, no blocking."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from guest_agent.config import settings_from_mapping
+from guest_agent.reporter import Reporter
+
+BODY = {"imex_state": "READY", "generation_applied": 7, "nodes_config_sha256": "a" * 64,
+        "hosts_sha256": "b" * 64, "signals": 1, "restarts": 0, "agent_version": "0.1.0"}
+
+
+class Registry:
+    """A tiny HTTP/1.1 server: records requests, answers from a queue of statuses."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.statuses: list[int] = []
+        self.got = asyncio.Event()
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        pairs = (ln.partition(":") for ln in lines[1:] if ln)
+        headers = {k.lower(): v.strip() for k, _, v in pairs}
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        status = self.statuses.pop(0) if self.statuses else 200
+        self.requests.append({"method": method, "path": path, "headers": headers,
+                              "body": json.loads(body) if body else None, "status": status,
+                              "t": time.monotonic()})
+        self.got.set()
+        writer.write(f"HTTP/1.1 {status} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+                     .encode())
+        await writer.drain()
+        writer.close()
+
+    async def __aenter__(self) -> Registry:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def wait_requests(self, n: int, timeout: float = 5.0) -> None:
+        async with asyncio.timeout(timeout):
+            while len(self.requests) < n:
+                self.got.clear()
+                await self.got.wait()
+
+
+async def delivered(rep: Reporter, n: int) -> None:
+    """The server answered; the client counts it once it has read the answer."""
+    async with asyncio.timeout(3):
+        while rep.delivered < n:  # noqa: ASYNC110 - a counter in the object under test
+            await asyncio.sleep(0.01)
+    assert rep.delivered == n
+
+
+@contextlib.asynccontextmanager
+async def reporter(tmp_path: Path, url: str, **kw: Any) -> AsyncIterator[Reporter]:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    settings = settings_from_mapping({"ensemble": "rack-a", "namespace": "gpu",
+                                      "registry_url": url, "token_file": str(token),
+                                      "imex_control": "none"})
+    rep = Reporter(settings, initial_wait=0.1, max_wait=0.2, **kw)
+    task = asyncio.create_task(rep.run())
+    try:
+        yield rep
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_put_url_token_and_body(tmp_path: Path) -> None:
+    async with Registry() as reg, reporter(tmp_path, f"http://127.0.0.1:{reg.port}/") as rep:
+        rep.submit(3, BODY)
+        await reg.wait_requests(1)
+        req = reg.requests[0]
+        assert req["method"] == "PUT"
+        assert req["path"] == "/v1/ensembles/gpu/rack-a/members/3/status"
+        assert req["headers"]["authorization"] == "Bearer s3cret"
+        assert req["body"] == BODY
+        rep.submit(3, BODY)  # unchanged: not sent again
+        await asyncio.sleep(0.2)
+        await delivered(rep, 1)
+        assert len(reg.requests) == 1
+
+
+async def test_transient_failures_are_retried(tmp_path: Path) -> None:
+    async with Registry() as reg, reporter(tmp_path, f"http://127.0.0.1:{reg.port}") as rep:
+        reg.statuses = [503, 503]
+        rep.submit(0, BODY)
+        await reg.wait_requests(3)
+        assert [r["status"] for r in reg.requests] == [503, 503, 200]
+        await delivered(rep, 1)
+
+
+async def test_newer_report_supersedes_a_retried_one(tmp_path: Path) -> None:
+    async with Registry() as reg, reporter(tmp_path, f"http://127.0.0.1:{reg.port}") as rep:
+        reg.statuses = [503] * 3
+        rep.submit(0, {**BODY, "signals": 1})
+        await reg.wait_requests(1)
+        rep.submit(0, {**BODY, "signals": 2})
+        await reg.wait_requests(4)
+        await asyncio.sleep(0.5)
+        bodies = [r["body"]["signals"] for r in reg.requests]
+        last_one = max(i for i, b in enumerate(bodies) if b == 1)
+        assert all(b == 2 for b in bodies[last_one + 1:]) and bodies[-1] == 2
+        assert reg.requests[-1]["status"] == 200
+        await delivered(rep, 1)
+
+
+async def test_refusal_is_not_retried_and_reported(tmp_path: Path) -> None:
+    errors: list[str | None] = []
+    async with Registry() as reg, reporter(tmp_path, f"http://127.0.0.1:{reg.port}",
+                                            on_error=errors.append) as rep:
+        reg.statuses = [401]
+        rep.submit(0, BODY)
+        await reg.wait_requests(1)
+        await asyncio.sleep(0.5)
+        assert len(reg.requests) == 1 and rep.delivered == 0
+        assert errors and "401" in str(errors[0])
+
+
+async def test_submit_never_blocks_on_a_dead_registry(tmp_path: Path) -> None:
+    async with Registry() as reg:
+        port = reg.port
+    async with reporter(tmp_path, f"http://127.0.0.1:{port}") as rep:  # nothing listens
+        t0 = time.monotonic()
+        for k in range(100):
+            rep.submit(0, {**BODY, "signals": k})
+        assert time.monotonic() - t0 < 0.05
+        await asyncio.sleep(0.3)
+        assert rep.failures >= 1 and rep.delivered == 0
