@@ -241,7 +241,7 @@ async def test_registry_down_dns_takes_over_then_registry_wins_again(
         t0 = time.monotonic()
         await registry.go_down()
         dview = await views.until(lambda v: v.source == "dns", POLL + 0.5)
-        assert time.monotonic() - t0 < POLL + 0.3, "DNS view must follow within poll_interval"
+        assert time.monotonic() - t0 < POLL + 0.5, "DNS view must follow within poll_interval"
         assert dview.pins == {0: "10.0.0.1", 2: "10.0.0.3"} and dview.generation is None
         assert not disc.registry_healthy
         # DNS changes are published while the registry is down
