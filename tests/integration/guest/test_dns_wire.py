@@ -184,3 +184,13 @@ async def test_crosscheck_asks_slot_names_and_srv_wins(
     assert obs.present == {0: "10.0.0.1"}
     assert dns_server.query_count(ENS.slot_fqdn(0), "A") == 1
     assert any("loopback" in r.getMessage() for r in caplog.records)
+
+
+async def test_ipv6_nameserver_and_ipv6_members() -> None:
+    async with DnsServer(ClusterDnsModel(zone="cluster.local"), "::1", 0) as srv:
+        publish(srv, {0: "fd00::10", 1: "10.0.0.2"})
+        s = Settings(ensemble=ENS.name, namespace=ENS.namespace, max_members=SIZE,
+                     nameservers=(Nameserver("::1", srv.port),), dns_timeout=TIMEOUT)
+        assert str(s.nameservers[0]) == srv.address
+        obs = await DnsClient(s, ENS).observe()
+        assert obs.present == {0: "fd00::10", 1: "10.0.0.2"} and obs.absent == {2, 3}
