@@ -127,8 +127,14 @@ class HostAgent:
         addr = sock.getsockname()
         self.address = (addr[0], addr[1])
         server = _Server(
-            registry_mod.server_config(self._registry_app(), s.listen_host, addr[1],  # type: ignore[arg-type]
-                                       log_config=None, lifespan="on"),
+            registry_mod.server_config(
+                self._registry_app(),  # type: ignore[arg-type]
+                s.listen_host,
+                addr[1],
+                log_config=None,
+                lifespan="on",
+                timeout_graceful_shutdown=max(1, round(s.shutdown_grace)),
+            ),
             self.state,
         )
         log.info(

@@ -20,7 +20,7 @@ class HostMetrics:
         self.registry = registry
         self.watch_restarts = Counter(
             _P + "watch_restarts",
-            "Watches restarted, by kind and reason (gone: relist after 410; error; closed)",
+            "Watches restarted, by kind and reason (gone: relist after 410; error: after backoff)",
             ["kind", "reason"],
             registry=registry,
         )
