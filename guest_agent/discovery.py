@@ -325,8 +325,8 @@ def _backoff(initial: float, cap: float) -> tenacity.wait.wait_base:
 
 async def _until(coro: Coroutine[Any, Any, T], event: asyncio.Event) -> T | None:
     """Run ``coro`` until it finishes (its result or exception) or ``event`` is set (None)."""
-    task = asyncio.ensure_future(coro)
-    waiter = asyncio.ensure_future(event.wait())
+    task = asyncio.create_task(coro, name="discovery-request")
+    waiter = asyncio.create_task(event.wait(), name="discovery-kick-wait")
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -203,6 +203,10 @@ async def running(disc: Discovery, views: Views) -> AsyncIterator[asyncio.Task[N
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        # cancelling run() leaves no task of discovery behind (long-polls, kick waiters)
+        leftover = [t for t in asyncio.all_tasks()
+                    if not t.done() and t.get_name().startswith("discovery")]
+        assert leftover == []
 
 
 async def test_registry_wins_while_it_answers(dns: DnsServer, registry: FakeRegistry) -> None:
