@@ -217,6 +217,9 @@ def test_admin_http_endpoint(kube_api: KubeApiHandle) -> None:
         counters = http.get("/_sandbox/counters").json()
         assert counters["requests"]["services"]["list"] == 2
         assert counters["changes"]["services/ADDED"] == 1
+        assert http.post("/_sandbox/objects", json=[]).status_code == 400
+        assert http.post("/_sandbox/faults", json={"action": "fail", "status": 404}
+                         ).status_code == 400
         bad = http.post("/_sandbox/faults", json={"action": "explode"})
         assert bad.status_code == 400 and "explode" in bad.json()["message"]
         assert http.post("/_sandbox/faults", json={"action": "outage"}).status_code == 400

@@ -19,7 +19,7 @@ the test's tmp_path), `.token`, `.server` (the `ThreadedKubeApi`, whose
 blocking methods are safe from sync and async tests alike), and every method
 of `.server` directly on the handle (`fail`, `delay`, `drop_watches`,
 `compact`, `outage`, `recover`, `restart`, `writes`, `requests`, `faulted`, `changes`,
-`reset_counters`, `put`, `get`, `list`, `delete`, `resource_version`).
+`reset_counters`, `put`, `put_many`, `get`, `list`, `delete`, `resource_version`).
 The server runs on its own thread and event loop on an ephemeral loopback
 port, so code under test may block or run in the test's loop freely.
 

@@ -232,7 +232,10 @@ class HttpServer:
                 if not keep:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, OSError):
-            pass
+            pass  # the peer went away or sent something unparseable mid-request
+        except Exception:  # never let one connection's failure escape into asyncio's logs
+            log.exception("sandbox HTTP connection from %s failed", peer)
+            writer.transport.abort()
         except asyncio.CancelledError:
             # Only stop() cancels these tasks; asyncio.streams would log a re-raised
             # cancellation as an error, so end quietly.

@@ -229,6 +229,10 @@ class KubeApiServer:
         """Store `obj` as a controller would (status included, validated)."""
         return self.store.put(obj)
 
+    def put_many(self, objs: list[JSON]) -> list[JSON]:
+        """`put` for a batch (one hop to the server's thread for ThreadedKubeApi)."""
+        return [self.store.put(o) for o in objs]
+
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> JSON:
         t = _kind(api_version, kind)
         return self.store.get(t, namespace, name)
@@ -252,8 +256,8 @@ class KubeApiServer:
             return await self._admin_route(req)
         except ApiError as e:
             return error_response(e)
-        except (ValueError, TypeError) as e:
-            return error_response(bad_request(str(e)))
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            return error_response(bad_request(f"{type(e).__name__}: {e}"))
 
     async def _admin_route(self, req: Request) -> Response:
         if req.path == "/_sandbox/counters" and req.method == "GET":
@@ -434,6 +438,9 @@ class ThreadedKubeApi:
     # state
     def put(self, obj: JSON) -> JSON:
         return self._sync(self.server.put, obj)
+
+    def put_many(self, objs: list[JSON]) -> list[JSON]:
+        return self._sync(self.server.put_many, objs)
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> JSON:
         return self._sync(self.server.get, api_version, kind, name, namespace)

@@ -304,6 +304,8 @@ class Store:
 
     def put(self, obj: JSON) -> JSON:
         """Create or replace an object as a controller would, status included (no HTTP)."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+            raise bad_request("an object with apiVersion, kind and metadata is needed")
         t = rt.find_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
         if t is None:
             raise bad_request(f"unknown kind {obj.get('apiVersion')}/{obj.get('kind')}")

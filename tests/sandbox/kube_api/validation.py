@@ -32,7 +32,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -187,8 +188,68 @@ def _field_path(path: Iterable[Any]) -> str:
     return out
 
 
+@dataclass(frozen=True)
+class SchemaError:
+    """One schema violation, whichever engine found it."""
+
+    path: tuple[str | int, ...]
+    message: str
+    instance: Any
+    missing: str | None = None  # for "required": the absent property
+
+
+SchemaCheck = Callable[[Mapping[str, Any]], list[SchemaError]]
+
+
+def _engine(schema: dict[str, Any], draft: str,
+            resources: list[dict[str, Any]]) -> SchemaCheck:
+    """Compile `schema`: jsonschema-rs when installed (~500x faster), else jsonschema."""
+    try:
+        import jsonschema_rs
+    except ImportError:
+        return _python_engine(schema, draft, resources)
+    cls = jsonschema_rs.Draft4Validator if draft == "4" else \
+        jsonschema_rs.Draft202012Validator
+    registry = jsonschema_rs.Registry([(r["$id"], r) for r in resources]) \
+        if resources else None
+    fast = cls(schema, registry=registry) if registry else cls(schema)
+
+    def check_rs(obj: Mapping[str, Any]) -> list[SchemaError]:
+        out: list[SchemaError] = []
+        for e in fast.iter_errors(obj):
+            missing = getattr(e.kind, "property", None) \
+                if type(e.kind).__name__ == "Required" else None
+            out.append(SchemaError(tuple(e.instance_path), e.message, e.instance,
+                                   str(missing) if missing is not None else None))
+        return out
+    return check_rs
+
+
+def _python_engine(schema: dict[str, Any], draft: str,
+                   resources: list[dict[str, Any]]) -> SchemaCheck:
+    if draft == "4":
+        slow = jsonschema.Draft4Validator(schema)
+    else:
+        registry_py: Registry[Any] = Registry()
+        for r in [schema, *resources]:
+            registry_py = Resource.from_contents(r) @ registry_py
+        slow = jsonschema.Draft202012Validator(schema, registry=registry_py)
+
+    def check_py(obj: Mapping[str, Any]) -> list[SchemaError]:
+        out: list[SchemaError] = []
+        for e in slow.iter_errors(obj):
+            if e.validator == "required" and isinstance(e.validator_value, list):
+                inst = e.instance if isinstance(e.instance, Mapping) else {}
+                out.extend(SchemaError(tuple(e.absolute_path), e.message, e.instance, m)
+                           for m in e.validator_value if m not in inst)
+            else:
+                out.append(SchemaError(tuple(e.absolute_path), e.message, e.instance))
+        return out
+    return check_py
+
+
 @cache
-def _k8s_validator(kind: str, api_version: str) -> jsonschema.protocols.Validator:
+def _k8s_validator(kind: str, api_version: str) -> SchemaCheck:
     from kubernetes_validate import utils as kv  # imported lazily: loads package data
 
     group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
@@ -197,11 +258,7 @@ def _k8s_validator(kind: str, api_version: str) -> jsonschema.protocols.Validato
         f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group}.json", K8S_SCHEMA_VERSION)
     defs = kv.schema_contents(
         f"kubernetes-json-schema/{schema_dir}/_definitions.json", K8S_SCHEMA_VERSION)
-    registry: Registry[Any] = Resource.from_contents(schema) @ Registry()
-    registry = Resource.from_contents(defs) @ registry
-    validator: jsonschema.protocols.Validator = jsonschema.Draft202012Validator(
-        schema, registry=registry)
-    return validator
+    return _engine(schema, "2020-12", [defs, schema])
 
 
 @cache
@@ -216,27 +273,23 @@ def kubevirt_definitions() -> dict[str, Any]:
 
 
 @cache
-def _kubevirt_validator(kind: str) -> jsonschema.protocols.Validator:
+def _kubevirt_validator(kind: str) -> SchemaCheck:
     schema = {"$ref": f"#/definitions/{KUBEVIRT_DEFINITIONS[kind]}",
               "definitions": kubevirt_definitions()}
-    validator: jsonschema.protocols.Validator = jsonschema.Draft4Validator(schema)
-    return validator
+    return _engine(schema, "4", [])
 
 
 def validate_schema(t: ResourceType, obj: Mapping[str, Any]) -> list[Cause]:
-    validator = _kubevirt_validator(t.kind) if t.custom else _k8s_validator(t.kind, t.api_version)
+    check = _kubevirt_validator(t.kind) if t.custom else _k8s_validator(t.kind, t.api_version)
     causes: list[Cause] = []
-    for err in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.path))):
-        field = _field_path(err.absolute_path)
-        if err.validator == "required" and isinstance(err.validator_value, list):
-            inst = err.instance if isinstance(err.instance, Mapping) else {}
-            for missing in err.validator_value:
-                if missing not in inst:
-                    sub = f"{field}.{missing}" if field else str(missing)
-                    causes.append(required(sub))
+    for err in sorted(check(obj), key=lambda e: (list(map(str, e.path)), e.missing or "")):
+        field = _field_path(err.path)
+        if err.missing is not None:
+            causes.append(required(f"{field}.{err.missing}" if field else err.missing))
             continue
-        causes.append(invalid(field or "<root>", err.instance if not isinstance(
-            err.instance, (dict, list)) else type(err.instance).__name__, err.message))
+        shown = err.instance if not isinstance(err.instance, (dict, list)) \
+            else type(err.instance).__name__
+        causes.append(invalid(field or "<root>", shown, err.message))
     return causes
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -195,3 +196,29 @@ def test_validation_works_from_the_vendored_copy(monkeypatch: pytest.MonkeyPatch
     finally:
         validation.kubevirt_definitions.cache_clear()
         validation._kubevirt_validator.cache_clear()
+
+
+def test_both_schema_engines_report_the_same_causes(monkeypatch: pytest.MonkeyPatch) -> None:
+    bad_slice = endpoint_slice()
+    del bad_slice["endpoints"]
+    bad_slice["ports"] = [{"port": "fifty"}]
+    bad_vmi = vmi(interfaces="eth0")
+    del bad_vmi["spec"]
+
+    def causes() -> list[list[dict[str, str]]]:
+        validation._k8s_validator.cache_clear()
+        validation._kubevirt_validator.cache_clear()
+        return [[{k: c[k] for k in ("field", "reason")} for c in validate(t, o)]
+                for t, o in ((rt.ENDPOINTSLICE, bad_slice), (rt.VMI, bad_vmi))]
+
+    try:
+        fast = causes()
+        monkeypatch.setitem(sys.modules, "jsonschema_rs", None)  # import now fails
+        slow = causes()
+    finally:
+        monkeypatch.undo()
+        validation._k8s_validator.cache_clear()
+        validation._kubevirt_validator.cache_clear()
+    assert fast == slow
+    assert [c["field"] for c in slow[0]] == ["endpoints", "ports[0].port"]
+    assert [c["field"] for c in slow[1]] == ["spec", "status.interfaces"]
