@@ -12,6 +12,25 @@ outages, restarts). Product code never imports it.
 Entry points: `KubeApiServer` (asyncio), `ThreadedKubeApi` (own thread,
 blocking methods), the pytest fixtures in `fixtures.py`, and the CLI
 `python -m tests.sandbox kube-api`.
+
+Quick start (standalone, then any client):
+
+    python -m tests.sandbox kube-api --listen 127.0.0.1:6443 --kubeconfig-out /tmp/kc
+    kubectl --kubeconfig /tmp/kc apply -f vmi.yaml
+    kubectl --kubeconfig /tmp/kc patch vmi gb200-0 --subresource=status --type=merge \
+        -p '{"status": {"phase": "Running"}}'
+
+In tests: see fixtures.py (`kube_api`: `.url`, `.kubeconfig_path`, fault
+methods, write counters). Module map: resources (kinds), selectors,
+patching (merge/JSON/strategic patch, server-side apply), validation,
+store (objects, versions, watch history, GC), api (REST routing,
+discovery), tables (kubectl columns), openapi (kubectl's probe), faults,
+http (the socket layer), server (lifecycle, fault API, kubeconfig), cli.
+
+Known simplifications (each documented where it lives): lists are atomic
+in server-side apply; garbage collection is synchronous; no pagination (a
+list is always complete); one version per API group; only the kinds in
+resources.py.
 """
 
 from .server import KubeApiServer, ThreadedKubeApi, kubeconfig_document

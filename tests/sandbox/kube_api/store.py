@@ -135,6 +135,7 @@ class Store:
         self.changes: Counter[tuple[str, str]] = Counter()  # (plural, ADDED|MODIFIED|DELETED)
         self.clock = clock
         self.dry_run = False  # set around one request by the API layer (`?dryRun=All`)
+        self.uids: set[str] = set()  # of stored objects, for garbage collection
         self._cluster_ips = (str(ipaddress.ip_address("10.96.0.10") + i)
                              for i in itertools.count())
         for ns in ("default", "kube-system"):
@@ -181,8 +182,7 @@ class Store:
         return Watcher(t, ns, labels, fields)
 
     def exists_uid(self, uid: str) -> bool:
-        return any(e.obj["metadata"].get("uid") == uid
-                   for objs in self.objects.values() for e in objs.values())
+        return uid in self.uids
 
     # ------------------------------------------------------------- watching
 
@@ -507,6 +507,7 @@ class Store:
         new_entry = Entry(new, managers, {k: v for k, v in times.items() if k in managers})
         ns = meta.get("namespace", "")
         self.objects[t.key][(ns, name)] = new_entry
+        self.uids.add(meta["uid"])
         rendered = self.render(new_entry)
         old_rendered = self.render(entry) if entry else None
         self._publish(t, "MODIFIED" if entry else "ADDED", old_rendered, rendered)
@@ -538,6 +539,7 @@ class Store:
     def _remove(self, t: ResourceType, ns: str, name: str,
                 propagation: str | None = None) -> JSON:
         entry = self.objects[t.key].pop((ns, name))
+        self.uids.discard(entry.obj["metadata"].get("uid", ""))
         if t is rt.NAMESPACE:
             for other in rt.ALL_TYPES:
                 if other.namespaced:
