@@ -98,6 +98,7 @@ class Reconciler:
         self._failures: dict[Key, int] = {}
         self._last_good: dict[Key, EnsembleSpec] = {}
         self._last_problems: dict[Key, tuple[str, ...]] = {}
+        self._orphans: set[Key] = set()
         self._started = False
         self._initial: set[Key] | None = None
         self.passes = 0
@@ -226,7 +227,9 @@ class Reconciler:
         service = self._services.get(namespace, name)
         if service is None:
             self._forget(key)
+            self._note_orphans(key)
             return
+        self._orphans.discard(key)
         spec, problems = parse_ensemble_service(service)
         if spec is None:
             previous = self._last_good.get(key)
@@ -279,6 +282,21 @@ class Reconciler:
             if problem not in now:
                 log.info("resolved: %s", problem, extra={"ensemble": ident})
         self._last_problems[key] = now
+
+    def _note_orphans(self, key: Key) -> None:
+        """Say once that VMIs name an ensemble whose Service does not exist."""
+        vmis = self._vmis.by_index(key)
+        if not vmis:
+            self._orphans.discard(key)
+            return
+        if key in self._orphans:
+            return
+        self._orphans.add(key)
+        log.warning(
+            "%d VMI(s) are labelled %s=%s in namespace %s, but there is no such ensemble "
+            "Service (headless, labelled with its own name); not published",
+            len(vmis), ENSEMBLE_LABEL, key[1], key[0], extra={"ensemble": f"{key[0]}/{key[1]}"},
+        )
 
     def _forget(self, key: Key) -> None:
         namespace, name = key

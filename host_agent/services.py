@@ -33,8 +33,9 @@ NETWORK_ANNOTATION: Final = PREFIX + "network"
 PORT_ANNOTATION: Final = PREFIX + "port"
 TOKEN_ANNOTATION: Final = PREFIX + "token-sha256"
 
-#: A nodes file longer than this is a typo, not a rack.
-MAX_MEMBERS_LIMIT: Final = 4096
+#: An EndpointSlice holds at most 1000 endpoints (the API refuses more), and a
+#: nodes file that long is a typo, not a rack.
+MAX_MEMBERS_LIMIT: Final = 1000
 
 _SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 # KubeVirt network names (spec.networks[].name) are DNS-label-like; be a bit

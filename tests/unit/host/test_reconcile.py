@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from guest_agent.model import EnsembleId
@@ -186,4 +188,24 @@ async def test_thousand_vmis_pure_reconcile_cost() -> None:
     assert all(len(s.members) == 10 for s in state.all())
     print(f"\n100 ensembles / 1,000 VMIs, reconcile without API: {elapsed * 1000:.0f} ms")
     assert elapsed < 2.0
+    await cancel(task)
+
+
+async def test_vmis_without_their_service_are_reported_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rec, state, (vmis, _services, _slices), client, _ = make()
+    put(vmis, rec, vmi("lost-0", ensemble="lost", ip="10.0.0.1"), "vmi")
+    ready = asyncio.Event()
+    ready.set()
+    with caplog.at_level(logging.WARNING, logger="imex.host.reconcile"):
+        task = await run_until_idle(rec, [ready])
+        put(vmis, rec, vmi("lost-1", ensemble="lost", ip="10.0.0.2"), "vmi")
+        await asyncio.wait_for(_idle(rec), 5)
+    msgs = [r.getMessage() for r in caplog.records if "no such ensemble Service" in r.getMessage()]
+    assert msgs == [
+        "1 VMI(s) are labelled imex-ensemble.io/ensemble=lost in namespace rack1, but there is "
+        "no such ensemble Service (headless, labelled with its own name); not published"
+    ]
+    assert state.all() == [] and client.calls == []
     await cancel(task)
