@@ -276,3 +276,35 @@ async def test_deletecollection_and_orphaning(client: AsyncClient) -> None:
     assert [s async for s in client.list(Service, namespace="default")] == []
     (left,) = [s async for s in client.list(EndpointSlice, namespace="default")]
     assert left.metadata.name == "ens-imex" and not left.metadata.ownerReferences
+
+
+VM = create_namespaced_resource("kubevirt.io", "v1", "VirtualMachine", "virtualmachines")
+POOL = create_namespaced_resource("pool.kubevirt.io", "v1beta1", "VirtualMachinePool",
+                                  "virtualmachinepools")
+
+
+async def test_virtual_machines_and_pools_are_served_and_validated(client: AsyncClient) -> None:
+    template = {"metadata": {"labels": {"imex-ensemble.io/ensemble": "gb200"}},
+                "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}}}
+    pool = await client.create(POOL.from_dict({
+        "apiVersion": "pool.kubevirt.io/v1beta1", "kind": "VirtualMachinePool",
+        "metadata": {"name": "gb200", "namespace": "default"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"imex-ensemble.io/ensemble": "gb200"}},
+                 "virtualMachineTemplate": {"metadata": template["metadata"],
+                                            "spec": {"runStrategy": "Always",
+                                                     "template": template}}}}))
+    assert pool["spec"]["replicas"] == 2
+    vm = await client.create(VM.from_dict({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "gb200-0", "namespace": "default"},
+        "spec": {"runStrategy": "Always", "template": template}}))
+    await client.patch(VM.Status, "gb200-0", {"status": {"printableStatus": "Running"}},
+                       namespace="default", patch_type=PatchType.MERGE)
+    assert vm.metadata.name == "gb200-0"
+    with pytest.raises(ApiError) as err:  # spec.selector is required by KubeVirt's schema
+        await client.create(POOL.from_dict({
+            "apiVersion": "pool.kubevirt.io/v1beta1", "kind": "VirtualMachinePool",
+            "metadata": {"name": "bad", "namespace": "default"},
+            "spec": {"virtualMachineTemplate": {"spec": {"template": template}}}}))
+    assert err.value.status.code == 422
+    assert [c.field for c in err.value.status.details.causes] == ["spec.selector"]
