@@ -73,6 +73,9 @@ class Policy:
     signal_interval: float = 5.0
     settle_time: float = 2.0
     ready_grace: float = 120.0
+    #: added to the window: IMEX times its window from when it acted, which is a
+    #: little after we sent (scheduling), so a signal at exactly +5 s could be ignored.
+    signal_slack: float = 0.15
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +144,7 @@ def decide(told: Told, want: Want, policy: Policy, now: float) -> Decision:
                 return Decision(Action.NOTHING, "peers changed, waiting to settle", settle_at)
             return Decision(Action.RESTART, "peers changed (on_change = restart)")
         window = (
-            told.last_signal_at + policy.signal_interval
+            told.last_signal_at + policy.signal_interval + policy.signal_slack
             if told.last_signal_at is not None
             else None
         )
@@ -520,11 +523,13 @@ class Supervisor:
                 await self.controller.restart()
                 self.stats.restarts += 1
         except ImexError as exc:
+            now = self.clock()
             log.error("IMEX %s failed: %s", action.value, exc)
             self.stats.last_error = str(exc)
             delay = self.backoff.next_delay(0.0)
             self.told = replace(self.told, running=False, hold_until=now + delay)
             return
+        now = self.clock()  # the time it was done: IMEX's window starts no earlier
         self.told = after(self.told, want, action, now)
         if action is not Action.SIGNAL:
             self._started_at = now
@@ -535,8 +540,8 @@ class Supervisor:
 
     async def step(self) -> Decision | None:
         """Observe, decide, act once; the decision taken (None before any Want)."""
-        now = self.clock()
-        await self._observe(now)
+        await self._observe(self.clock())
+        now = self.clock()  # observing may take a while (nvidia-imex-ctl -q)
         want = self.want
         if want is None:
             self._publish()

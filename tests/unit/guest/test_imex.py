@@ -9,7 +9,7 @@ from guest_agent.imex import Action, Backoff, Policy, Told, Want, after, decide,
 A = freeze_pins({0: "10.0.0.1", 1: "10.0.0.2"})
 B = freeze_pins({0: "10.0.0.1", 1: "10.0.0.9"})
 NAMES = Policy(mode="names", on_change="signal", signal_interval=5.0, settle_time=2.0,
-               ready_grace=120.0)
+               ready_grace=120.0, signal_slack=0.0)
 IPS = Policy(mode="ips", signal_interval=5.0, settle_time=2.0, ready_grace=120.0)
 RESTARTS = Policy(mode="names", on_change="restart", settle_time=2.0)
 
@@ -125,6 +125,15 @@ def test_ips_burst_settles_into_one_restart() -> None:
     assert restarts == 0 and d.action is Action.RESTART
     t = after(t, w, d.action, now + 2.0)
     assert decide(t, w, IPS, now + 10.0).action is Action.NOTHING
+
+
+def test_signal_slack_widens_the_window() -> None:
+    """IMEX times its window from when it acted, a little after we sent: keep a margin."""
+    policy = Policy(signal_interval=5.0, signal_slack=0.15)
+    t = told(last_signal_at=100.0)
+    d = decide(t, want(pins=B), policy, 105.0)
+    assert (d.action, d.wake_at) == (Action.NOTHING, 105.15)
+    assert decide(t, want(pins=B), policy, 105.15).action is Action.SIGNAL
 
 
 def test_backoff_doubles_and_resets_after_a_stable_run() -> None:
