@@ -275,3 +275,25 @@ async def test_thousand_vmis_in_hundred_ensembles(
     assert slice_writes(api) == 100
     print(f"\n1,000 VMIs / 100 ensembles reconciled in {elapsed:.2f} s")
     assert elapsed < 30
+
+
+async def test_api_server_restart_with_compaction(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup_ensemble(api)
+    agent = await start_agent()
+    await agent.settled()
+    await eventually(lambda: len(slice_pins(api)) == 3)
+    writes = slice_writes(api)
+    lists = agent.agent.metrics.lists.labels("vmi")._value.get()  # type: ignore[attr-defined]
+    api.restart(down=0.3, compact=True)
+    snap = agent.agent.state.get(ENS)
+    assert snap is not None and len(snap.members) == 3
+    await eventually(
+        lambda: agent.agent.metrics.lists.labels("vmi")._value.get() > lists,  # type: ignore[attr-defined]
+        what="relist after the restart",
+    )
+    api.put(vmi("gb200-0", ip="10.244.6.1"))
+    await eventually(lambda: slice_pins(api).get(ENS.slot(0)) == "10.244.6.1")
+    await agent.settled()
+    assert slice_writes(api) == writes + 1
