@@ -1,0 +1,168 @@
+"""The real agent on the registry fast path: long-poll in, status report out, over loopback.
+
+The registry here is a small threaded HTTP server speaking the contract's two calls
+(``GET /v1/ensembles/{ns}/{name}?wait=G&timeout=S`` held until the generation moves, and
+``PUT .../members/{i}/status``); DNS points at a closed port, so everything the agent learns
+comes from the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from guest_agent.hostsfile import read_block
+from guest_agent.model import EnsembleId
+from tests.guest_support.agent import (
+    FAKE_IMEX,
+    READY_CTL,
+    AgentProc,
+    read_events,
+    wait_until,
+    write_config,
+)
+
+NS, NAME = "gpu", "rack-r"
+ENS = EnsembleId(NS, NAME)
+
+
+class FakeRegistry:
+    def __init__(self) -> None:
+        self.generation = 1_700_000_000_000
+        self.members: dict[int, str] = {}
+        self.reports: list[dict[str, Any]] = []
+        self.cond = threading.Condition()
+        registry = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, doc: object) -> None:
+                body = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                url = urlsplit(self.path)
+                if url.path != f"/v1/ensembles/{NS}/{NAME}":
+                    self._send(404, {"error": "no such ensemble"})
+                    return
+                q = parse_qs(url.query)
+                wait = int(q["wait"][0]) if "wait" in q else None
+                timeout = float(q.get("timeout", ["1"])[0])
+                with registry.cond:
+                    registry.cond.wait_for(lambda: registry.generation != wait, timeout)
+                    self._send(200, registry.doc())
+
+            def do_PUT(self) -> None:
+                n = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(n))
+                with registry.cond:
+                    registry.reports.append({"path": self.path, "body": body,
+                                             "auth": self.headers.get("Authorization")})
+                self._send(200, {"ok": True})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def doc(self) -> dict[str, Any]:
+        return {"namespace": NS, "name": NAME, "domain_id": ENS.domain_id,
+                "generation": self.generation, "max_members": 4, "port": 50000,
+                "members": [{"index": i, "slot": ENS.slot(i), "ip": ip, "vmi": f"vm-{i}",
+                             "node": "n1", "phase": "Running", "ready": True}
+                            for i, ip in sorted(self.members.items())],
+                "problems": []}
+
+    def publish(self, members: dict[int, str]) -> None:
+        with self.cond:
+            self.members = dict(members)
+            self.generation += 1
+            self.cond.notify_all()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def registry() -> Iterator[FakeRegistry]:
+    reg = FakeRegistry()
+    reg.thread.start()
+    try:
+        yield reg
+    finally:
+        reg.server.shutdown()
+        reg.server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: FakeRegistry
+                                                    ) -> None:
+    registry.publish({0: "10.77.1.10", 1: "10.77.1.11"})
+    (tmp_path / "token").write_text("tok-123\n")
+    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+    cfg = write_config(tmp_path / "config.toml", {
+        "ensemble": NAME, "namespace": NS, "max_members": 4,
+        "registry_url": registry.url, "token_file": str(tmp_path / "token"),
+        "nameservers": [f"127.0.0.1:{_closed_port()}"],
+        "hosts_file": str(tmp_path / "hosts"),
+        "nodes_config": str(tmp_path / "imex" / "nodes_config.cfg"),
+        "status_file": str(tmp_path / "status.json"),
+        "imex_control": "process",
+        "imex_command": [*FAKE_IMEX, "--log", str(tmp_path / "imex.log")],
+        "imex_ctl": READY_CTL,
+        "own_index": 0, "own_slot": "published",
+        "poll_interval": 0.3, "dns_timeout": 0.3, "longpoll_timeout": 5,
+        "signal_interval": 1.0,
+    })
+    agent = AgentProc(cfg, tmp_path / "status.json", tmp_path / "agent.log")
+    try:
+        g0 = registry.generation
+        st = agent.wait("registry view applied, IMEX up",
+                        lambda s: s.get("generation_applied") == g0 and s.get("starts") == 1
+                        and s.get("imex_state") == "READY")
+        assert st["source"] == "registry"
+        assert read_block((tmp_path / "hosts").read_bytes(), ENS)[1] == "10.77.1.11"  # type: ignore[index]
+
+        def report(pred: Any) -> dict[str, Any] | None:
+            with registry.cond:
+                return next((r for r in reversed(registry.reports) if pred(r["body"])), None)
+
+        r = wait_until("status report for the first generation",
+                       lambda: report(lambda b: b["generation_applied"] == g0
+                                      and b["imex_state"] == "READY"), 10, log=agent.log)
+        assert r["path"] == f"/v1/ensembles/{NS}/{NAME}/members/0/status"
+        assert r["auth"] == "Bearer tok-123"
+        assert set(r["body"]) == {"imex_state", "generation_applied", "nodes_config_sha256",
+                                  "hosts_sha256", "signals", "restarts", "agent_version"}
+        assert r["body"]["hosts_sha256"] == st["hosts_sha256"]
+
+        # A peer moves: the long-poll wakes at once, the file follows, IMEX is signalled.
+        registry.publish({0: "10.77.1.10", 1: "10.77.1.99"})
+        g1 = registry.generation
+        agent.wait("new generation applied", lambda s: s.get("generation_applied") == g1, 5)
+        assert read_block((tmp_path / "hosts").read_bytes(), ENS)[1] == "10.77.1.99"  # type: ignore[index]
+        wait_until("SIGUSR1", lambda: [e for e in read_events(tmp_path / "imex.log")
+                                       if e["event"] == "usr1"], 5, log=agent.log)
+        wait_until("report of the signal", lambda: report(
+            lambda b: b["generation_applied"] == g1 and b["signals"] == 1), 10, log=agent.log)
+    finally:
+        assert agent.stop() == 0, agent.log()
