@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,12 +46,22 @@ def can_connect(node: Node, addr: str, port: int, timeout: float = 1.0) -> bool:
             return False
 
 
+def connects(node: Node, addr: str, port: int, within: float = 5.0) -> bool:
+    """A positive check: retried until ``within`` (a loaded machine may be slow to ARP)."""
+    deadline = time.monotonic() + within
+    while not can_connect(node, addr, port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def test_nodes_reach_each_other_only_inside_the_fabric(fabric: Fabric) -> None:
     a, b = fabric.nodes
     assert a.ip != b.ip and a.addresses() == [a.ip]
     srv = listen(b)
     port = srv.getsockname()[1]
-    assert can_connect(a, b.ip, port)
+    assert connects(a, b.ip, port)
     # the root namespace has no route into a fabric without a gateway
     with pytest.raises(OSError):
         socket.create_connection((b.ip, port), 0.5).close()
@@ -103,12 +114,12 @@ def test_set_address_moves_the_node(fabric: Fabric) -> None:
     assert new != old and b.ip == new
     assert b.addresses() == [new]
     srv = listen(b)
-    assert can_connect(a, new, srv.getsockname()[1])
+    assert connects(a, new, srv.getsockname()[1])
     srv.close()
     b.add_address("fd00:5::2", 64)
     a.add_address("fd00:5::1", 64)
     srv6 = listen(b, "fd00:5::2")
-    assert can_connect(a, "fd00:5::2", srv6.getsockname()[1])
+    assert connects(a, "fd00:5::2", srv6.getsockname()[1])
     srv6.close()
 
 
@@ -119,7 +130,7 @@ def test_link_down_partitions_the_node(fabric: Fabric) -> None:
     b.set_link(False)
     assert not can_connect(a, b.ip, port, timeout=0.5)
     b.set_link(True)
-    assert can_connect(a, b.ip, port)
+    assert connects(a, b.ip, port)
     srv.close()
 
 
@@ -129,7 +140,7 @@ def test_gateway_connects_the_test_process(tmp_path: Path) -> None:
         srv = socket.socket()
         srv.bind((fab.gateway_ip, 0))
         srv.listen()
-        assert can_connect(fab.nodes[0], fab.gateway_ip, srv.getsockname()[1])
+        assert connects(fab.nodes[0], fab.gateway_ip, srv.getsockname()[1])
         srv.close()
         link = fab.gateway_link
     assert link is not None
