@@ -508,3 +508,12 @@ async def test_cli_follows_a_kubeconfig(tmp_path: Path) -> None:
                 proc.kill()
                 await proc.wait()
             await client.close()
+
+
+async def test_listens_on_ipv6_loopback(model: ClusterDnsModel) -> None:
+    async with DnsServer(model, host="::1") as srv:
+        assert srv.address == f"[::1]:{srv.port}"
+        assert addrs(await resolver(srv).resolve(slot(0), "A")) == ["10.1.0.1"]
+        q = dns.message.make_query(slot(0), "A")
+        tcp = await dns.asyncquery.tcp(q, "::1", port=srv.port, timeout=2)
+        assert [rd.to_text() for rd in tcp.answer[0]] == ["10.1.0.1"]
