@@ -34,6 +34,13 @@ resolved address, status) and counters: ``starts`` (kept across restarts with th
 file), ``signals_received``, ``signals_acted``, ``signals_ignored`` and a ``signal_log``.
 ``--ready-delay`` and ``--stuck-state`` let tests hold the daemon out of READY.
 
+For test code, :func:`write_standin_files` writes a config.cfg + nodes file pair and
+:class:`StandinProcess` starts the daemon (optionally inside a ``tests.sandbox.netns`` node)
+and asks it things (``-q``, ``-N -j``, state file, signals). ``tests/sandbox/bin/nvidia-imex``
+and ``nvidia-imex-ctl`` are the console wrappers a guest agent's ``imex_command`` /
+``imex_ctl`` can point at. This file uses only the standard library and runs as a lone
+script too (copied into a guest image as ``nvidia-imex``).
+
 Concurrency: one asyncio loop; each peer link is one task that owns its socket; signal
 handlers only set flags or restart tasks from the loop. Bad input on any socket closes that
 connection with a log line and never stops the daemon.
