@@ -312,7 +312,7 @@ class Agent:
                                              "hosts": result.hosts_written})
         if result.reasserted:
             self._count_reassert("apply")
-        self.supervisor.update(pins, result.nodes_sha256, own.pin_ip is not None)
+        self.supervisor.update(pins, result.nodes_sha256, own.pin_ip is not None, own.pin_ip)
         s = self.status
         s.applies += 1
         s.own_index = own.index

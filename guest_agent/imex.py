@@ -19,6 +19,11 @@ Why the rules are what they are (FACTS.md "The IMEX daemon"):
   burst is debounced: act once the state has been still for ``settle_time``.
 - A daemon that has not said READY (``nvidia-imex-ctl -q``) for
   ``ready_grace`` is restarted; so is a dead one (process mode with backoff).
+- One more restart reason: our own pinned address moved (DHCP gave a new
+  one) while IMEX runs. IMEX bound its server socket to the old address at
+  start and SIGUSR1 only redials outgoing connections, so without a restart
+  no peer could reach it again. An unknown bind address (a daemon we found
+  running) never triggers this.
 
 ``decide`` is a pure function of (what IMEX was told, what the files now
 say, policy, now) and returns the action plus when to look again; the
@@ -87,6 +92,8 @@ class Want:
     own_pinned: bool
     #: monotonic time of the last change of ``pins`` or ``nodes_sha``.
     changed_at: float
+    #: the address our own slot is pinned to (what IMEX binds to at start).
+    own_ip: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,8 @@ class Told:
     not_ready_since: float | None = None
     #: no start/restart before this time (backoff after a crash).
     hold_until: float = 0.0
+    #: the own address IMEX bound to at its start (None: unknown, e.g. adopted).
+    own_ip: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +142,12 @@ def decide(told: Told, want: Want, policy: Policy, now: float) -> Decision:
         if policy.mode == "ips" and now < settle_at:
             return Decision(Action.NOTHING, "nodes file changed, waiting to settle", settle_at)
         return Decision(Action.RESTART, "the nodes file changed (IMEX reads it only at start)")
+    if told.own_ip is not None and want.own_ip is not None and told.own_ip != want.own_ip:
+        # IMEX bound its server socket to the old own address at start; SIGUSR1 only
+        # restarts outgoing connections, so peers could never reach it again.
+        return Decision(
+            Action.RESTART, f"own address moved from {told.own_ip} to {want.own_ip}"
+        )
     grace_at = (
         told.not_ready_since + policy.ready_grace if told.not_ready_since is not None else None
     )
@@ -168,6 +183,7 @@ def after(told: Told, want: Want, action: Action, now: float) -> Told:
             nodes_sha=want.nodes_sha,
             last_signal_at=now,
             not_ready_since=now,
+            own_ip=want.own_ip,
         )
     return told
 
@@ -457,7 +473,13 @@ class Supervisor:
         """
         self._adopted = (freeze_pins(pins) if pins is not None else None, nodes_sha)
 
-    def update(self, pins: Mapping[int, str], nodes_sha: str, own_pinned: bool) -> None:
+    def update(
+        self,
+        pins: Mapping[int, str],
+        nodes_sha: str,
+        own_pinned: bool,
+        own_ip: str | None = None,
+    ) -> None:
         """New desired state (the files were just written)."""
         frozen = freeze_pins(pins)
         now = self.clock()
@@ -466,7 +488,7 @@ class Supervisor:
             changed_at = now
         else:
             changed_at = old.changed_at
-        self.want = Want(frozen, nodes_sha, own_pinned, changed_at)
+        self.want = Want(frozen, nodes_sha, own_pinned, changed_at, own_ip)
         self._news.set()
 
     def _publish(self) -> None:

@@ -186,3 +186,19 @@ async def test_query_state() -> None:
     assert await query_state(READY_CTL) == "READY"
     assert await query_state(["/bin/false"]) is None
     assert await query_state([os.devnull]) is None  # not executable
+
+
+async def test_ips_mode_burst_settles_into_one_restart(tmp_path: Path) -> None:
+    log = tmp_path / "imex.log"
+    ctl = ProcessController([*FAKE_IMEX, "--log", str(log)])
+    sup = Supervisor(ctl, Policy(mode="ips", settle_time=0.4), READY_CTL, ready_poll=0.1)
+    sup.update(PINS_A, "sha-0", own_pinned=True)
+    async with running(sup):
+        await until("started", lambda: _events(log, "start"))
+        for k in range(8):  # every change rewrites the nodes file in ips mode
+            sup.update({0: "10.0.0.1", 1: f"10.0.1.{k}"}, f"sha-{k + 1}", own_pinned=True)
+            await asyncio.sleep(0.1)
+        await until("one restart", lambda: len(_events(log, "start")) >= 2, 5)
+        await asyncio.sleep(0.8)
+        assert len(_events(log, "start")) == 2 and not _events(log, "usr1")
+        assert sup.stats.restarts == 1 and sup.told.nodes_sha == "sha-8"
