@@ -297,3 +297,28 @@ async def test_api_server_restart_with_compaction(
     await eventually(lambda: slice_pins(api).get(ENS.slot(0)) == "10.244.6.1")
     await agent.settled()
     assert slice_writes(api) == writes + 1
+
+
+async def test_bookmarks_let_a_quiet_watch_resume_after_compaction(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup_ensemble(api, 2)
+    agent = await start_agent()
+    await agent.settled()
+    # Unrelated writes move the cluster's resourceVersion past everything the VMI watch saw.
+    for i in range(5):
+        api.put(service(f"other{i}", namespace=NS, label="not-it"))
+    events = agent.agent.metrics.watch_events
+    await eventually(
+        lambda: events.labels("vmi", "BOOKMARK")._value.get() >= 1,  # type: ignore[attr-defined]
+        what="a bookmark on the VMI watch",
+    )
+    informer = next(i for i in agent.agent.informers if i.name == "vmi")
+    await eventually(lambda: informer.resource_version == str(api.resource_version),
+                     what="VMI informer at the cluster's latest version")
+    lists = agent.agent.metrics.lists.labels("vmi")._value.get()  # type: ignore[attr-defined]
+    api.compact()
+    api.drop_watches()
+    api.put(vmi("gb200-1", ip="10.244.7.2"))
+    await eventually(lambda: slice_pins(api).get(ENS.slot(1)) == "10.244.7.2")
+    assert agent.agent.metrics.lists.labels("vmi")._value.get() == lists  # type: ignore[attr-defined]
