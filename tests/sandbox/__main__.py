@@ -17,6 +17,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "kube-api": ("tests.sandbox.kube_api.cli",
                  "run the Kubernetes API double on its own and write a kubeconfig"),
+    "demo": ("tests.sandbox.demo",
+             "a 4-VM ensemble end to end: boot, crash, restore, timed; then teardown"),
 }
 
 
