@@ -3,7 +3,9 @@
 Subcommands import their modules lazily so ``render`` works with the bare
 standard library (no dnspython, pyroute2 or watchfiles needed to preview a
 file). Every error is one line on stderr naming what is wrong, exit 2 for
-bad input and config, 1 for runtime failures.
+bad input and config, 1 for runtime failures, 3 when ``once`` could learn
+nothing (docs/guest-agent.md has the table). ``run``, ``once`` and ``status``
+are ``guest_agent.agent.main``.
 """
 
 from __future__ import annotations
