@@ -205,3 +205,13 @@ def test_prefix_is_validated() -> None:
 def test_in_netns_names_a_missing_namespace() -> None:
     with pytest.raises(netns_mod.NetnsError, match="stdn-nope"), in_netns("stdn-nope"):
         pass
+
+
+def test_cleanup_command_line() -> None:
+    fab = Fabric("stdny", nodes=1)
+    with netns_mod._open_lock:
+        netns_mod._open_fabrics.discard(fab)
+    out = subprocess.run([sys.executable, "-m", "tests.sandbox.netns", "cleanup", "stdny"],
+                         capture_output=True, text=True, cwd=REPO, timeout=60, check=True)
+    assert f"removed {fab.nodes[0].name}" in out.stdout
+    assert not [n for n in list_netns() if n.startswith("stdny-")]

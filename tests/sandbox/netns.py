@@ -463,3 +463,28 @@ class Fabric:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.sandbox.netns cleanup PREFIX...``: remove leftovers of killed runs."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m tests.sandbox.netns")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("cleanup", help="delete namespaces <prefix>-*, their /etc/netns, links")
+    c.add_argument("prefixes", nargs="+")
+    sub.add_parser("list", help="list network namespaces")
+    args = p.parse_args(argv)
+    if args.cmd == "list":
+        print("\n".join(list_netns()))
+        return 0
+    for prefix in args.prefixes:
+        if not prefix or "-" in prefix:
+            p.error(f"prefix {prefix!r}: must be non-empty without '-'")
+        for name in cleanup_stale(prefix):
+            print(f"removed {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
