@@ -430,9 +430,10 @@ class Agent:
                     tasks.append(tg.create_task(self.reporter.run(), name="reporter"))
                 await self.stop.wait()
                 log.info("stopping")
+                # The file watcher's thread has seen ``stop`` already and returns
+                # within one step, so cancelling it does not wait long.
                 for t in tasks:
-                    if t.get_name() != "filewatch":
-                        t.cancel()
+                    t.cancel()
         except* Exception as group:
             failed = True
             for exc in group.exceptions:

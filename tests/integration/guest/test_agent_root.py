@@ -206,3 +206,19 @@ def test_imex_child_follows_a_killed_agent(tmp_path, dns, agent_factory):  # typ
     wait_until("orphaned IMEX gone", lambda: not pid_alive(pid), 5)
     assert {"event": "term", "pid": pid} in [
         {k: e[k] for k in ("event", "pid")} for e in read_events(log)]
+
+
+def test_nothing_learned_keeps_files_and_sigterm_is_clean(tmp_path, dns, agent_factory):  # type: ignore[no-untyped-def]
+    _model, srv = dns
+    srv.server.set_fail_mode("servfail")
+    cfg = _config(tmp_path, srv.port)
+    before = (tmp_path / "hosts").read_bytes()
+    agent = _start(tmp_path, cfg, agent_factory)
+    agent.wait("status written", lambda s: s.get("pid") == agent.proc.pid)
+    wait_until("a few DNS passes", lambda: srv.server.total_queries() >= 6, 10, log=agent.log)
+    t0 = time.monotonic()
+    assert agent.stop() == 0
+    assert time.monotonic() - t0 < 3.0
+    assert (tmp_path / "hosts").read_bytes() == before
+    assert not (tmp_path / "imex" / "nodes_config.cfg").exists()
+    assert not (tmp_path / "imex.log").exists()  # IMEX never started
