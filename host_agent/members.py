@@ -14,7 +14,8 @@ Decision order for one VMI (``examine_vmi``):
    conflict and neither is published until one goes;
 4. whether it is published: phase Running, with a usable address on the
    ensemble's network: the interface named by the Service's network
-   annotation, else ``default``, else the first interface; its ``ipAddress``,
+   annotation, else ``default``, else the first named interface (unnamed
+   ones are guest-agent-only NICs), else the first at all; its ``ipAddress``,
    else the first usable of ``ipAddresses``; ``/prefix`` stripped;
    10.0.2.2, fd10:0:2::2, loopback and link-local refused. During a live
    migration this is simply the IP KubeVirt reports now.
@@ -91,8 +92,8 @@ def _index(name: str, labels: Mapping[str, object], max_members: int) -> int:
     index = index_from_name(name)
     if index is None:
         raise InvalidIndex(
-            f"has no {INDEX_LABEL} label and its name does not end in -<n>; "
-            "cannot tell which slot it is"
+            f"has no {INDEX_LABEL} label and its name does not end in -<n> (a number "
+            "without leading zeros); cannot tell which slot it is"
         )
     return check_index(index, max_members)
 
@@ -121,10 +122,13 @@ def _interface(
     for entry in entries:
         if entry.get("name") == DEFAULT_NETWORK:
             return entry, f"network {DEFAULT_NETWORK!r}"
+    # Interfaces without a name are ones only the guest agent reports (no
+    # network of the VMI spec); a named one is preferred as "the first".
+    named = [e for e in entries if isinstance(e.get("name"), str) and e.get("name")]
+    if named:
+        return named[0], f"network {named[0].get('name')!r}"
     if entries:
-        first = entries[0]
-        label = first.get("name")
-        return first, f"network {label!r}" if isinstance(label, str) else "its first interface"
+        return entries[0], "its first interface"
     return None, f"network {DEFAULT_NETWORK!r}"
 
 

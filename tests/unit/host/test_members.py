@@ -216,6 +216,24 @@ QUIRKS = [
         "not end in -<n>",
     ),
     Quirk(
+        "name-index-leading-zero",
+        vmi("gb200-033", ip="10.244.0.33"),
+        problem="its name does not end in -<n> (a number without leading zeros)",
+    ),
+    Quirk(
+        "unnamed-guest-agent-interface-first-then-named",
+        vmi("gb200-34", interfaces=[
+            _iface(None, "172.17.0.1", ["172.17.0.1"]),
+            _iface("nvlink", "192.168.60.34", ["192.168.60.34"]),
+        ]),
+        ep(34, "192.168.60.34"),
+    ),
+    Quirk(
+        "only-unnamed-interface",
+        vmi("gb200-35", interfaces=[_iface(None, "10.244.0.35", ["10.244.0.35"])]),
+        ep(35, "10.244.0.35"),
+    ),
+    Quirk(
         "index-out-of-range",
         vmi("gb200-64", ip="10.244.0.64"),
         problem="slot index 64 is out of range: the ensemble has 64 slots",
