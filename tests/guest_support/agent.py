@@ -75,14 +75,15 @@ class AgentProc:
     """One running agent; ``stop()`` sends SIGTERM and returns the exit code."""
 
     def __init__(self, config: Path, status_file: Path, log_file: Path,
-                 wrap: Sequence[str] = ()) -> None:
+                 wrap: Sequence[str] = (), extra_env: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.status_file = status_file
         self.log_file = log_file
         self._log = open(log_file, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [*wrap, PY, "-m", "guest_agent.cli", "run", "--config", str(config), "--json"],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env(), start_new_session=True,
+            stdout=self._log, stderr=subprocess.STDOUT, env={**env(), **(extra_env or {})},
+            start_new_session=True,
         )
 
     def log(self) -> str:

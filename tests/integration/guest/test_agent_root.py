@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,3 +223,22 @@ def test_nothing_learned_keeps_files_and_sigterm_is_clean(tmp_path, dns, agent_f
     assert (tmp_path / "hosts").read_bytes() == before
     assert not (tmp_path / "imex" / "nodes_config.cfg").exists()
     assert not (tmp_path / "imex.log").exists()  # IMEX never started
+
+
+def test_systemd_notify_ready_after_first_apply(tmp_path, dns, agent_factory):  # type: ignore[no-untyped-def]
+    """Type=notify: READY=1 arrives once the files are written (nvidia-imex is ordered after)."""
+    _model, srv = dns
+    cfg = _config(tmp_path, srv.port, imex_control="none")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify"))
+    sock.settimeout(10)
+    try:
+        agent = AgentProc(cfg, tmp_path / "run" / "status.json", tmp_path / "agent.log",
+                          extra_env={"NOTIFY_SOCKET": str(tmp_path / "notify")})
+        agent_factory.append(agent)
+        msg = sock.recv(4096)
+        assert msg == b"READY=1"
+        assert read_block((tmp_path / "hosts").read_bytes(), ENS) is not None  # files first
+        assert agent.stop() == 0
+    finally:
+        sock.close()
