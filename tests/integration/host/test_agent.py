@@ -322,3 +322,23 @@ async def test_bookmarks_let_a_quiet_watch_resume_after_compaction(
     api.put(vmi("gb200-1", ip="10.244.7.2"))
     await eventually(lambda: slice_pins(api).get(ENS.slot(1)) == "10.244.7.2")
     assert agent.agent.metrics.lists.labels("vmi")._value.get() == lists  # type: ignore[attr-defined]
+
+
+async def test_namespace_flag_watches_only_those_namespaces(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    for ns in ("team-a", "team-b", "team-c"):
+        api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        api.put(service("gb200", namespace=ns))
+        api.put(vmi("gb200-0", namespace=ns, ip="10.244.0.1"))
+    agent = await start_agent(namespaces=("team-a", "team-b"))
+    await agent.settled()
+    await eventually(lambda: "gb200-imex" in slices(api, "team-b"), what="team-b slice")
+    assert "gb200-imex" in slices(api, "team-a")
+    assert slices(api, "team-c") == {}
+    assert [s.ens.namespace for s in agent.agent.state.all()] == ["team-a", "team-b"]
+    assert len(agent.agent.informers) == 6
+    # A change in one watched namespace leaves the other's ensemble alone.
+    api.delete(*VMI, "gb200-0", "team-a")
+    await eventually(lambda: "gb200-imex" not in slices(api, "team-a"), what="team-a emptied")
+    assert "gb200-imex" in slices(api, "team-b")
