@@ -13,7 +13,9 @@ from guest_agent.model import EnsembleId
 
 ENSEMBLE_LABEL = "imex-ensemble.io/ensemble"
 INDEX_LABEL = "imex-ensemble.io/index"
-MANAGED_BY = "imex-ensemble.io/host-agent"
+# DESIGN.md wrote "imex-ensemble.io/host-agent": no valid label value ("/"), the
+# real apiserver answers 422. The host agent uses this form (host_agent/endpoints.py).
+MANAGED_BY = "host-agent.imex-ensemble.io"
 
 
 def ensemble_service(namespace: str, name: str, *, max_members: int = 4,

@@ -30,6 +30,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -137,7 +138,7 @@ class Api:
         self.server = server
         self.client = httpx.Client(
             base_url=server,
-            verify=str(ca),
+            verify=ssl.create_default_context(cafile=str(ca)),
             headers={"Authorization": f"Bearer {token}"},
             timeout=30.0,
         )
@@ -371,7 +372,8 @@ class ControlPlane:
             "--profiling=false",
             "--v=1",
         ])
-        self.admin = Api(self.server, self.ca, self.admin_token)
+        if self.admin is None:  # kept across restart_apiserver: same address
+            self.admin = Api(self.server, self.ca, self.admin_token)
         self.admin_kubeconfig.write_text(yaml.safe_dump(
             kubeconfig(self.server, self.ca, self.admin_token, "realk8s-admin")))
 
@@ -386,8 +388,6 @@ class ControlPlane:
         and on the same port, so clients holding the old address reconnect."""
         old = self.procs.pop("kube-apiserver")
         old.stop()
-        if self.admin is not None:
-            self.admin.close()
         # Same port: clients (the host agent) keep their kubeconfig.
         self._start_apiserver(port=int(self.server.rsplit(":", 1)[1]))
 
