@@ -469,6 +469,9 @@ async def run_once(settings: Settings) -> int:
     agent.source = view.source
     agent.generation = view.generation
     own = agent.resolve_own()
+    log.info("view from %s: %d pinned, generation %s", view.source, len(view.pins),
+             view.generation)
+    log.info("own slot: %s", own.note)
     pins = local_pins(agent.published, own.index, own.pin_ip)
     try:
         result = agent.applier.apply(pins)

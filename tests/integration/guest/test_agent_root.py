@@ -9,6 +9,7 @@ names, which outside a network namespace would go to the machine's resolver.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -182,9 +183,13 @@ def test_no_imex_before_own_slot_is_pinned(tmp_path, dns, agent_factory):  # typ
 def test_once_exit_codes(tmp_path: Path, dns) -> None:  # type: ignore[no-untyped-def]
     _model, srv = dns
     cfg = _config(tmp_path, srv.port, imex_control="none")
-    ok = cli("once", "--config", str(cfg))
+    ok = cli("once", "--config", str(cfg), "--json")
     assert ok.returncode == 0, ok.stderr
     assert "applied 2 member(s) from dns" in ok.stdout
+    logs = [json.loads(line) for line in ok.stderr.splitlines()]  # one object per line
+    assert logs and all({"ts", "level", "logger", "msg"} <= set(d) for d in logs)
+    readable = cli("once", "--config", str(cfg))
+    assert readable.returncode == 0 and "nodes_config unchanged" in readable.stdout
     assert read_block((tmp_path / "hosts").read_bytes(), ENS)[1] == PUB1  # type: ignore[index]
     srv.server.set_fail_mode("refused")
     before = (tmp_path / "hosts").read_bytes()
