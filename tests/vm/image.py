@@ -1,0 +1,258 @@
+"""The guest image: Debian bookworm from Debian's packages, built once and cached.
+
+TEST HARNESS, never product code. Two cache levels under
+``${IMEX_VM_CACHE:-${XDG_CACHE_HOME:-~/.cache}/imex-ensemble/vm}``:
+
+* ``base-<sha>/``: ``rootfs.tar`` from ``mmdebstrap --variant=minbase`` plus the kernel and
+  initrd copied out of it (direct kernel boot). ``<sha>`` hashes the suite, the variant and
+  the package list, so a new package rebuilds it (about 2 minutes with a warm apt cache,
+  longer on 2 busy cores) and nothing else does.
+* ``disk-<sha>/disk.img``: the ext4 root disk (``mkfs.ext4 -d``) made from that tarball
+  plus the *overlay*: the IMEX stand-in installed as a vendor package would install it
+  (``/usr/bin/nvidia-imex``, ``/usr/bin/nvidia-imex-ctl``, ``nvidia-imex.service``, not
+  enabled). ``<sha>`` hashes the base key and the overlay's bytes, so editing the stand-in
+  costs one ``mkfs`` (seconds), not a new debootstrap.
+
+Why the stand-in is baked into the image and not sent by cloud-init: on a GPU node it comes
+with NVIDIA's driver packages, never from the user-data, and the generated user-data only
+enables and restarts an ``nvidia-imex.service`` that the image already has. Putting it in
+the image keeps the seed exactly the generator's output.
+
+The suite is pinned (``bookworm``) instead of following the host (FACTS.md: a machine may
+run Debian 12 or 13). No mirror is written here: mmdebstrap takes the host's apt sources for
+the suite, or ``IMEX_VM_MIRROR`` when set.
+
+Concurrency: a build holds an exclusive ``flock`` on ``<cache>/.lock``; a second run waits
+and then finds the finished result. Results appear by ``rename`` only once complete, so a
+killed build leaves no half-written cache entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("vm.image")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SUITE = "bookworm"
+VARIANT = "minbase"
+#: what the guest needs: systemd as init, the kernel (direct boot), cloud-init and what the
+#: generated user-data runs (python3 -m venv, pip from a wheelhouse), iproute2 and a DHCP
+#: client (ifupdown + isc-dhcp-client: cloud-init's Debian renderer), qemu-guest-agent (the
+#: harness reads guest files through it, as KubeVirt reads guest info), procps for ps/pgrep.
+PACKAGES = (
+    "systemd-sysv", "udev", "dbus", "kmod", "linux-image-amd64", "cloud-init", "python3",
+    "python3-venv", "iproute2", "ifupdown", "isc-dhcp-client", "netbase", "procps",
+    "qemu-guest-agent",
+)
+DISK_SIZE = "3G"
+STANDIN_IMEX = REPO_ROOT / "tests" / "sandbox" / "imex_standin.py"
+STANDIN_CTL = REPO_ROOT / "tests" / "sandbox" / "imex_ctl.py"
+
+#: the stand-in's unit, shaped like the one NVIDIA ships (Type=forking, config via -c); the
+#: state file is the stand-in's test hook (peers, counters) and lives in /run
+IMEX_UNIT = """\
+# nvidia-imex.service (TEST STAND-IN: tests/sandbox/imex_standin.py as /usr/bin/nvidia-imex)
+[Unit]
+Description=NVIDIA IMEX service (stand-in)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=forking
+RuntimeDirectory=nvidia-imex
+RuntimeDirectoryPreserve=yes
+PIDFile=/run/nvidia-imex/nvidia-imex.pid
+ExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg \
+--pid-file /run/nvidia-imex/nvidia-imex.pid --state-file /run/nvidia-imex/state.json
+TimeoutStartSec=60
+Restart=on-failure
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+class ImageError(Exception):
+    """Building the guest image failed; the message holds the tool's last output lines."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """A ready image: the shared read-only root disk and the kernel/initrd to boot it."""
+
+    disk: Path
+    kernel: Path
+    initrd: Path
+    base_key: str
+    disk_key: str
+
+
+def cache_root() -> Path:
+    env = os.environ.get("IMEX_VM_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "imex-ensemble" / "vm"
+
+
+def _sha(parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def base_key(packages: tuple[str, ...] = PACKAGES, suite: str = SUITE) -> str:
+    """Pure: the base cache key (suite, variant, sorted package list, mirror override)."""
+    return _sha({"suite": suite, "variant": VARIANT, "packages": sorted(packages),
+                 "mirror": os.environ.get("IMEX_VM_MIRROR", ""), "v": 1})
+
+
+def overlay_files() -> dict[str, tuple[int, bytes]]:
+    """Pure apart from reading the two stand-in sources: image path -> (mode, bytes)."""
+    shebang = b"#!/usr/bin/python3\n"
+    return {
+        "usr/bin/nvidia-imex": (0o755, shebang + STANDIN_IMEX.read_bytes()),
+        "usr/bin/nvidia-imex-ctl": (0o755, shebang + STANDIN_CTL.read_bytes()),
+        "lib/systemd/system/nvidia-imex.service": (0o644, IMEX_UNIT.encode()),
+    }
+
+
+def disk_key(base: str, overlay: dict[str, tuple[int, bytes]]) -> str:
+    return _sha({"base": base, "size": DISK_SIZE,
+                 "overlay": {p: [m, hashlib.sha256(b).hexdigest()]
+                             for p, (m, b) in sorted(overlay.items())}})
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run(argv: list[str], what: str, timeout: float) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ImageError(f"{what}: no result after {timeout:.0f}s ({' '.join(argv)})") from e
+    except OSError as e:
+        raise ImageError(f"{what}: cannot run {argv[0]}: {e}") from e
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise ImageError(f"{what} failed (exit {proc.returncode}): {' '.join(argv)}\n{tail}")
+
+
+def _boot_files(members: list[tarfile.TarInfo]) -> tuple[str, str]:
+    """Pure: the newest ``boot/vmlinuz-*`` and its ``boot/initrd.img-*`` in the tarball."""
+    names = {m.name.removeprefix("./") for m in members if m.isfile()}
+    kernels = sorted(n for n in names if n.startswith("boot/vmlinuz-"))
+    if not kernels:
+        raise ImageError("the rootfs has no boot/vmlinuz-*: linux-image-amd64 not installed?")
+    kernel = kernels[-1]
+    initrd = "boot/initrd.img-" + kernel.removeprefix("boot/vmlinuz-")
+    if initrd not in names:
+        raise ImageError(f"the rootfs has {kernel} but no {initrd} (initramfs-tools failed?)")
+    return kernel, initrd
+
+
+def build_base(root: Path, key: str) -> Path:
+    """``base-<key>/`` with rootfs.tar, vmlinuz, initrd.img (built when missing)."""
+    final = root / f"base-{key}"
+    if (final / "rootfs.tar").is_file():
+        return final
+    for tool in ("mmdebstrap",):
+        if shutil.which(tool) is None:
+            raise ImageError(f"{tool} is not installed (apt-get install mmdebstrap)")
+    tmp = Path(tempfile.mkdtemp(prefix=".base-", dir=root))
+    try:
+        argv = ["mmdebstrap", "--quiet", f"--variant={VARIANT}",
+                "--include=" + ",".join(PACKAGES), SUITE, str(tmp / "rootfs.tar")]
+        mirror = os.environ.get("IMEX_VM_MIRROR")
+        if mirror:
+            argv.append(mirror)
+        t0 = time.monotonic()
+        log.info("building the guest rootfs (%s): %s", key, " ".join(argv))
+        _run(argv, "mmdebstrap", 1800)
+        with tarfile.open(tmp / "rootfs.tar") as tf:
+            kernel, initrd = _boot_files(tf.getmembers())
+            for name, out in ((kernel, "vmlinuz"), (initrd, "initrd.img")):
+                member = tf.getmember(name if name in tf.getnames() else "./" + name)
+                src = tf.extractfile(member)
+                assert src is not None
+                with src, open(tmp / out, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        (tmp / "built.json").write_text(json.dumps({
+            "packages": list(PACKAGES), "suite": SUITE, "kernel": kernel,
+            "seconds": round(time.monotonic() - t0, 1)}))
+        os.replace(tmp, final)
+        log.info("guest rootfs built in %.0fs", time.monotonic() - t0)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def build_disk(root: Path, base: Path, key: str,
+               overlay: dict[str, tuple[int, bytes]]) -> Path:
+    """``disk-<key>/disk.img``: the rootfs plus the overlay as an ext4 image."""
+    final = root / f"disk-{key}"
+    if (final / "disk.img").is_file():
+        return final
+    tmp = Path(tempfile.mkdtemp(prefix=".disk-", dir=root))
+    try:
+        tree = tmp / "rootfs"
+        tree.mkdir()
+        _run(["tar", "-C", str(tree), "--numeric-owner", "--xattrs", "--xattrs-include=*",
+              "-xpf", str(base / "rootfs.tar")], "unpacking the rootfs", 600)
+        for rel, (mode, data) in overlay.items():
+            path = tree / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            path.chmod(mode)
+        _run(["mkfs.ext4", "-q", "-F", "-L", "vmroot", "-d", str(tree),
+              str(tmp / "disk.img"), DISK_SIZE], "mkfs.ext4 -d", 600)
+        shutil.rmtree(tree)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    # keep the cache small: older disks of this base go (bases stay; they are the slow part)
+    for old in root.glob("disk-*"):
+        if old != final and old.is_dir() and time.time() - old.stat().st_mtime > 3600:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def ensure_image(root: Path | None = None) -> Image:
+    """The cached image, building what is missing; :class:`ImageError` says what failed."""
+    root = root or cache_root()
+    bkey = base_key()
+    overlay = overlay_files()
+    dkey = disk_key(bkey, overlay)
+    with _locked(root):
+        base = build_base(root, bkey)
+        disk = build_disk(root, base, dkey, overlay)
+    os.utime(disk)
+    return Image(disk / "disk.img", base / "vmlinuz", base / "initrd.img", bkey, dkey)
+
+
+if __name__ == "__main__":  # python -m tests.vm.image: build (or find) and print the image
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    t = time.monotonic()
+    img = ensure_image()
+    print(f"{img} ({time.monotonic() - t:.1f}s)")

@@ -1,0 +1,164 @@
+"""The product in real guests: generated cloud-init, systemd units, real /etc/hosts.
+
+One scenario, in order (each step needs the previous one's state), with a printed verdict
+and the measured time of each step:
+
+1. N VMs boot from the generator's user-data (agent pip-installed from the wheelhouse);
+   every guest pins every peer, every IMEX stand-in reports every peer CONNECTED, every
+   guest's report reaches the registry (``guest.imex_state`` READY).
+2. The last VM is killed (qemu SIGKILL) and its VMI marked Failed: the others pin its slot
+   to 127.0.0.2 and their ``nvidia-imex.service`` keeps its MainPID (no restart).
+3. Its VMI is replaced and the VM boots again from its own disk with a new DHCP address:
+   everyone pins the new address, all CONNECTED, its report reaches the registry.
+4. VM 0 powers off and boots with cloud-init's ``manage_etc_hosts: true`` forced on (a
+   second user-data part; cloud-init re-renders /etc/hosts at boot): the agent's block is
+   back with cloud-init's lines kept; a foreign line survives the agent; a live re-render
+   by cloud-init's own module is repaired too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from guest_agent.hostsfile import read_block
+from tests.vm.harness import HarnessSettings, VmFailure, VmHarness, multipart_user_data, wait_for
+
+pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.timeout(3600)]
+
+# what cloud-init 22.4's hosts.debian.tmpl renders first when manage_etc_hosts is true
+CLOUD_INIT_HOSTS_MARK = "# Your system has configured 'manage_etc_hosts' as True."
+FOREIGN = "10.99.0.7\tforeign-db.example  # added by the vm test\n"
+
+
+def outside_block(text: str, h: VmHarness) -> list[str]:
+    """The hosts file's lines outside the agent's block."""
+    begin = f"# BEGIN imex-ensemble {h.spec.key}"
+    end = f"# END imex-ensemble {h.spec.key}"
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.strip() == begin:
+            inside = True
+        elif line.strip() == end:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return out
+
+
+class Verdict:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, float]] = []
+
+    def step(self, name: str, fn: Callable[[], str]) -> None:
+        t = time.monotonic()
+        try:
+            detail = fn()
+        except BaseException:
+            self.rows.append((name, "FAIL", time.monotonic() - t))
+            raise
+        self.rows.append((name, f"ok {detail}", time.monotonic() - t))
+
+    def render(self, h: VmHarness) -> str:
+        lines = [f"vmtest verdict ({h.settings.vms} VMs, accel {h.accel}, "
+                 f"image {h.timings.get('image', 0):.0f}s, "
+                 f"wheelhouse {h.timings.get('wheelhouse', 0):.0f}s):"]
+        lines += [f"  {name:<44} {secs:7.1f}s  {result}" for name, result, secs in self.rows]
+        for g in h.guests.values():
+            t = ", ".join(f"{k} {v:.0f}s" for k, v in g.timings.items())
+            lines.append(f"  {g.vmi}: {t}")
+        return "\n".join(lines)
+
+
+def test_ensemble_of_real_guests(vm_settings: HarnessSettings,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    n = vm_settings.vms
+    if n < 2:
+        pytest.fail("IMEX_VM_COUNT must be at least 2 (a peer to kill)")
+    verdict = Verdict()
+    h = VmHarness(vm_settings)
+    try:
+        with h:
+            _scenario(h, n, verdict)
+    finally:
+        with capsys.disabled():
+            print("\n" + verdict.render(h))
+            ok = len(verdict.rows) == 4 and all(r[1].startswith("ok") for r in verdict.rows)
+            print(f"vmtest verdict: {'PASS' if ok else 'FAIL'}")
+
+
+def _scenario(h: VmHarness, n: int, verdict: Verdict) -> None:
+    everyone = list(range(n))
+    victim = n - 1
+    others = [i for i in everyone if i != victim]
+
+    def boot_all() -> str:
+        h.boot(everyone)
+        took = h.wait_converged(everyone)
+        return f"(converged {took:.0f}s after the last agent started)"
+
+    verdict.step(f"1. {n} VMs boot, pin, CONNECTED, READY", boot_all)
+
+    def kill_one() -> str:
+        pids = {i: h.imex_main_pid(h.guests[i]) for i in others}
+        assert all(pids.values()), f"nvidia-imex MainPID unknown: {pids}"
+        h.kill(victim)
+        took = h.wait_converged(others)
+        after = {i: h.imex_main_pid(h.guests[i]) for i in others}
+        assert after == pids, f"nvidia-imex restarted: MainPID {pids} -> {after}"
+        for i in others:
+            pins = h.pins(h.guests[i])
+            assert pins is not None and pins[victim] == "127.0.0.2", pins
+        kept = sorted(p or 0 for p in pids.values())
+        return f"(unpinned in {took:.0f}s, IMEX MainPIDs unchanged {kept})"
+
+    verdict.step(f"2. kill {h.guests[victim].vmi}, others unpin it", kill_one)
+
+    def rejoin() -> str:
+        old = h.guests[victim].ip
+        new = h.restart_with_new_address(victim)
+        assert new != old
+        h.wait_running(h.guests[victim])
+        h.wait_agent(h.guests[victim])
+        took = h.wait_converged(everyone)
+        return f"({old} -> {new}, converged {took:.0f}s after its agent started)"
+
+    verdict.step(f"3. {h.guests[victim].vmi} back with a new address", rejoin)
+
+    def manage_etc_hosts() -> str:
+        g = h.guests[0]
+        forced = multipart_user_data(h.user_data, "#cloud-config\nmanage_etc_hosts: true\n")
+        h.reboot_with_seed(0, forced)
+        h.wait_running(g)
+        h.wait_agent(g)
+        h.wait_converged(everyone)
+        text = h.hosts(g) or ""
+        assert CLOUD_INIT_HOSTS_MARK in text, f"cloud-init did not render /etc/hosts:\n{text}"
+        kept = outside_block(text, h)
+        assert any(g.vmi in ln for ln in kept), f"cloud-init's host-name lines lost:\n{text}"
+        # a foreign line added by an admin survives the agent
+        g.machine.qga.sh(f"printf '%s' '{FOREIGN}' >> /etc/hosts")
+        time.sleep(3)  # give the agent's file watch a chance to (wrongly) act
+        text2 = h.hosts(g) or ""
+        assert FOREIGN in text2 and outside_block(text2, h)[:len(kept)] == kept, text2
+        # cloud-init's own module re-renders the whole file while the agent runs
+        r = g.machine.qga.exec(["/usr/bin/cloud-init", "single", "--name", "update_etc_hosts",
+                                "--frequency", "always"], timeout=120)
+        assert r.exitcode == 0, r.err
+        want = h.expected_pins(everyone)
+
+        def restored() -> str | None:
+            t = h.hosts(g)
+            if t is None or read_block(t.encode(), h.spec.id) != want:
+                return None
+            return t
+
+        text3 = wait_for(f"{g.vmi}: the agent restoring its block after cloud-init",
+                         restored, 60, 0.5, lambda: h.hosts(g) or "")
+        if outside_block(text3, h) != outside_block(text, h):
+            raise VmFailure(f"lines outside the block changed:\n{text}\n----\n{text3}")
+        return "(block restored at boot and after a live re-render, cloud-init lines kept)"
+
+    verdict.step("4. manage_etc_hosts: true, agent restores", manage_etc_hosts)
