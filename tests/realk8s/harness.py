@@ -118,11 +118,11 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float = 5.0, sig: signal.Signals = signal.SIGTERM) -> None:
         if self.popen.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
+            os.killpg(self.popen.pid, sig)
         try:
             self.popen.wait(grace)
         except subprocess.TimeoutExpired:
@@ -369,6 +369,9 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             "--anonymous-auth=false",
             "--enable-priority-and-fairness=false",
+            f"--audit-policy-file={self._audit_policy()}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
             "--profiling=false",
             "--v=1",
         ])
@@ -383,11 +386,42 @@ class ControlPlane:
 
         self._await(proc, "kube-apiserver /readyz", ready, 120)
 
-    def restart_apiserver(self) -> None:
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    def _audit_policy(self) -> Path:
+        """Audit every request at Metadata level: who did which verb on what, and the
+        answer's code. The RBAC test compares what the agent used with what it holds."""
+        path = self.workdir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["RequestReceived", "ResponseStarted"],
+            "rules": [{"level": "Metadata"}]}))
+        return path
+
+    def audit_events(self, username: str) -> list[dict[str, Any]]:
+        """Audit events (ResponseComplete/Panic) of requests made by ``username``."""
+        events = []
+        try:
+            lines = self.audit_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)
+                if ev.get("user", {}).get("username") == username:
+                    events.append(ev)
+        return events
+
+    def restart_apiserver(self, *, kill: bool = False) -> None:
         """Stop and start kube-apiserver on the same etcd (its watch cache starts afresh)
-        and on the same port, so clients holding the old address reconnect."""
+        and on the same port, so clients holding the old address reconnect.
+
+        ``kill``: SIGKILL, as a crashed or OOM-killed apiserver goes: no final bookmarks
+        to watchers, so their resourceVersions are as old as their last event."""
         old = self.procs.pop("kube-apiserver")
-        old.stop()
+        old.stop(sig=signal.SIGKILL if kill else signal.SIGTERM)
         # Same port: clients (the host agent) keep their kubeconfig.
         self._start_apiserver(port=int(self.server.rsplit(":", 1)[1]))
 
@@ -469,14 +503,25 @@ class ControlPlane:
 
     # ---- CoreDNS
     def _start_coredns(self) -> None:
-        token = self.service_account_token("kube-system", "coredns", COREDNS_RULES)
-        kc = self.write_kubeconfig(self.workdir / "coredns.kubeconfig", token, "coredns")
-        self.dns_port = free_port_udp_tcp()
+        self.dns_port = self.start_coredns("coredns", "127.0.0.1")
+
+    def start_coredns(self, name: str, bind: str) -> int:
+        """Start a CoreDNS (kubernetes plugin, ``ttl 5``) listening on ``bind``; returns
+        its DNS port once its ``ready`` plugin says the plugin has synced.
+
+        A second instance serves clients in network namespaces, bound to the address
+        of the namespace fabric's gateway (loopback is per namespace)."""
+        if not hasattr(self, "_coredns_token"):
+            self._coredns_token = self.service_account_token("kube-system", "coredns",
+                                                              COREDNS_RULES)
+        kc = self.write_kubeconfig(self.workdir / "coredns.kubeconfig", self._coredns_token,
+                                   "coredns")
+        port = free_port_udp_tcp(bind)
         ready_port = free_port()
-        corefile = self.workdir / "Corefile"
+        corefile = self.workdir / f"Corefile.{name}"
         corefile.write_text(
-            f".:{self.dns_port} {{\n"
-            "    bind 127.0.0.1\n"
+            f".:{port} {{\n"
+            f"    bind {bind}\n"
             "    errors\n"
             f"    ready 127.0.0.1:{ready_port}\n"
             f"    kubernetes {CLUSTER_DOMAIN} {{\n"
@@ -484,24 +529,30 @@ class ControlPlane:
             "        ttl 5\n"
             "    }\n"
             "}\n")
-        proc = self._spawn("coredns", [str(self.bin_dir / "coredns"), "-conf", str(corefile)])
+        proc = self._spawn(name, [str(self.bin_dir / "coredns"), "-conf", str(corefile)])
 
         def ready() -> bool:
             return httpx.get(f"http://127.0.0.1:{ready_port}/ready", timeout=2).status_code == 200
 
-        self._await(proc, "CoreDNS /ready", ready, 60)
+        self._await(proc, f"{name} /ready", ready, 60)
+        return port
+
+    def stop_process(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            proc.stop()
 
 
-def free_port_udp_tcp() -> int:
-    """A port free for both UDP and TCP on 127.0.0.1 (DNS listens on both)."""
+def free_port_udp_tcp(host: str = "127.0.0.1") -> int:
+    """A port free for both UDP and TCP on ``host`` (DNS listens on both)."""
     for _ in range(50):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("127.0.0.1", 0))
+            u.bind((host, 0))
             port = int(u.getsockname()[1])
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
                 try:
-                    t.bind(("127.0.0.1", port))
+                    t.bind((host, port))
                 except OSError:
                     continue
                 return port
-    raise HarnessError("no port free for both UDP and TCP on 127.0.0.1")
+    raise HarnessError(f"no port free for both UDP and TCP on {host}")
