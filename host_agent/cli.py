@@ -58,6 +58,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                    help="proxy whose X-Forwarded-For the registry believes (repeatable)")
     p.add_argument("--report-stale-after", default=env("REPORT_STALE_AFTER", "120"),
                    metavar="SECONDS", help="a guest report older than this is stale (120)")
+    p.add_argument("--hook-socket", default=env("HOOK_SOCKET"), metavar="PATH",
+                   help="KubeVirt hook sidecar: answer virt-launcher's hook Info call on this "
+                   "unix socket (e.g. /var/run/kubevirt-hooks/imex-host-agent.sock)")
     return p
 
 
@@ -114,6 +117,15 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
     if not 0 < stale < 10**7:
         raise SettingsError(f"--report-stale-after {stale}: must be positive")
 
+    hook_socket = args.hook_socket or None
+    if hook_socket is not None:
+        from host_agent.hook_sidecar import HookSidecarError, check_socket_path
+
+        try:
+            check_socket_path(hook_socket)
+        except HookSidecarError as exc:
+            raise SettingsError(f"--hook-socket: {exc}") from exc
+
     return HostSettings(
         namespaces=tuple(dict.fromkeys(namespaces)),
         listen_host=host,
@@ -124,10 +136,12 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
         log_level=args.log_level,
         trusted_proxies=tuple(proxies),
         report_stale_after=stale,
+        hook_socket=hook_socket,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from host_agent.hook_sidecar import HookSidecarError
     from host_agent.kube import KubeConfigError
     from host_agent.logs import setup_logging
     from host_agent.main import run
@@ -143,6 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KubeConfigError as exc:
         log.error("%s", exc)
         return 2
+    except HookSidecarError as exc:
+        log.error("%s", exc)
+        return 1
     except OSError as exc:
         log.error("cannot listen on %s: %s", settings.listen, exc)
         return 1

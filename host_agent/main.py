@@ -11,6 +11,12 @@ answered (``state.close()``), the server drains for a few seconds, informers
 and reconciler are cancelled, the client is closed. The EndpointSlices stay
 as they are: a restarted agent rebuilds its state from the API and writes
 nothing that is already right.
+
+Hook sidecar (``hook_socket`` set): the KubeVirt hook server starts before
+the informers (virt-launcher waits for its Info answer before it starts the
+VM; the answer needs nothing from the API) and is stopped, its socket
+removed, after them. virt-launcher's Shutdown hook call sets ``stop`` after
+``hook_shutdown_linger`` seconds, so the agent can still see its VMI go.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from host_agent import registry as registry_mod
 from host_agent.endpoints import SliceApplier
+from host_agent.hook_sidecar import HookServer
 from host_agent.kube import (
     ALL_NAMESPACES,
     EndpointSlice,
@@ -143,7 +150,20 @@ class HostAgent:
             ", ".join(s.namespaces) if s.namespaces else "all namespaces",
             f" (sidecar scope: VMI {s.vmi})" if s.vmi else "",
         )
+        hook: HookServer | None = None
+        linger: asyncio.TimerHandle | None = None
+
+        def launcher_done() -> None:
+            nonlocal linger
+            if linger is None:
+                log.info("virt-launcher called the Shutdown hook: stopping in %g s",
+                         s.hook_shutdown_linger)
+                linger = asyncio.get_running_loop().call_later(s.hook_shutdown_linger, stop.set)
+
         try:
+            if s.hook_socket:
+                hook = HookServer(s.hook_socket, launcher_done)
+                await hook.start()
             async with asyncio.TaskGroup() as tg:
                 loops = [tg.create_task(i.run(), name=f"informer {i.name}") for i in self.informers]
                 loops.append(tg.create_task(
@@ -159,6 +179,10 @@ class HostAgent:
                     task.cancel()
                 stopped.cancel()
         finally:
+            if linger is not None:
+                linger.cancel()
+            if hook is not None:
+                await hook.stop()
             sock.close()
             if own_client:
                 await client.close()

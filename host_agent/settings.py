@@ -45,6 +45,10 @@ class HostSettings:
     backoff_max: float = 30.0
     #: Seconds to finish in-flight work on SIGTERM before tasks are cancelled.
     shutdown_grace: float = 5.0
+    #: KubeVirt hook sidecar: answer virt-launcher's hook Info call on this unix socket.
+    hook_socket: str | None = None
+    #: After virt-launcher's Shutdown hook call, keep running this long (seconds), then stop.
+    hook_shutdown_linger: float = 5.0
 
     @property
     def listen(self) -> str:
