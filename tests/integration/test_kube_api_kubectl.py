@@ -221,3 +221,10 @@ def test_standalone_refuses_bad_arguments(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=30,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2 and "--listen wants HOST:PORT" in proc.stderr
+
+
+def test_kubectl_strict_field_validation(kubectl: Kubectl) -> None:
+    doc = slice_yaml().replace("  hostname: imex-0a1b2c3d-0", "  hostName: imex-0a1b2c3d-0")
+    proc = kubectl("apply", "-f", "-", stdin=doc, check=False)
+    assert proc.returncode != 0
+    assert 'unknown field "endpoints[0].hostName"' in proc.stderr, proc.stderr

@@ -308,3 +308,29 @@ async def test_virtual_machines_and_pools_are_served_and_validated(client: Async
             "spec": {"virtualMachineTemplate": {"spec": {"template": template}}}}))
     assert err.value.status.code == 422
     assert [c.field for c in err.value.status.details.causes] == ["spec.selector"]
+
+
+def test_unknown_fields_are_pruned_with_a_warning_or_refused(
+        kube_api: KubeApiHandle) -> None:
+    import httpx
+
+    body = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "s"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.5"], "hostName": "imex-x-0"}]}
+    url = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+    with httpx.Client(base_url=kube_api.url, timeout=5) as http:
+        strict = http.post(url, json=body, params={"fieldValidation": "Strict"})
+        assert strict.status_code == 400
+        assert 'unknown field "endpoints[0].hostName"' in strict.json()["message"]
+        warned = http.post(url, json=body)  # the server default: Warn
+        assert warned.status_code == 201
+        assert warned.headers["Warning"] == '299 - "unknown field \\"endpoints[0].hostName\\""'
+        assert warned.json()["endpoints"] == [{"addresses": ["10.244.0.5"]}]
+        vmi_body = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                    "metadata": {"name": "v"}, "spec": {"domain": {"devices": {}},
+                                                        "domian": {}}}
+        r = http.post("/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances",
+                      json=vmi_body, params={"fieldValidation": "Ignore"})
+        assert r.status_code == 201 and "Warning" not in r.headers
+        assert "domian" not in r.json()["spec"]

@@ -72,6 +72,14 @@ def json_response(status: int, obj: Any, headers: dict[str, str] | None = None) 
     return Response(status, encode(obj), headers or {})
 
 
+def with_warnings(resp: Response, warnings: list[str]) -> Response:
+    """Add the `Warning: 299 - "..."` header the apiserver sends (RFC 7234 form)."""
+    if warnings:
+        text = ", ".join('299 - "' + w.replace('"', '\\"') + '"' for w in warnings)
+        resp.headers["Warning"] = text
+    return resp
+
+
 def error_response(err: ApiError) -> Response:
     return json_response(err.code, err.status(), err.headers)
 
@@ -313,25 +321,33 @@ class KubeApi:
 
     @contextlib.contextmanager
     def _dry_run(self, req: Request) -> Iterator[None]:
+        """Per-request write options: `dryRun`, `fieldValidation` (read by the store)."""
         value = req.query.get("dryRun")
         if value not in (None, "", "All"):
             raise bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
+        validation_mode = req.query.get("fieldValidation") or "Warn"
+        if validation_mode not in ("Ignore", "Warn", "Strict"):
+            raise bad_request(f'fieldValidation: Unsupported value: "{validation_mode}": '
+                              'supported values: "Ignore", "Warn", "Strict"')
         self.store.dry_run = value == "All"
+        self.store.field_validation = validation_mode
+        self.store.warnings = []
         try:
             yield
         finally:
             self.store.dry_run = False
+            self.store.field_validation = "Warn"
 
     async def _create(self, req: Request, t: ResourceType, ns: str | None) -> Response:
         with self._dry_run(req):
             obj = self.store.create(t, ns, _body(req), _manager(req))
-        return json_response(201, obj)
+        return with_warnings(json_response(201, obj), self.store.warnings)
 
     async def _update(self, req: Request, t: ResourceType, ns: str | None, name: str,
                       sub: str) -> Response:
         with self._dry_run(req):
             obj = self.store.update(t, ns, name, _body(req), _manager(req), sub)
-        return json_response(200, obj)
+        return with_warnings(json_response(200, obj), self.store.warnings)
 
     async def _patch(self, req: Request, t: ResourceType, ns: str | None, name: str, sub: str,
                      ptype: str) -> Response:
@@ -341,7 +357,7 @@ class KubeApi:
         force = req.query.get("force", "") in ("true", "1")
         with self._dry_run(req):
             obj = self.store.patch(t, ns, name, ptype, body, manager, force, sub)
-        return json_response(200 if existed else 201, obj)
+        return with_warnings(json_response(200 if existed else 201, obj), self.store.warnings)
 
     async def _delete(self, req: Request, t: ResourceType, ns: str | None,
                       name: str) -> Response:

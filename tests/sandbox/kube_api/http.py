@@ -275,7 +275,11 @@ class HttpServer:
             await writer.drain()
             return True
         finally:
+            # The EOF probe must be gone before the connection reads its next request
+            # (StreamReader allows one reader at a time): cancel it and wait for that.
             eof.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await eof
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):

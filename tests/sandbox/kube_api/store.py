@@ -27,6 +27,9 @@ TEST STAND-IN, never product code. What it imitates and how:
   own writes (their own resourceVersions), before the DELETE returns: faster
   than a real cluster, where it is asynchronous.
 - managedFields for server-side apply (see patching.py).
+- Unknown fields (not in the kind's schema) are dropped with a warning, or
+  refused with 400 under `fieldValidation=Strict`, as upstream decoding and
+  structural-schema pruning do.
 - `dryRun=All`: the request is defaulted, validated and answered, nothing
   is stored, no resourceVersion is taken, no event is sent.
 
@@ -57,6 +60,7 @@ from .resources import ResourceType
 JSON = dict[str, Any]
 ObjKey = tuple[str, str]  # (namespace or "", name)
 
+FieldPaths = list[tuple[str, ...]]  # (a module alias: Store.list shadows the builtin)
 WATCH_CLOSE = "CLOSE"  # sentinel event types on a watcher queue
 WATCH_ABORT = "ABORT"
 
@@ -135,6 +139,8 @@ class Store:
         self.changes: Counter[tuple[str, str]] = Counter()  # (plural, ADDED|MODIFIED|DELETED)
         self.clock = clock
         self.dry_run = False  # set around one request by the API layer (`?dryRun=All`)
+        self.field_validation = "Warn"  # per request too: Ignore | Warn | Strict
+        self.warnings: list[str] = []  # collected during one request, sent as Warning headers
         self.uids: set[str] = set()  # of stored objects, for garbage collection
         self._cluster_ips = (str(ipaddress.ip_address("10.96.0.10") + i)
                              for i in itertools.count())
@@ -480,6 +486,11 @@ class Store:
         meta = new["metadata"]
         name = meta.get("name") or ""
         self._default(t, new, old)
+        pruned = self._prune_unknown(t, new)
+        if pruned:  # nobody owns a field that was never stored
+            managers = {k: {p for p in v if not any(p[:len(q)] == q for q in pruned)}
+                        for k, v in managers.items()}
+            managers = {k: v for k, v in managers.items() if v}
         causes = validation.validate(t, new)
         if causes:
             raise ApiError(422, "Invalid", validation.invalid_message(t, name, causes),
@@ -514,6 +525,27 @@ class Store:
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             self._remove(t, ns, name)
         return rendered
+
+    def _prune_unknown(self, t: ResourceType, obj: JSON) -> FieldPaths:
+        """Drop fields the schema does not declare, as decoding does upstream.
+
+        `fieldValidation=Strict` (kubectl's default) refuses them with 400 instead;
+        `Warn` (the server default) drops them with a warning; `Ignore` drops them.
+        """
+        unknown = validation.unknown_fields(t, obj)
+        if not unknown:
+            return FieldPaths()
+        named = [validation.field_path(p) for p in unknown]
+        if self.field_validation == "Strict":
+            listed = ", ".join(f'unknown field "{n}"' for n in named)
+            raise bad_request(f'{t.kind} in version "{t.version}" cannot be handled as a '
+                              f"{t.kind}: strict decoding error: {listed}")
+        for path in unknown:
+            _delete_any(obj, path)
+        if self.field_validation == "Warn":
+            self.warnings.extend(f'unknown field "{n}"' for n in named)
+        return FieldPaths(tuple(map(str, p)) for p in unknown
+                          if all(isinstance(x, str) for x in p))
 
     # ------------------------------------------------------------- deleting
 
@@ -575,6 +607,17 @@ class Store:
                     self._commit(t, entry, new, managers, "garbage-collector")
                 elif not any(self.exists_uid(r.get("uid", "")) for r in refs):
                     self.delete(t, ns or None, name)
+
+
+def _delete_any(obj: Any, path: tuple[str | int, ...]) -> None:
+    cur = obj
+    for part in path[:-1]:
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(cur, dict):
+        cur.pop(path[-1], None)
 
 
 def _spec_of(obj: Mapping[str, Any]) -> JSON:

@@ -196,6 +196,7 @@ class SchemaError:
     message: str
     instance: Any
     missing: str | None = None  # for "required": the absent property
+    unexpected: tuple[str, ...] = ()  # for "additionalProperties": the unknown keys
 
 
 SchemaCheck = Callable[[Mapping[str, Any]], list[SchemaError]]
@@ -217,10 +218,12 @@ def _engine(schema: dict[str, Any], draft: str,
     def check_rs(obj: Mapping[str, Any]) -> list[SchemaError]:
         out: list[SchemaError] = []
         for e in fast.iter_errors(obj):
-            missing = getattr(e.kind, "property", None) \
-                if type(e.kind).__name__ == "Required" else None
+            kind = type(e.kind).__name__
+            missing = getattr(e.kind, "property", None) if kind == "Required" else None
+            unexpected = tuple(map(str, getattr(e.kind, "unexpected", None) or ())) \
+                if kind == "AdditionalProperties" else ()
             out.append(SchemaError(tuple(e.instance_path), e.message, e.instance,
-                                   str(missing) if missing is not None else None))
+                                   str(missing) if missing is not None else None, unexpected))
         return out
     return check_rs
 
@@ -238,7 +241,13 @@ def _python_engine(schema: dict[str, Any], draft: str,
     def check_py(obj: Mapping[str, Any]) -> list[SchemaError]:
         out: list[SchemaError] = []
         for e in slow.iter_errors(obj):
-            if e.validator == "required" and isinstance(e.validator_value, list):
+            if e.validator == "additionalProperties" and e.validator_value is False \
+                    and isinstance(e.instance, Mapping):
+                known = set((e.schema or {}).get("properties") or {})
+                extra = tuple(str(k) for k in e.instance if k not in known)
+                out.append(SchemaError(tuple(e.absolute_path), e.message, e.instance,
+                                       None, extra))
+            elif e.validator == "required" and isinstance(e.validator_value, list):
                 inst = e.instance if isinstance(e.instance, Mapping) else {}
                 out.extend(SchemaError(tuple(e.absolute_path), e.message, e.instance, m)
                            for m in e.validator_value if m not in inst)
@@ -277,6 +286,51 @@ def _kubevirt_validator(kind: str) -> SchemaCheck:
     schema = {"$ref": f"#/definitions/{KUBEVIRT_DEFINITIONS[kind]}",
               "definitions": kubevirt_definitions()}
     return _engine(schema, "4", [])
+
+
+@cache
+def _k8s_strict(kind: str, api_version: str) -> SchemaCheck:
+    """kubernetes-validate's "-strict" variant: additionalProperties false everywhere."""
+    from kubernetes_validate import utils as kv
+
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema_dir = f"v{K8S_SCHEMA_VERSION}-local-strict"
+    schema = kv.schema_contents(
+        f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group}.json", K8S_SCHEMA_VERSION)
+    defs = kv.schema_contents(
+        f"kubernetes-json-schema/{schema_dir}/_definitions.json", K8S_SCHEMA_VERSION)
+    return _engine(schema, "2020-12", [defs, schema])
+
+
+def _closed(node: Any) -> Any:
+    """A copy of an OpenAPI v2 schema where every object with properties is closed."""
+    if isinstance(node, dict):
+        out = {k: _closed(v) for k, v in node.items()}
+        if "properties" in node and "additionalProperties" not in node:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(node, list):
+        return [_closed(v) for v in node]
+    return node
+
+
+@cache
+def _kubevirt_strict(kind: str) -> SchemaCheck:
+    """KubeVirt's definitions closed, as a structural CRD schema prunes unknown fields."""
+    defs = {k: _closed(v) for k, v in kubevirt_definitions().items()}
+    return _engine({"$ref": f"#/definitions/{KUBEVIRT_DEFINITIONS[kind]}",
+                    "definitions": defs}, "4", [])
+
+
+def unknown_fields(t: ResourceType, obj: Mapping[str, Any]) -> list[tuple[str | int, ...]]:
+    """Paths of fields the kind's schema does not declare (pruned or refused upstream)."""
+    check = _kubevirt_strict(t.kind) if t.custom else _k8s_strict(t.kind, t.api_version)
+    paths = {(*e.path, name) for e in check(obj) for name in e.unexpected}
+    return sorted(paths, key=lambda p: [str(x) for x in p])
+
+
+def field_path(path: Iterable[Any]) -> str:
+    return _field_path(path)
 
 
 def validate_schema(t: ResourceType, obj: Mapping[str, Any]) -> list[Cause]:

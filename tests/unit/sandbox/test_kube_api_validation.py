@@ -205,11 +205,23 @@ def test_both_schema_engines_report_the_same_causes(monkeypatch: pytest.MonkeyPa
     bad_vmi = vmi(interfaces="eth0")
     del bad_vmi["spec"]
 
-    def causes() -> list[list[dict[str, str]]]:
-        validation._k8s_validator.cache_clear()
-        validation._kubevirt_validator.cache_clear()
-        return [[{k: c[k] for k in ("field", "reason")} for c in validate(t, o)]
-                for t, o in ((rt.ENDPOINTSLICE, bad_slice), (rt.VMI, bad_vmi))]
+    extra_slice = endpoint_slice(bogus=1)
+    extra_slice["endpoints"][0]["hostName"] = "x"
+    extra_vmi = vmi(phaze="Running")
+    extra_vmi["metadata"]["lables"] = {}
+
+    def clear() -> None:
+        for fn in (validation._k8s_validator, validation._kubevirt_validator,
+                   validation._k8s_strict, validation._kubevirt_strict):
+            fn.cache_clear()
+
+    def causes() -> list[object]:
+        clear()
+        found: list[object] = [[{k: c[k] for k in ("field", "reason")} for c in validate(t, o)]
+                               for t, o in ((rt.ENDPOINTSLICE, bad_slice), (rt.VMI, bad_vmi))]
+        found.append(validation.unknown_fields(rt.ENDPOINTSLICE, extra_slice))
+        found.append(validation.unknown_fields(rt.VMI, extra_vmi))
+        return found
 
     try:
         fast = causes()
@@ -217,8 +229,9 @@ def test_both_schema_engines_report_the_same_causes(monkeypatch: pytest.MonkeyPa
         slow = causes()
     finally:
         monkeypatch.undo()
-        validation._k8s_validator.cache_clear()
-        validation._kubevirt_validator.cache_clear()
+        clear()
     assert fast == slow
-    assert [c["field"] for c in slow[0]] == ["endpoints", "ports[0].port"]
-    assert [c["field"] for c in slow[1]] == ["spec", "status.interfaces"]
+    assert [c["field"] for c in slow[0]] == ["endpoints", "ports[0].port"]  # type: ignore[index]
+    assert [c["field"] for c in slow[1]] == ["spec", "status.interfaces"]  # type: ignore[index]
+    assert slow[2] == [("bogus",), ("endpoints", 0, "hostName")]
+    assert slow[3] == [("metadata", "lables"), ("status", "phaze")]
