@@ -247,6 +247,28 @@ def examine_vmi(vmi: Mapping[str, object], spec: EnsembleSpec) -> Candidate:
     return Candidate(name, index, True, member, None)
 
 
+def vmi_addresses(vmi: Mapping[str, object]) -> frozenset[str]:
+    """Every usable address the VMI reports on any interface (canonical text).
+
+    The registry accepts a guest's status report from any of them: the
+    published address may sit on a secondary network while the guest talks to
+    the registry over the pod network.
+    """
+    out: set[str] = set()
+    for iface in _list(_mapping(vmi.get("status")).get("interfaces")):
+        entry = _mapping(iface)
+        for raw in [entry.get("ipAddress"), *_list(entry.get("ipAddresses"))]:
+            if not isinstance(raw, str):
+                continue
+            try:
+                addr = parse_ip(raw)
+            except ModelError:
+                continue
+            if unusable_reason(addr) is None:
+                out.add(str(addr))
+    return frozenset(out)
+
+
 def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
 

@@ -35,7 +35,7 @@ from host_agent.endpoints import (
     SliceApplier,
     desired_slices,
 )
-from host_agent.members import derive_members
+from host_agent.members import derive_members, vmi_addresses, vmi_name
 from host_agent.metrics import HostMetrics
 from host_agent.services import ENSEMBLE_LABEL, parse_ensemble_service
 from host_agent.settings import HostSettings
@@ -242,9 +242,12 @@ class Reconciler:
                         f"(max-members {previous.max_members})"]
         else:
             self._last_good[key] = spec
-        members, member_problems = derive_members(spec, self._vmis.by_index(key))
+        vmis = list(self._vmis.by_index(key))
+        members, member_problems = derive_members(spec, vmis)
         all_problems = [*problems, *member_problems]
-        snap, changed = self._state.set(spec, members, all_problems)
+        by_name = {vmi_name(v): v for v in vmis}
+        addresses = {m.index: vmi_addresses(by_name[m.vmi]) for m in members if m.vmi in by_name}
+        snap, changed = self._state.set(spec, members, all_problems, addresses)
         if changed:
             log.info(
                 "%s: %d members published, generation %d",

@@ -661,7 +661,8 @@ def create_app(
             request.headers.getlist("x-forwarded-for"),
             config.trusted_proxies,
         )
-        if caller != _parse_addr(pub.member.ip, "member address"):
+        allowed = {_parse_addr(a, "member address") for a in {pub.member.ip, *pub.addresses}}
+        if caller not in allowed:
             metrics.auth_failures.labels("wrong_address").inc()
             log.warning(
                 "registry: report for %s member %d came from %s, not %s",
@@ -672,8 +673,9 @@ def create_app(
             )
             raise RegistryError(
                 403,
-                f"reports for {ens.key} member {index} must come from its published address "
-                f"{pub.member.ip}, not {caller} (behind a proxy? start the host agent with "
+                f"reports for {ens.key} member {index} must come from one of its VMI's "
+                f"addresses ({', '.join(sorted({pub.member.ip, *pub.addresses}))}), not {caller} "
+                f"(behind a proxy? start the host agent with "
                 f"--trusted-proxy <the proxy's CIDR>)",
             )
         try:

@@ -51,10 +51,17 @@ class EnsembleSpec:
 
 @dataclass(frozen=True, slots=True)
 class PublishedMember:
-    """A member as published, with the time its slot got its current IP."""
+    """A member as published, with the time its slot got its current IP.
+
+    ``addresses`` are all the usable addresses its VMI reports on any
+    interface: a guest whose IMEX network is a Multus secondary network
+    reaches the registry over the pod network, so its status reports come
+    from an address other than the published one.
+    """
 
     member: Member
     since: float
+    addresses: frozenset[str] = frozenset()
 
     @property
     def index(self) -> int:
@@ -124,19 +131,28 @@ class State:
     # -- writing (reconciler) ------------------------------------------------
 
     def set(
-        self, spec: EnsembleSpec, members: Iterable[Member], problems: Iterable[str]
+        self,
+        spec: EnsembleSpec,
+        members: Iterable[Member],
+        problems: Iterable[str],
+        addresses: Mapping[int, frozenset[str]] | None = None,
     ) -> tuple[EnsembleSnapshot, bool]:
         """Replace an ensemble's whole state; returns (snapshot, map_changed).
 
         The generation grows by one only when the slot->IP map changed.
+        ``addresses`` (index -> every address of the member's VMI) only feeds
+        the registry's check of where a guest's report may come from.
         """
         now = self._clock()
+        extra = addresses or {}
         ordered = sorted(members, key=lambda m: m.index)
         entry = self._entries.get(spec.ens)
         problems_t = tuple(problems)
         if entry is None:
             generation = max(self._start_ms, int(now * 1000))
-            published = tuple(PublishedMember(m, now) for m in ordered)
+            published = tuple(
+                PublishedMember(m, now, extra.get(m.index, frozenset())) for m in ordered
+            )
             snap = EnsembleSnapshot(spec, generation, published, problems_t, now)
             self._entries[spec.ens] = _Entry(snap)
             return snap, True
@@ -148,6 +164,7 @@ class State:
                 old_by_index[m.index].since
                 if m.index in old_by_index and old_by_index[m.index].member.ip == m.ip
                 else now,
+                extra.get(m.index, frozenset()),
             )
             for m in ordered
         )

@@ -308,3 +308,24 @@ async def test_no_token_configured_refuses_every_report() -> None:
     assert response.status_code == 401
     assert "no imex-ensemble.io/token-sha256 annotation" in response.json()["error"]
     assert hashlib.sha256(b"").hexdigest() not in response.text
+
+
+async def test_report_accepted_from_any_address_of_the_members_vmi() -> None:
+    """Multus layout: IMEX on the secondary network (published), reports over the pod network."""
+    state = State()
+    spec = EnsembleSpec(EnsembleId("gpu", "lo"), 2, 50000, token_sha256=SPEC.token_sha256)
+    state.set(spec, [Member(1, "10.213.9.9")], [], {1: frozenset({"10.213.9.9", "10.244.1.7"})})
+    trusted = RegistryConfig(trusted_proxies=(ipaddress.ip_network("127.0.0.0/8"),))
+    url = "/v1/ensembles/gpu/lo/members/1/status"
+    async with serve(state, trusted) as reg, httpx.AsyncClient(base_url=reg.url) as client:
+        pod_net = await client.put(
+            url, json=REPORT, headers={**AUTH, "X-Forwarded-For": "10.244.1.7"}
+        )
+        stranger = await client.put(
+            url, json=REPORT, headers={**AUTH, "X-Forwarded-For": "10.244.1.8"}
+        )
+    assert pod_net.status_code == 200, pod_net.text
+    assert stranger.status_code == 403
+    assert "10.244.1.7" in stranger.json()["error"] and "10.213.9.9" in stranger.json()["error"]
+    snap = state.get(EnsembleId("gpu", "lo"))
+    assert snap is not None and snap.reports[1].from_ip == "10.244.1.7"

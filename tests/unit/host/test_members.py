@@ -222,10 +222,13 @@ QUIRKS = [
     ),
     Quirk(
         "unnamed-guest-agent-interface-first-then-named",
-        vmi("gb200-34", interfaces=[
-            _iface(None, "172.17.0.1", ["172.17.0.1"]),
-            _iface("nvlink", "192.168.60.34", ["192.168.60.34"]),
-        ]),
+        vmi(
+            "gb200-34",
+            interfaces=[
+                _iface(None, "172.17.0.1", ["172.17.0.1"]),
+                _iface("nvlink", "192.168.60.34", ["192.168.60.34"]),
+            ],
+        ),
         ep(34, "192.168.60.34"),
     ),
     Quirk(
@@ -442,3 +445,26 @@ def test_members_from_service_spec_roundtrip() -> None:
     )
     assert [m.index for m in members] == [3]
     assert "slot index 4 is out of range: the ensemble has 4 slots (0..3)" in problems[0]
+
+
+def test_vmi_addresses_collects_every_usable_address_of_every_interface() -> None:
+    from host_agent.members import vmi_addresses
+
+    vmi = {
+        "metadata": {"name": "gb200-1"},
+        "status": {
+            "interfaces": [
+                {
+                    "name": "default",
+                    "ipAddress": "10.244.1.7/24",
+                    "ipAddresses": ["10.244.1.7", "fd00:10:244::7", "10.0.2.2"],
+                },
+                {"name": "imex", "ipAddress": "192.168.50.11", "ipAddresses": ["192.168.50.11"]},
+                {"interfaceName": "lo", "ipAddresses": ["127.0.0.1", "fe80::1"]},
+                "not-an-interface",
+                {"name": "junk", "ipAddress": 17, "ipAddresses": ["garbage"]},
+            ]
+        },
+    }
+    assert vmi_addresses(vmi) == {"10.244.1.7", "fd00:10:244::7", "192.168.50.11"}
+    assert vmi_addresses({"metadata": {"name": "x"}}) == frozenset()

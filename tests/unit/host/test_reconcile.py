@@ -209,3 +209,23 @@ async def test_vmis_without_their_service_are_reported_once(
     ]
     assert state.all() == [] and client.calls == []
     await cancel(task)
+
+
+async def test_published_member_carries_every_address_of_its_vmi() -> None:
+    """The registry lets a guest report from its pod IP when IMEX runs on Multus."""
+    rec, state, (vmis, services, _slices), _client, _ = make()
+    put(services, rec, service(annotations={"imex-ensemble.io/network": "imex"}), "service")
+    interfaces = [
+        {"name": "default", "ipAddress": "10.244.1.7", "ipAddresses": ["10.244.1.7"]},
+        {"name": "imex", "ipAddress": "192.168.50.11", "ipAddresses": ["192.168.50.11"]},
+    ]
+    put(vmis, rec, vmi("gb200-3", interfaces=interfaces), "vmi")
+    ready = asyncio.Event()
+    ready.set()
+    task = await run_until_idle(rec, [ready])
+    snap = state.get(EnsembleId("rack1", "gb200"))
+    assert snap is not None
+    (pub,) = snap.members
+    assert pub.member.ip == "192.168.50.11"
+    assert pub.addresses == {"10.244.1.7", "192.168.50.11"}
+    await cancel(task)
