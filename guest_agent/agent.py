@@ -202,7 +202,6 @@ class Agent:
                 ready_grace=settings.ready_grace,
             ),
             settings.imex_ctl,
-            ready_poll=min(2.0, max(0.2, settings.poll_interval)),
             on_stats=self._on_imex,
         )
         self.reporter: Any = None

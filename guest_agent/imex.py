@@ -444,7 +444,8 @@ class Supervisor:
         policy: Policy,
         imex_ctl: Sequence[str],
         *,
-        ready_poll: float = 2.0,
+        ready_poll: float = 0.5,
+        ready_poll_ready: float = 5.0,
         on_stats: Callable[[ImexStats], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         backoff: Backoff | None = None,
@@ -452,7 +453,10 @@ class Supervisor:
         self.controller = controller
         self.policy = policy
         self.imex_ctl = tuple(imex_ctl)
+        #: ``imex_ctl -q`` every ``ready_poll`` s while IMEX is not READY (a start is
+        #: followed closely), every ``ready_poll_ready`` s once it is (cheap when healthy).
         self.ready_poll = ready_poll
+        self.ready_poll_ready = ready_poll_ready
         self.on_stats = on_stats
         self.clock = clock
         self.backoff = backoff or Backoff()
@@ -522,7 +526,7 @@ class Supervisor:
             self.stats.state = "NOT_RUNNING"
             self.told = replace(self.told, not_ready_since=None)
             return
-        if now - self._last_poll >= self.ready_poll:
+        if now >= self._next_poll():
             self._last_poll = now
             state = await query_state(self.imex_ctl)
             self.stats.state = state or "UNKNOWN"
@@ -530,6 +534,10 @@ class Supervisor:
                 self.told = replace(self.told, not_ready_since=None)
             elif self.told.not_ready_since is None:
                 self.told = replace(self.told, not_ready_since=now)
+
+    def _next_poll(self) -> float:
+        every = self.ready_poll_ready if self.stats.state == READY else self.ready_poll
+        return self._last_poll + every
 
     async def _execute(self, decision: Decision, want: Want, now: float) -> None:
         action = decision.action
@@ -583,11 +591,8 @@ class Supervisor:
             self._news.clear()
             decision = await self.step()
             now = self.clock()
-            wake = _earliest(
-                decision.wake_at if decision else None,
-                now + self.ready_poll,
-            )
-            timeout = max(0.0, (wake or now + self.ready_poll) - now)
+            wake = _earliest(decision.wake_at if decision else None, self._next_poll())
+            timeout = max(0.0, (wake if wake is not None else now + self.ready_poll) - now)
             if decision is not None and decision.action is not Action.NOTHING:
                 continue
             news = asyncio.ensure_future(self._news.wait())

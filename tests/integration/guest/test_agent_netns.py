@@ -186,7 +186,7 @@ def test_four_guests_converge_crash_and_rejoin(fabric: Fabric, dns, tmp_path: Pa
         for i, g in enumerate(guests):
             peers = set(range(MAX)) - {i}
             wait_until(f"guest {i}: all peers CONNECTED", lambda g=g, p=peers: _all_connected(g, p),
-                       30, interval=0.25, log=g.log)
+                       30, interval=0.5, log=g.log)
             assert g.hosts_block() == {j: n.ip for j, n in enumerate(nodes)}
             st = g.agent.status()  # type: ignore[union-attr]
             assert st["own_index"] == i and st["restarts"] == 0
@@ -213,7 +213,7 @@ def test_four_guests_converge_crash_and_rejoin(fabric: Fabric, dns, tmp_path: Pa
             peers = set(range(MAX)) - {i}
             wait_until(f"guest {i}: slot 3 at its new address, all peers CONNECTED again",
                        lambda g=g, p=peers: (g.hosts_block() or {}).get(3) == new_ip
-                       and _all_connected(g, p), 30, interval=0.25, log=g.log)
+                       and _all_connected(g, p), 30, interval=0.5, log=g.log)
 
         # Guest 1's address moves under a running agent (DHCP): the own slot is lost until
         # DNS publishes the new address, then IMEX is restarted once (it listens on the
@@ -226,7 +226,7 @@ def test_four_guests_converge_crash_and_rejoin(fabric: Fabric, dns, tmp_path: Pa
             peers = set(range(MAX)) - {i}
             wait_until(f"guest {i}: slot 1 moved, all peers CONNECTED again",
                        lambda g=g, p=peers: (g.hosts_block() or {}).get(1) == moved_ip
-                       and _all_connected(g, p), 30, interval=0.25, log=g.log)
+                       and _all_connected(g, p), 30, interval=0.5, log=g.log)
         st = moved.agent.status()  # type: ignore[union-attr]
         assert st["restarts"] == 1 and st["own_ip"] == moved_ip
         for g in (guests[0], guests[2]):
