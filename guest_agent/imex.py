@@ -500,7 +500,12 @@ class Supervisor:
             self.on_stats(self.stats)
 
     async def _observe(self, now: float) -> None:
-        running = await self.controller.alive()
+        try:
+            running = await self.controller.alive()
+        except ImexError as exc:  # e.g. systemctl missing: treat as down, keep going
+            log.error("cannot tell whether IMEX runs: %s", exc)
+            self.stats.last_error = str(exc)
+            running = False
         if self.told.running and not running:
             ran_for = now - (self._started_at or now)
             delay = self.backoff.next_delay(ran_for)

@@ -164,7 +164,8 @@ class Reporter:
             except _Superseded:
                 continue
             except (http.HttpError, ReportError, RetryError) as exc:
-                self.failures += 1
+                if not isinstance(exc, http.HttpError):  # HTTP failures counted per attempt
+                    self.failures += 1
                 log.error("status report not delivered: %s", exc)
                 if self.on_error is not None:
                     self.on_error(f"status report: {exc}")

@@ -62,10 +62,6 @@ class Status:
         return asdict(self)
 
 
-def members_list(slot_of: Mapping[int, str], pins: Mapping[int, str]) -> list[dict[str, Any]]:
-    return [{"index": i, "slot": slot_of[i], "ip": pins[i]} for i in sorted(pins)]
-
-
 def encode(status: Status) -> bytes:
     """Stable bytes (sorted keys, indented) of ``status``."""
     return (json.dumps(status.to_json(), indent=2, sort_keys=True) + "\n").encode()

@@ -202,3 +202,17 @@ async def test_ips_mode_burst_settles_into_one_restart(tmp_path: Path) -> None:
         await asyncio.sleep(0.8)
         assert len(_events(log, "start")) == 2 and not _events(log, "usr1")
         assert sup.stats.restarts == 1 and sup.told.nodes_sha == "sha-8"
+
+
+async def test_systemctl_missing_never_ends_the_supervisor(tmp_path: Path) -> None:
+    """No systemctl at all: errors are recorded and retried with backoff, the task lives on."""
+    ctl = SystemdController("nvidia-imex.service", systemctl=[str(tmp_path / "no-systemctl")])
+    sup = Supervisor(ctl, Policy(), READY_CTL, ready_poll=0.05,
+                     backoff=Backoff(base=0.05, cap=0.1))
+    sup.update(PINS_A, "sha-n", own_pinned=True)
+    async with running(sup) as task:
+        await until("an error recorded", lambda: sup.stats.last_error, 5)
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        assert "cannot run" in str(sup.stats.last_error)
+        assert sup.stats.starts == 0
