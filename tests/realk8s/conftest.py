@@ -10,14 +10,23 @@ namespace. Teardown runs even when a test or the start itself fails.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.realk8s.harness import Api, ControlPlane, build_binaries
+from tests.realk8s.agentproc import (
+    AGENT_SA,
+    AGENT_SA_NAMESPACE,
+    MANIFESTS,
+    HostAgentProc,
+    apply_base_rbac,
+)
+from tests.realk8s.harness import Api, ControlPlane, build_binaries, free_port
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 OPENAPI = Path(os.environ.get("REALK8S_KUBEVIRT_OPENAPI",
@@ -67,3 +76,27 @@ def namespace(admin: Api) -> Iterator[str]:
         yield name
     finally:
         admin.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture(scope="session")
+def host_agent(control_plane: ControlPlane) -> Iterator[HostAgentProc]:
+    """``imex-host-agent --kubeconfig`` (the installed console script) as the base
+    manifests' ServiceAccount, watching every namespace, registry on loopback."""
+    if not (MANIFESTS / "clusterrole.yaml").exists():
+        pytest.skip("manifests/base/clusterrole.yaml is not in this tree")
+    apply_base_rbac(control_plane)
+    token = control_plane.service_account_token(AGENT_SA_NAMESPACE, AGENT_SA)
+    kc = control_plane.write_kubeconfig(control_plane.workdir / "host-agent.kubeconfig",
+                                        token, AGENT_SA)
+    port = free_port()
+    exe = Path(sys.executable).with_name("imex-host-agent")
+    proc = control_plane._spawn("host-agent", [
+        str(exe), "--kubeconfig", str(kc), "--listen", f"127.0.0.1:{port}", "--json"])
+    agent = HostAgentProc(f"http://127.0.0.1:{port}", proc, kc)
+    try:
+        control_plane._await(
+            proc, "host agent /readyz",
+            lambda: httpx.get(f"{agent.registry}/readyz", timeout=2).status_code == 200, 60)
+        yield agent
+    finally:
+        control_plane.stop_process("host-agent")

@@ -14,38 +14,14 @@ from typing import Any
 import dns.message
 import dns.query
 import dns.rcode
-import dns.rdatatype
 import pytest
 
 from guest_agent.model import EnsembleId
 from tests.realk8s.fixtures import contract_slice, ensemble_service, vmi
 from tests.realk8s.harness import Api, ControlPlane, wait_until
+from tests.realk8s.kubeops import VMIS, dns_answer, wait_dns
 
 pytestmark = pytest.mark.realk8s
-
-VMIS = "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances"
-
-
-def dns_answer(port: int, name: str, rdtype: str) -> tuple[int, list[Any]]:
-    """One query over UDP to CoreDNS on loopback: (rcode, answer rdatas)."""
-    q = dns.message.make_query(name, rdtype)
-    resp = dns.query.udp(q, "127.0.0.1", port=port, timeout=2)
-    rdatas = [rd for rrset in resp.answer for rd in rrset
-              if rrset.rdtype == dns.rdatatype.from_text(rdtype)]
-    return resp.rcode(), rdatas
-
-
-def wait_dns(port: int, name: str, rdtype: str, want: set[str], timeout: float = 30) -> None:
-    """Until CoreDNS answers ``name`` with exactly the rdatas ``want`` (text form)."""
-    seen: list[Any] = []
-
-    def matches() -> bool:
-        nonlocal seen
-        _, seen = dns_answer(port, name, rdtype)
-        return {rd.to_text() for rd in seen} == want
-
-    wait_until(matches, f"{rdtype} {name} == {sorted(want)}", timeout,
-               lambda: f"; last answer {[rd.to_text() for rd in seen]}")
 
 
 # ---- the VMI CRD ------------------------------------------------------------
