@@ -39,7 +39,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from guest_agent.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
 from guest_agent.config import Settings
@@ -47,6 +47,10 @@ from guest_agent.imex import ImexStats, Policy, Supervisor, make_controller
 from guest_agent.model import EnsembleId, Member
 from guest_agent.ownslot import OwnSlot, resolve_own
 from guest_agent.status import Status, StatusError, format_table, load_status, write_status
+
+if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
+    from guest_agent.discovery import Discovery
+    from guest_agent.reporter import Reporter
 
 log = logging.getLogger("guest_agent")
 
@@ -149,7 +153,7 @@ async def local_view() -> tuple[set[str], str | None]:
     return await netwatch.local_addresses(), await netwatch.default_route_address()
 
 
-def make_discovery(settings: Settings) -> Any:
+def make_discovery(settings: Settings) -> Discovery:
     from guest_agent.discovery import Discovery
     from guest_agent.reporter import ReportError, read_token
 
@@ -204,12 +208,12 @@ class Agent:
             settings.imex_ctl,
             on_stats=self._on_imex,
         )
-        self.reporter: Any = None
+        self.reporter: Reporter | None = None
         if settings.registry_url is not None:
             from guest_agent.reporter import Reporter
 
             self.reporter = Reporter(settings, on_error=self._report_error)
-        self.discovery: Any = None
+        self.discovery: Discovery | None = None
 
     # -- errors and status
 
