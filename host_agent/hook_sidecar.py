@@ -22,8 +22,9 @@ virt-launcher dials every entry it finds there. A socket left by a previous
 run of this container (the emptyDir outlives a container restart) is
 replaced; a live server on the path, or a file that is not a socket, is an
 error. The socket is made connectable by any user in the pod (0666): the
-launcher may run as a different user. On stop the socket is removed, unless
-another process has replaced it meanwhile.
+launcher may run as a different user. On stop the socket is removed (grpc
+unlinks the path when its listener closes; ``stop`` also removes it if that
+did not happen and it is still the file this server created).
 
 Concurrency: one ``grpc.aio`` server in the agent's event loop. Handlers never
 raise to grpc: a malformed message is answered ``INVALID_ARGUMENT`` naming
