@@ -245,3 +245,19 @@ def test_systemd_notify_ready_after_first_apply(tmp_path, dns, agent_factory):  
         assert agent.stop() == 0
     finally:
         sock.close()
+
+
+def test_dns_outage_keeps_last_known_good(tmp_path, dns, agent_factory):  # type: ignore[no-untyped-def]
+    _model, srv = dns
+    agent = _start(tmp_path, _config(tmp_path, srv.port), agent_factory)
+    agent.wait("applied, IMEX up", lambda s: s.get("starts") == 1)
+    good = (tmp_path / "hosts").read_bytes()
+    for mode in ("timeout", "servfail"):
+        srv.server.set_fail_mode(mode)
+        seen = srv.server.total_queries()
+        wait_until(f"DNS {mode} for several passes",
+                   lambda seen=seen: srv.server.total_queries() >= seen + 8, 15, log=agent.log)
+        assert (tmp_path / "hosts").read_bytes() == good
+    st = agent.status()
+    assert st["restarts"] == 0 and st["signals"] == 0 and st["imex_state"] == "READY"
+    assert agent.stop() == 0

@@ -216,3 +216,24 @@ async def test_systemctl_missing_never_ends_the_supervisor(tmp_path: Path) -> No
         assert not task.done()
         assert "cannot run" in str(sup.stats.last_error)
         assert sup.stats.starts == 0
+
+
+async def test_running_imex_is_adopted_without_a_restart(
+        tmp_path: Path, systemctl: tuple[list[str], Path]) -> None:
+    """Agent restart: IMEX (systemd) already runs with the files as found: leave it alone."""
+    argv, record = systemctl
+    (tmp_path / "active").touch()
+    sup = Supervisor(SystemdController("nvidia-imex.service", systemctl=argv), Policy(),
+                     READY_CTL, ready_poll=0.05)
+    sup.adopt(PINS_A, "sha-n")
+    sup.update(PINS_A, "sha-n", own_pinned=True, own_ip="10.0.0.1")
+    d = await sup.step()
+    assert d is not None and d.action is Action.NOTHING, d
+    # The files differ from what it read: a changed nodes file means a restart.
+    sup2 = Supervisor(SystemdController("nvidia-imex.service", systemctl=argv), Policy(),
+                      READY_CTL, ready_poll=0.05)
+    sup2.adopt(PINS_A, "sha-old")
+    sup2.update(PINS_A, "sha-n", own_pinned=True, own_ip="10.0.0.1")
+    d = await sup2.step()
+    assert d is not None and d.action is Action.RESTART
+    assert "restart nvidia-imex.service" in record.read_text().splitlines()
