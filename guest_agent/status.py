@@ -111,11 +111,13 @@ def format_table(data: Mapping[str, Any], now: float | None = None) -> str:
     if data.get("own_slot_note"):
         rows.append(("own note", str(data["own_slot_note"])))
     rows += [
-        ("source", f"{data.get('source') or '-'} generation {data.get('generation_applied')}"),
+        ("source", f"{data.get('source') or '-'}" + (
+            f", generation {data['generation_applied']}"
+            if data.get("generation_applied") is not None else "")),
         ("imex", f"{data.get('imex_state')} via {data.get('imex_control')} "
          f"(pid {data.get('imex_pid') or '-'})"),
         ("signals", str(data.get("signals", 0))),
-        ("restarts", str(data.get("restarts", 0))),
+        ("restarts", f"{data.get('restarts', 0)} (starts {data.get('starts', 0)})"),
         ("re-asserts", str(data.get("reasserts", 0))),
         ("updated", _age(data.get("updated_at"), now)),
         ("last error", f"{data.get('last_error') or '-'}"
