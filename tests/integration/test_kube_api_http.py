@@ -81,7 +81,7 @@ def test_discovery_documents(http: httpx.Client) -> None:
     assert vmi["namespaced"] and "watch" in vmi["verbs"]
     assert any(r["name"] == "virtualmachineinstances/status" for r in kv["resources"])
     core = {r["name"] for r in http.get("/api/v1").json()["resources"]}
-    assert {"namespaces", "services", "services/status", "pods", "configmaps"} <= core
+    assert {"namespaces", "services", "services/status", "pods", "configmaps", "events"} <= core
     assert http.get("/apis/discovery.k8s.io").json()["preferredVersion"]["version"] == "v1"
     index = http.get("/openapi/v3").json()["paths"]
     assert "apis/kubevirt.io/v1" in index

@@ -64,6 +64,7 @@ NAMESPACE = ResourceType("", "v1", "Namespace", "namespaces", "namespace", False
 SERVICE = ResourceType("", "v1", "Service", "services", "service", True, ("svc",), True)
 POD = ResourceType("", "v1", "Pod", "pods", "pod", True, ("po",), True)
 CONFIGMAP = ResourceType("", "v1", "ConfigMap", "configmaps", "configmap", True, ("cm",))
+EVENT = ResourceType("", "v1", "Event", "events", "event", True, ("ev",))
 ENDPOINTSLICE = ResourceType(
     "discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", "endpointslice", True
 )
@@ -81,7 +82,7 @@ VMPOOL = ResourceType(
 )
 
 ALL_TYPES: tuple[ResourceType, ...] = (
-    NAMESPACE, SERVICE, POD, CONFIGMAP, ENDPOINTSLICE, VMI, VM, VMPOOL,
+    NAMESPACE, SERVICE, POD, CONFIGMAP, EVENT, ENDPOINTSLICE, VMI, VM, VMPOOL,
 )
 
 # Discovery: the version each group prefers (only one version per group here).

@@ -4,7 +4,7 @@ TEST STAND-IN, never product code. kubectl asks for
 `Accept: application/json;as=Table;v=v1;g=meta.k8s.io` and prints the
 server's columns (Kubernetes API concepts, "Receiving resources as
 Tables"). The columns imitate the real printers: the built-in ones for
-Namespace/Service/EndpointSlice/Pod/ConfigMap, and the
+Namespace/Service/EndpointSlice/Pod/ConfigMap/Event, and the
 `additionalPrinterColumns` of KubeVirt's CRDs (VMI: Age, Phase, IP,
 NodeName, Ready). Rows carry the object as `includeObject` asks: `None`,
 `Metadata` (default: PartialObjectMetadata) or `Object`.
@@ -126,6 +126,15 @@ COLUMNS: dict[str, list[Column]] = {
                  ("Age", "date", _age, 0)],
     rt.CONFIGMAP.key: [("Data", "integer", lambda o, n: len(o.get("data") or {}), 0),
                        ("Age", "date", _age, 0)],
+    rt.EVENT.key: [
+        ("Type", "string", _s("type"), 0),
+        ("Reason", "string", _s("reason"), 0),
+        ("Object", "string", lambda o, n: "{}/{}".format(
+            str(_get(o, "involvedObject", "kind") or "").lower(),
+            _get(o, "involvedObject", "name") or ""), 0),
+        ("Message", "string", _s("message"), 0),
+        ("Age", "date", _age, 0),
+    ],
     rt.VMI.key: [
         ("Age", "date", _age, 0),
         ("Phase", "string", _s("status", "phase"), 0),
