@@ -122,6 +122,8 @@ def setup_logging(as_json: bool, level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # watchfiles logs every batch of changes at INFO; our own line says what mattered.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
 
 
 # --- systemd notify ----------------------------------------------------------------
