@@ -1,0 +1,1 @@
+"""Benchmarks (issue 7): ``python -m tests.bench [NAME ...] [--quick]``; see docs/benchmarks.md."""

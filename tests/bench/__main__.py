@@ -1,0 +1,94 @@
+"""``python -m tests.bench [NAME ...] [--quick] [--profile] [--out PATH]``.
+
+Runs the named benchmarks (default: all, in the order below), prints each
+figure beside its goal with PASS/MISS, and writes the results JSON (default
+``bench-results.json`` at the repository root; never committed). Every goal
+key is always in the file: ``null`` where this run did not measure it.
+``--quick`` is a smoke mode (small sizes, seconds not minutes): its figures
+say the harness works, not how fast anything is, and are stored under
+``*_quick`` keys where they would otherwise be mistaken for the real ones.
+
+A benchmark that fails is reported (its error in ``_meta.errors``) and the
+others still run; the exit status is 1 then, else 0. A missed goal is not a
+failure of the harness: the exit status stays 0 and the table says MISS.
+The load average before and after each benchmark is recorded, because this
+is often a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from tests.bench.common import REPO_ROOT, Results, loadavg, machine, table
+
+#: name -> (module, what it measures). Order: cheapest / least disruptive first.
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "host": ("tests.bench.host_scale", "host agent: 10,000 VMIs sync, updates/s, RSS"),
+    "registry": ("tests.bench.registry_load", "registry GET/s and 5,000 long-polls"),
+    "guest": ("tests.bench.guest_footprint", "guest agent RSS and CPU, idle and churning"),
+    "convergence": ("tests.bench.convergence", "18-VM sandbox: change -> every /etc/hosts"),
+    "storm": ("tests.bench.storm", "18-VM sandbox: IMEX signals/restarts per member"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m tests.bench",
+        description="Run the benchmarks and compare each figure with its goal.",
+        epilog="benchmarks:\n" + "\n".join(f"  {n:<12} {w}" for n, (_, w) in BENCHMARKS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="smoke mode: small sizes, few seconds")
+    p.add_argument("--profile", action="store_true",
+                   help="host: run the agent under pyinstrument (bench-profile-host.txt)")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results.json",
+                   help="results file (default: bench-results.json at the repo root)")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        p.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    names = args.names or list(BENCHMARKS)
+
+    results = Results(quick=args.quick)
+    errors: dict[str, str] = {}
+    loads: dict[str, list[float]] = {}
+    started = datetime.datetime.now(datetime.UTC)
+    for name in names:
+        module_name, what = BENCHMARKS[name]
+        print(f"== {name}: {what}{' (quick)' if args.quick else ''}", flush=True)
+        before = loadavg()[0]
+        t0 = time.monotonic()
+        try:
+            module = importlib.import_module(module_name)
+            kwargs = {"quick": args.quick}
+            if name == "host":
+                kwargs["profile"] = args.profile
+            module.run(results, **kwargs)
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            print(f"!! {name} failed: {errors[name]}", file=sys.stderr, flush=True)
+        loads[name] = [before, loadavg()[0]]
+        print(f"   {name} took {time.monotonic() - t0:.1f} s; load average "
+              f"{before:.1f} -> {loads[name][1]:.1f}", flush=True)
+
+    meta = {"date": started.isoformat(timespec="seconds"), "quick": args.quick,
+            "benchmarks": names, "machine": machine(), "loadavg_1min": loads, "errors": errors}
+    args.out.write_text(json.dumps(results.as_json(meta), indent=2) + "\n")
+    print()
+    print(table(results))
+    for key, text in results.notes.items():
+        print(f"note {key}: {text}")
+    print(f"\nresults written to {args.out}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

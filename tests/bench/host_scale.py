@@ -1,0 +1,195 @@
+"""Host agent at scale: 10,000 VMIs in 1,000 ensembles against the API double.
+
+Three processes, so none steals the others' interpreter: the API double
+(``kube_proc``, pre-seeded), the real ``imex-host-agent`` (production
+settings, only ``--kubeconfig`` and ``--listen`` given), and for updates the
+load generator (``loadgen patch``). The harness follows the slices with one
+watch (``slicewatch``).
+
+Figures:
+- ``host_sync_10k_s``: from spawning the agent process (interpreter start and
+  imports included) to the last of the 1,000 slices holding all its members,
+  as the double stored them.
+- ``host_updates_per_s``: the load generator changes VMI IPs (one status
+  merge-patch each, spread over every ensemble, as fast as the double accepts
+  them); figure = updates / (first update sent -> every slice holds the final
+  IPs). Extras: the rate the double accepted (``host_updates_offered_per_s``)
+  and the lag after the last update; and ``host_updates_backlog_per_s``: the
+  same updates sent while the agent is stopped (SIGSTOP) and drained after
+  SIGCONT, which is the agent's own ceiling when the double is not feeding it.
+- ``host_rss_mb``: the agent's peak RSS (VmHWM) over the whole run.
+
+``profile=True`` runs the agent under pyinstrument and writes the text report
+next to the results (``bench-profile-host.txt``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from guest_agent.model import EnsembleId
+from tests.bench.common import (
+    PY,
+    REPO_ROOT,
+    BenchError,
+    Results,
+    cpu_seconds,
+    free_port,
+    read_line,
+    rss_mb,
+    spawn,
+    stop,
+    wait_for,
+)
+from tests.bench.kube_proc import NAMESPACE, member_ip
+from tests.bench.loadgen import raise_nofile
+from tests.bench.slicewatch import Pins, SliceWatch
+
+
+def expected_pins(ensembles: int, per: int, ips: dict[tuple[int, int], str]) -> Pins:
+    out: Pins = {}
+    for e in range(ensembles):
+        ens = EnsembleId(NAMESPACE, f"e{e}")
+        out[f"e{e}-imex"] = {ens.slot(i): ips[(e, i)] for i in range(per)}
+    return out
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return rss_mb(pid)
+
+
+def _updates(ensembles: int, per: int, count: int, round_: int,
+             ips: dict[tuple[int, int], str]) -> list[tuple[str, str]]:
+    """``count`` IP changes spread over every ensemble; ``ips`` updated to the final map."""
+    out = []
+    for k in range(count):
+        e, i = k % ensembles, (k // ensembles) % per
+        gen = round_ + k // (ensembles * per) + 1
+        ip = member_ip(e, i, gen)
+        ips[(e, i)] = ip
+        out.append((f"e{e}-{i}", ip))
+    return out
+
+
+def _send(workdir: Path, api: str, token: str, updates: list[tuple[str, str]],
+          log: Path) -> dict[str, Any]:
+    path = workdir / "updates.json"
+    path.write_text(json.dumps(updates))
+    gen = spawn([PY, "-m", "tests.bench.loadgen", "patch", "--api", api, "--token", token,
+                 "--updates", str(path), "--connections", "8"], log=log, stdout_pipe=True)
+    try:
+        line = read_line(gen, "{", timeout=600)
+    finally:
+        stop(gen)
+    out: dict[str, Any] = json.loads(line)
+    if out["errors"]:
+        raise BenchError(f"the double refused {out['errors']} of {out['sent']} updates "
+                         f"(see {log})")
+    return out
+
+
+def run(results: Results, *, quick: bool = False, profile: bool = False,
+        out_dir: Path = REPO_ROOT) -> None:
+    ensembles, per = (100, 10) if quick else (1000, 10)
+    n_updates = 1000 if quick else 10_000
+    raise_nofile(8192)
+    with tempfile.TemporaryDirectory(prefix="bench-host-") as tmp:
+        work = Path(tmp)
+        kubeconfig = work / "kubeconfig"
+        log = work / "bench.log"
+        api_proc = spawn([PY, "-m", "tests.bench.kube_proc", "--kubeconfig-out", str(kubeconfig),
+                          "--ensembles", str(ensembles), "--per", str(per)],
+                         log=log, stdout_pipe=True)
+        agent = None
+        watch = None
+        prof_out = out_dir / "bench-profile-host.txt"
+        session = work / "host.pyisession"
+        try:
+            ready = dict(kv.split("=", 1) for kv in
+                         read_line(api_proc, "kube-api ready", timeout=300).split()[2:])
+            api, token = ready["url"], ready["token"]
+            watch = SliceWatch(api, token, NAMESPACE).start()
+            ips = {(e, i): member_ip(e, i) for e in range(ensembles) for i in range(per)}
+            watch.expect(expected_pins(ensembles, per, ips))
+            port = free_port()
+            argv = [PY, "-m", "host_agent.cli", "--kubeconfig", str(kubeconfig),
+                    "--listen", f"127.0.0.1:{port}", "--log-level", "WARNING"]
+            if profile:
+                argv = [PY, "-m", "pyinstrument", "-r", "pyisession", "-o", str(session),
+                        "-m", "host_agent.cli", *argv[3:]]
+            started = time.monotonic()
+            agent = spawn(argv, log=work / "agent.log")
+            synced_at = watch.wait(f"{ensembles} slices", timeout=300)
+            sync_s = synced_at - started
+            cpu_synced = cpu_seconds(agent.pid)
+            results.set("host_sync_10k_s", sync_s)
+            results.set("host_sync_cpu_s", cpu_synced)
+            ready_at = wait_for("registry /readyz", lambda: _ready(port), timeout=60)
+            results.set("host_rss_after_sync_mb", rss_mb(agent.pid))
+
+            # Steady: updates as fast as the double accepts them.
+            cpu_before = cpu_seconds(agent.pid)
+            sent = _send(work, api, token, _updates(ensembles, per, n_updates, 0, ips), log)
+            watch.expect(expected_pins(ensembles, per, ips))
+            done = watch.wait("slices after updates", timeout=600)
+            per_update = (cpu_seconds(agent.pid) - cpu_before) / n_updates
+            results.set("host_update_cpu_ms", per_update * 1000)
+            results.set("host_updates_per_cpu_s", 1 / per_update if per_update else None)
+            results.set("host_updates_per_s", n_updates / (done - sent["first"]))
+            results.set("host_updates_offered_per_s", n_updates / (sent["last"] - sent["first"]))
+            results.set("host_updates_lag_ms", (done - sent["last"]) * 1000)
+
+            # Backlog: the same number of updates queued while the agent is stopped.
+            agent.send_signal(signal.SIGSTOP)
+            try:
+                _send(work, api, token, _updates(ensembles, per, n_updates, 3, ips), log)
+                watch.expect(expected_pins(ensembles, per, ips))
+            finally:
+                resumed = time.monotonic()
+                agent.send_signal(signal.SIGCONT)
+            cpu_before = cpu_seconds(agent.pid)
+            done = watch.wait("slices after the backlog", timeout=600)
+            results.set("host_backlog_update_cpu_ms",
+                        (cpu_seconds(agent.pid) - cpu_before) / n_updates * 1000)
+            results.set("host_updates_backlog_per_s", n_updates / (done - resumed))
+            results.set("host_rss_mb", peak_rss_mb(agent.pid))
+            results.note("host", f"{ensembles * per} VMIs / {ensembles} ensembles; sync "
+                         f"{sync_s:.2f} s (readyz at {ready_at - started:.2f} s)")
+        finally:
+            if watch is not None:
+                watch.close()
+            if agent is not None:
+                stop(agent, timeout=60 if profile else 10)
+            stop(api_proc)
+        if profile and session.exists():
+            write_profile(session, prof_out)
+            results.note("host_profile", str(prof_out))
+
+
+def write_profile(session_path: Path, out: Path) -> None:
+    """The agent's profile as text: functions by own time, then the call tree."""
+    from pyinstrument.renderers import ConsoleRenderer
+    from pyinstrument.session import Session
+
+    session = Session.load(str(session_path))
+    flat = ConsoleRenderer(flat=True, unicode=False, color=False).render(session)
+    tree = ConsoleRenderer(unicode=False, color=False).render(session)
+    out.write_text("== own time per function (top of the list dominates)\n"
+                   + "\n".join(flat.splitlines()[:60]) + "\n\n== call tree\n" + tree)
+
+
+def _ready(port: int) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return time.monotonic() if resp.status == 200 else None
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,84 @@
+"""The Kubernetes API double as its own process, pre-seeded with a large fleet.
+
+``python -m tests.bench.kube_proc --kubeconfig-out PATH --ensembles E --per N``
+
+Why a separate entry instead of ``python -m tests.sandbox kube-api --seed``:
+10,000 VMIs as a YAML seed cost more to parse than the benchmark measures;
+here they are built as dicts and stored straight into the double (validated
+as any write) before it listens. The process prints
+``kube-api ready url=<url> token=<token> objects=<n>`` once it accepts
+requests and stops on SIGTERM. The objects are what KubeVirt and an admin
+would have written: one headless ensemble Service per ensemble, ``N`` Running
+VMIs each with a pod-network IP (ensemble ``e``, member ``i``:
+``10.<20 + e // 250>.<e % 250>.<i + 1>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.host_support.kubevirt import service, vmi
+from tests.sandbox.kube_api import KubeApiServer
+
+NAMESPACE = "bench"
+
+
+def member_ip(e: int, i: int, generation: int = 0) -> str:
+    """The IP of member ``i`` of ensemble ``e`` after ``generation`` moves.
+
+    Second octet from 20 up: 10.0.2.2 is KubeVirt's masquerade guest address,
+    which the host agent rightly refuses to publish.
+    """
+    return f"10.{20 + (e // 250) + 8 * (generation % 6)}.{e % 250}.{i + 1}"
+
+
+def fleet(ensembles: int, per: int) -> list[dict[str, Any]]:
+    objs: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
+    for e in range(ensembles):
+        name = f"e{e}"
+        objs.append(service(name, namespace=NAMESPACE, uid=f"00000000-0000-4000-8000-{e:012d}",
+                            annotations={"imex-ensemble.io/max-members": "18"}))
+        for i in range(per):
+            objs.append(vmi(f"{name}-{i}", namespace=NAMESPACE, ensemble=name,
+                            ip=member_ip(e, i), node=f"node-{(e * per + i) % 64}"))
+    return objs
+
+
+async def serve(args: argparse.Namespace) -> int:
+    server = KubeApiServer("127.0.0.1", 0, token=args.token,
+                           history_limit=max(100_000, 4 * args.ensembles * args.per))
+    objs = fleet(args.ensembles, args.per)
+    for obj in objs:
+        server.put(obj)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        server.write_kubeconfig(args.kubeconfig_out, NAMESPACE)
+        print(f"kube-api ready url={server.url} token={server.token} objects={len(objs)}",
+              flush=True)
+        await stop.wait()
+    finally:
+        await server.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.bench.kube_proc")
+    p.add_argument("--kubeconfig-out", type=Path, required=True)
+    p.add_argument("--ensembles", type=int, default=1000)
+    p.add_argument("--per", type=int, default=10)
+    p.add_argument("--token", default="bench-token")
+    return asyncio.run(serve(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

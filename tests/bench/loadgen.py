@@ -1,0 +1,252 @@
+"""Load generator, run as its own process so it never shares a GIL with what it measures.
+
+``python -m tests.bench.loadgen get --url URL --connections C --seconds S``
+    keep-alive GETs of one URL on C connections for S seconds; prints one JSON
+    line ``{"requests", "errors", "seconds", "per_s", "p50_ms", "p99_ms"}``.
+``python -m tests.bench.loadgen longpoll --url URL --count N --deadline S``
+    opens N connections, each holding one GET (the caller puts ``?wait=G`` in
+    the URL); prints ``parked N`` once every request is written, then one JSON
+    line with the CLOCK_MONOTONIC time of every answer's arrival
+    (``first``, ``last``, ``answered``, ``errors``). CLOCK_MONOTONIC is
+    system-wide on Linux, so the harness compares these times with its own.
+``python -m tests.bench.loadgen patch --api URL --token T --updates FILE``
+    sends VMI status merge-patches (as virt-handler would) read from FILE (JSON
+    list of ``[name, ip]``) on C connections as fast as the API accepts them;
+    prints ``{"sent", "errors", "first", "last"}`` (monotonic times).
+
+The HTTP/1.1 client is a few lines of asyncio streams rather than a library
+client: it costs a fraction of the CPU per request, so on a small machine the
+generator is not what limits the figure. Only Content-Length and chunked
+bodies are understood; that is all the servers measured here send.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import resource
+import sys
+import time
+from urllib.parse import urlsplit
+
+
+class HttpError(Exception):
+    pass
+
+
+def raise_nofile(want: int) -> int:
+    """Raise the soft open-files limit toward ``want`` (up to the hard limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    return soft
+
+
+def _target(url: str) -> tuple[str, int, str]:
+    u = urlsplit(url)
+    if u.scheme != "http" or not u.hostname:
+        raise HttpError(f"only http://HOST:PORT/... URLs are supported, not {url!r}")
+    path = u.path or "/"
+    if u.query:
+        path += "?" + u.query
+    return u.hostname, u.port or 80, path
+
+
+def request_bytes(method: str, host: str, port: int, path: str, *, body: bytes = b"",
+                  headers: dict[str, str] | None = None) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Accept: */*"]
+    for k, v in (headers or {}).items():
+        lines.append(f"{k}: {v}")
+    if body or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def read_response(r: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await r.readuntil(b"\r\n\r\n")
+    status_line, _, rest = head.partition(b"\r\n")
+    status = int(status_line.split()[1])
+    length: int | None = None
+    chunked = False
+    for line in rest.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        lname = name.strip().lower()
+        if lname == b"content-length":
+            length = int(value.strip())
+        elif lname == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    if chunked:
+        body = bytearray()
+        while True:
+            size = int((await r.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+            if size == 0:
+                await r.readuntil(b"\r\n")
+                return status, bytes(body)
+            body += await r.readexactly(size + 2)
+            del body[-2:]
+    if length is None:
+        raise HttpError("response without Content-Length")
+    return status, await r.readexactly(length)
+
+
+# ------------------------------------------------------------------------- get
+
+
+async def run_get(url: str, connections: int, seconds: float) -> dict[str, float]:
+    host, port, path = _target(url)
+    req = request_bytes("GET", host, port, path)
+    latencies: list[float] = []
+    errors = 0
+    ready = asyncio.Event()
+    end = 0.0
+
+    async def worker() -> None:
+        nonlocal errors
+        r, w = await asyncio.open_connection(host, port)
+        try:
+            await ready.wait()
+            while (now := time.monotonic()) < end:
+                w.write(req)
+                status, _ = await read_response(r)
+                latencies.append(time.monotonic() - now)
+                if status != 200:
+                    errors += 1
+        finally:
+            w.close()
+
+    tasks = [asyncio.create_task(worker()) for _ in range(connections)]
+    await asyncio.sleep(0.2)  # connections open before the clock starts
+    start = time.monotonic()
+    end = start + seconds
+    ready.set()
+    await asyncio.gather(*tasks)
+    took = time.monotonic() - start
+    lat = sorted(latencies)
+    n = len(lat)
+    return {"requests": n, "errors": errors, "seconds": round(took, 3),
+            "per_s": round(n / took, 1),
+            "p50_ms": round(lat[n // 2] * 1000, 2) if n else -1,
+            "p99_ms": round(lat[min(n - 1, int(n * 0.99))] * 1000, 2) if n else -1}
+
+
+# -------------------------------------------------------------------- longpoll
+
+
+async def run_longpoll(url: str, count: int, deadline: float, open_batch: int) -> dict[str, float]:
+    host, port, path = _target(url)
+    req = request_bytes("GET", host, port, path)
+    arrivals: list[float] = []
+    errors = 0
+    streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    # Open in batches: a burst of thousands of SYNs overflows the listen backlog
+    # and a dropped SYN is retried only after a second.
+    for i in range(0, count, open_batch):
+        batch = await asyncio.gather(*(asyncio.open_connection(host, port)
+                                       for _ in range(min(open_batch, count - i))))
+        streams.extend(batch)
+    for _, w in streams:
+        w.write(req)
+    await asyncio.gather(*(w.drain() for _, w in streams))
+    print(f"parked {len(streams)}", flush=True)
+
+    async def wait_one(r: asyncio.StreamReader) -> None:
+        nonlocal errors
+        try:
+            status, _ = await read_response(r)
+        except (OSError, asyncio.IncompleteReadError, HttpError):
+            errors += 1
+            return
+        arrivals.append(time.monotonic())
+        if status != 200:
+            errors += 1
+
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(deadline):
+            await asyncio.gather(*(wait_one(r) for r, _ in streams))
+    for _, w in streams:
+        w.close()
+    return {"answered": len(arrivals), "errors": errors,
+            "first": min(arrivals) if arrivals else -1, "last": max(arrivals) if arrivals else -1}
+
+
+# ----------------------------------------------------------------------- patch
+
+
+async def run_patch(api: str, token: str, namespace: str, updates: list[tuple[str, str]],
+                    connections: int) -> dict[str, float]:
+    host, port, _ = _target(api)
+    queue = list(reversed(updates))
+    errors = 0
+    first = last = 0.0
+
+    def body(ip: str) -> bytes:
+        return json.dumps({"status": {"interfaces": [{
+            "name": "default", "ipAddress": ip, "ipAddresses": [ip],
+            "mac": "02:00:00:00:00:01", "infoSource": "domain, guest-agent",
+            "podInterfaceName": "eth0"}]}}, separators=(",", ":")).encode()
+
+    async def worker() -> None:
+        nonlocal errors, first, last
+        r, w = await asyncio.open_connection(host, port)
+        try:
+            while queue:
+                name, ip = queue.pop()
+                path = (f"/apis/kubevirt.io/v1/namespaces/{namespace}/"
+                        f"virtualmachineinstances/{name}/status")
+                w.write(request_bytes("PATCH", host, port, path, body=body(ip), headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/merge-patch+json"}))
+                if not first:
+                    first = time.monotonic()
+                status, text = await read_response(r)
+                last = time.monotonic()
+                if status != 200:
+                    errors += 1
+                    if errors < 3:
+                        print(f"patch {name}: {status} {text[:300]!r}", file=sys.stderr)
+        finally:
+            w.close()
+
+    await asyncio.gather(*(worker() for _ in range(connections)))
+    return {"sent": len(updates), "errors": errors, "first": first, "last": last}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.bench.loadgen")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("get")
+    g.add_argument("--url", required=True)
+    g.add_argument("--connections", type=int, default=32)
+    g.add_argument("--seconds", type=float, default=5.0)
+    lp = sub.add_parser("longpoll")
+    lp.add_argument("--url", required=True)
+    lp.add_argument("--count", type=int, default=5000)
+    lp.add_argument("--deadline", type=float, default=60.0)
+    lp.add_argument("--open-batch", type=int, default=200)
+    pa = sub.add_parser("patch")
+    pa.add_argument("--api", required=True)
+    pa.add_argument("--token", required=True)
+    pa.add_argument("--namespace", default="bench")
+    pa.add_argument("--updates", required=True)
+    pa.add_argument("--connections", type=int, default=16)
+    args = p.parse_args(argv)
+    if args.cmd == "get":
+        out = asyncio.run(run_get(args.url, args.connections, args.seconds))
+    elif args.cmd == "longpoll":
+        raise_nofile(args.count + 256)
+        out = asyncio.run(run_longpoll(args.url, args.count, args.deadline, args.open_batch))
+    else:
+        with open(args.updates) as f:
+            updates = [(str(n), str(ip)) for n, ip in json.load(f)]
+        out = asyncio.run(run_patch(args.api, args.token, args.namespace, updates,
+                                    args.connections))
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
