@@ -334,3 +334,15 @@ def test_unknown_fields_are_pruned_with_a_warning_or_refused(
                       json=vmi_body, params={"fieldValidation": "Ignore"})
         assert r.status_code == 201 and "Warning" not in r.headers
         assert "domian" not in r.json()["spec"]
+
+
+async def test_chunked_list_through_lightkube(client: AsyncClient) -> None:
+    for i in range(5):
+        await client.create(service(f"ens-{i}"))
+    listed = client.list(Service, namespace="default", chunk_size=2)
+    names = []
+    async for s in listed:
+        names.append(s.metadata.name)
+        if len(names) == 1:  # a change while the client pages through the list
+            await client.create(service("ens-9"))
+    assert names == [f"ens-{i}" for i in range(5)]

@@ -262,12 +262,24 @@ class KubeApi:
         return json_response(200, obj)
 
     async def _list(self, req: Request, t: ResourceType, ns: str | None) -> Response:
-        items, rv = self.store.list(t, ns, req.query.get("labelSelector"),
-                                    req.query.get("fieldSelector"))
+        try:
+            limit = int(req.query["limit"]) if req.query.get("limit") else None
+        except ValueError as e:
+            raise bad_request("limit must be an integer") from e
+        page = self.store.list_page(
+            t, ns, req.query.get("labelSelector"), req.query.get("fieldSelector"),
+            req.query.get("resourceVersion"), req.query.get("resourceVersionMatch"),
+            limit, req.query.get("continue"))
+        meta: JSON = {"resourceVersion": page.resource_version}
+        if page.continue_token:
+            meta["continue"] = page.continue_token
+            meta["remainingItemCount"] = page.remaining
         if tables.wants_table(req.headers.get("accept", "")):
-            return json_response(200, tables.table(t, items, rv, _include(req)))
+            doc = tables.table(t, page.items, page.resource_version, _include(req))
+            doc["metadata"] = meta
+            return json_response(200, doc)
         return json_response(200, {"kind": t.list_kind, "apiVersion": t.api_version,
-                                   "metadata": {"resourceVersion": rv}, "items": items})
+                                   "metadata": meta, "items": page.items})
 
     async def _watch(self, req: Request, t: ResourceType, ns: str | None) -> StreamResponse:
         bookmarks = req.query.get("allowWatchBookmarks", "") in ("true", "1")

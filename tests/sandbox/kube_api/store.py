@@ -7,6 +7,8 @@ TEST STAND-IN, never product code. What it imitates and how:
   changes nothing (same object, same field ownership) is skipped and keeps
   the old resourceVersion, as the real storage layer's no-op update check
   does; so it emits no watch event.
+- Lists are complete unless `limit` asks for pages; a `continue` token
+  lists the rest as of the first page's version (rebuilt from history).
 - Event history for watch resumption, bounded (`history_limit`) and
   compactable (`compact()`), like etcd compaction plus the watch cache: a
   watch from a resourceVersion older than the oldest kept event gets a
@@ -41,10 +43,12 @@ only asynchronous part is the per-watcher queue the HTTP layer drains.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import ipaddress
 import itertools
+import json
 import secrets
 import uuid
 from collections import Counter, deque
@@ -84,6 +88,34 @@ class HistoryEvent:
     kind: str  # ADDED | MODIFIED | DELETED
     old: JSON | None
     new: JSON
+
+
+@dataclass(frozen=True)
+class ListPage:
+    items: list[JSON]
+    resource_version: str
+    continue_token: str | None = None
+    remaining: int | None = None
+
+
+def _parse_rv(text: str | None) -> int:
+    try:
+        return int(text or "")
+    except ValueError as e:
+        raise bad_request(f"invalid resourceVersion {text!r}") from e
+
+
+def _encode_continue(rv: int, last: ObjKey) -> str:
+    raw = json.dumps({"rv": rv, "start": list(last)}).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_continue(token: str) -> tuple[int, ObjKey]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(data["rv"]), (str(data["start"][0]), str(data["start"][1]))
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise bad_request("continue key is not valid: " + str(e)) from e
 
 
 @dataclass(eq=False)
@@ -173,10 +205,65 @@ class Store:
 
     def list(self, t: ResourceType, ns: str | None, label_selector: str | None = None,
              field_selector: str | None = None) -> tuple[list[JSON], str]:
+        """Every matching object now, and the current resourceVersion."""
+        page = self.list_page(t, ns, label_selector, field_selector)
+        return page.items, page.resource_version
+
+    def list_page(self, t: ResourceType, ns: str | None, label_selector: str | None = None,
+                  field_selector: str | None = None, resource_version: str | None = None,
+                  match: str | None = None, limit: int | None = None,
+                  continue_token: str | None = None) -> ListPage:
+        """A list as the apiserver serves it (API concepts, "Retrieving large results").
+
+        `limit` cuts the list into pages; the `continue` token of a page lists the
+        rest *as of the first page's resourceVersion* (a consistent snapshot, rebuilt
+        from the watch history; 410 once that history is compacted away).
+        `resourceVersionMatch=Exact` lists at exactly `resource_version`.
+        """
         w = self._filter(t, ns, label_selector, field_selector)
-        items = [self.render(e) for key, e in sorted(self.objects[t.key].items())
-                 if w.matches(e.obj)]
-        return items, str(self.rv)
+        after: ObjKey | None = None
+        entries = self.objects[t.key]
+        state: Mapping[ObjKey, Any]
+        now = False
+        if continue_token:
+            at, after = _decode_continue(continue_token)
+            state = self._state_at(t, at, continued=True)
+        elif match == "Exact" and resource_version not in (None, "", "0"):
+            at = _parse_rv(resource_version)
+            state = self._state_at(t, at)
+        elif match not in (None, "", "NotOlderThan", "Exact"):
+            raise bad_request(f'resourceVersionMatch: Unsupported value: "{match}"')
+        else:  # now: match on stored objects, render only what is returned
+            at, now = self.rv, True
+            state = {k: e.obj for k, e in entries.items()}
+        keys = sorted(k for k, obj in state.items() if w.matches(obj)
+                      and (after is None or k > after))
+        page, rest = (keys, []) if not limit or limit <= 0 else (keys[:limit], keys[limit:])
+        token = _encode_continue(at, page[-1]) if rest and page else None
+        items = [self.render(entries[k]) if now else state[k] for k in page]
+        return ListPage(items, str(at), token, len(rest) if rest else None)
+
+    def _state_at(self, t: ResourceType, at: int, continued: bool = False) -> dict[ObjKey, JSON]:
+        """Objects of kind `t` as they were at resourceVersion `at` (history rolled back)."""
+        if at < self.compacted_rv:
+            if continued:
+                raise ApiError(410, "Expired", "The provided continue parameter is too old to "
+                               "display a consistent list result. You can start a new list "
+                               "without the continue parameter.")
+            raise ApiError(410, "Expired", f"too old resource version: {at} "
+                           f"({self.compacted_rv})")
+        state = {key: self.render(e) for key, e in self.objects[t.key].items()}
+        for ev in reversed(self.history):
+            if ev.rv <= at:
+                break
+            if ev.type_key != t.key:
+                continue
+            key = (ev.namespace, ev.new["metadata"]["name"])
+            if ev.kind == "ADDED":
+                state.pop(key, None)
+            elif ev.old is not None:
+                state[key] = ev.old
+        return state
 
     def _filter(self, t: ResourceType, ns: str | None, label_selector: str | None,
                 field_selector: str | None) -> Watcher:
@@ -204,10 +291,7 @@ class Store:
                 if w.matches(entry.obj):
                     w.queue.put_nowait(("ADDED", self.render(entry)))
         else:
-            try:
-                since = int(resource_version)
-            except ValueError as e:
-                raise bad_request(f"invalid resourceVersion {resource_version!r}") from e
+            since = _parse_rv(resource_version)
             if since < self.compacted_rv:
                 raise ApiError(410, "Expired",
                                f"too old resource version: {since} ({self.compacted_rv})")

@@ -181,3 +181,30 @@ def test_put_keeps_status_and_rejects_invalid() -> None:
         s.put(vmi)
     assert err.value.code == 422 and err.value.details is not None
     assert err.value.details["causes"][0]["field"] == "spec.domain"
+
+
+def test_pages_are_a_consistent_snapshot() -> None:
+    s = Store()
+    for name in "abcde":
+        s.create(rt.SERVICE, "default", svc(name, ens="x"), "t")
+    first = s.list_page(rt.SERVICE, "default", "ens=x", limit=2)
+    assert [o["metadata"]["name"] for o in first.items] == ["a", "b"]
+    assert first.remaining == 3 and first.continue_token
+    # changes after the first page do not leak into the rest of this list
+    s.delete(rt.SERVICE, "default", "c")
+    s.create(rt.SERVICE, "default", svc("bb", ens="x"), "t")
+    s.patch(rt.SERVICE, "default", "d", "merge", {"metadata": {"labels": {"new": "1"}}}, "t")
+    rest = s.list_page(rt.SERVICE, "default", "ens=x", limit=10,
+                       continue_token=first.continue_token)
+    assert [o["metadata"]["name"] for o in rest.items] == ["c", "d", "e"]
+    assert "new" not in rest.items[1]["metadata"]["labels"]
+    assert rest.resource_version == first.resource_version and rest.continue_token is None
+    exact = s.list_page(rt.SERVICE, "default", resource_version=first.resource_version,
+                        match="Exact")
+    assert [o["metadata"]["name"] for o in exact.items] == ["a", "b", "c", "d", "e"]
+    s.compact()
+    with pytest.raises(ApiError) as err:
+        s.list_page(rt.SERVICE, "default", continue_token=first.continue_token)
+    assert err.value.code == 410
+    with pytest.raises(ApiError):
+        s.list_page(rt.SERVICE, "default", continue_token="garbage!")
