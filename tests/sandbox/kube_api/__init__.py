@@ -28,9 +28,10 @@ discovery), tables (kubectl columns), openapi (kubectl's probe), faults,
 http (the socket layer), server (lifecycle, fault API, kubeconfig), cli.
 
 Known simplifications (each documented where it lives): lists are atomic
-in server-side apply; garbage collection is synchronous; no pagination (a
-list is always complete); one version per API group; only the kinds in
-resources.py.
+in server-side apply; garbage collection is synchronous; one version per
+API group; only the kinds in resources.py; no admission webhooks (KubeVirt's
+mutating/validating webhooks are not imitated beyond its OpenAPI schema);
+plain HTTP, anonymous requests allowed.
 """
 
 from .server import KubeApiServer, ThreadedKubeApi, kubeconfig_document
