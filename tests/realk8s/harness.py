@@ -134,11 +134,12 @@ class Proc:
 class Api:
     """A thin synchronous REST client (httpx) for one identity; the tests' view of the API."""
 
-    def __init__(self, server: str, ca: Path, token: str) -> None:
+    def __init__(self, server: str, ca: Path | None, token: str) -> None:
+        """``ca``: the CA that signed the server's certificate; None for plain HTTP."""
         self.server = server
         self.client = httpx.Client(
             base_url=server,
-            verify=ssl.create_default_context(cafile=str(ca)),
+            verify=ssl.create_default_context(cafile=str(ca)) if ca else False,
             headers={"Authorization": f"Bearer {token}"},
             timeout=30.0,
         )

@@ -1,0 +1,233 @@
+"""The Kubernetes API double (tests/sandbox/kube_api) answers as the real apiserver does.
+
+The same fixture set (a script of REST calls with VMI, Service and EndpointSlice
+bodies) runs against both, each in a fresh namespace of the same name; for every
+step the answers are reduced to what clients act on (HTTP code, Status reason, the
+fields a 422 names, and per step the parts of the object the agents read) and must
+be equal. A disagreement is a bug in the double (or in our reading of Kubernetes):
+the step's name says where.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from guest_agent.model import EnsembleId
+from tests.realk8s.fixtures import contract_slice, ensemble_service, vmi
+from tests.realk8s.harness import Api, ControlPlane
+from tests.realk8s.kubeops import SERVICES, SLICES, VMIS
+from tests.sandbox.kube_api.server import ThreadedKubeApi
+
+pytestmark = pytest.mark.realk8s
+
+Body = dict[str, Any]
+Project = Callable[[Body], Any]
+#: resourceVersion of the ensemble's slice after the last step that wrote it
+#: (one script runs at a time).
+_LAST_RV: dict[str, Any] = {}
+
+
+@dataclass
+class Step:
+    name: str
+    method: str
+    path: str  # {ns} is replaced
+    body: Callable[[str, dict[str, Any]], Body | None] = lambda ns, ctx: None
+    content_type: str = "application/json"
+    project: Project = lambda obj: None
+    params: dict[str, str] = field(default_factory=dict)
+
+
+def _meta(obj: Body, *keys: str) -> Any:
+    return tuple(obj.get("metadata", {}).get(k) for k in keys)
+
+
+def _status_ifaces(obj: Body) -> Any:
+    return [(i.get("name"), i.get("ipAddress")) for i in
+            (obj.get("status") or {}).get("interfaces") or []]
+
+
+def _slice_view(obj: Body) -> Any:
+    return (obj.get("addressType"), obj.get("ports"),
+            sorted((e.get("hostname"), tuple(e.get("addresses", [])),
+                    e.get("conditions", {}).get("ready")) for e in obj.get("endpoints") or []),
+            obj.get("metadata", {}).get("labels"))
+
+
+def _names(obj: Body) -> Any:
+    return sorted(i["metadata"]["name"] for i in obj.get("items", []))
+
+
+def _vmi_body(ns: str, name: str, **kw: Any) -> Body:
+    body = vmi(ns, name, "ens", ip="10.1.0.5", **kw)
+    return body
+
+
+def _without_status(body: Body) -> Body:
+    out = copy.deepcopy(body)
+    out.pop("status", None)
+    return out
+
+
+def _bad_vmi(mutate: Callable[[Body], Any]) -> Callable[[str, dict[str, Any]], Body]:
+    def make(ns: str, ctx: dict[str, Any]) -> Body:
+        body = _without_status(_vmi_body(ns, "bad-0"))
+        mutate(body)
+        return body
+    return make
+
+
+def _slice(ns: str, ctx: dict[str, Any], **change: Any) -> Body:
+    ens = EnsembleId(ns, "ens")
+    members = [{"index": 0, "ip": "10.1.0.5", "vmi": "ens-0", "node": "n1", "ready": True},
+               {"index": 1, "ip": "10.1.0.6", "vmi": "ens-1", "node": "n2", "ready": False}]
+    body = contract_slice(ens, ctx.get("svc_uid", str(uuid.uuid4())), members)
+    for path, value in change.items():
+        target: Any = body
+        keys = path.split(".")
+        for k in keys[:-1]:
+            target = target[int(k)] if isinstance(target, list) else target[k]
+        target[keys[-1]] = value
+    return body
+
+
+def _status_put(ns: str, ctx: dict[str, Any]) -> Body:
+    obj = copy.deepcopy(ctx["vmi"])
+    obj["status"] = _vmi_body(ns, "ens-0")["status"]
+    return obj
+
+
+STEPS: list[Step] = [
+    Step("create VMI: status in a create is dropped", "POST", VMIS,
+         lambda ns, ctx: _vmi_body(ns, "ens-0"),
+         project=lambda o: (_meta(o, "name", "namespace", "labels"), _status_ifaces(o),
+                            o["spec"]["domain"]["devices"]["interfaces"])),
+    Step("get VMI", "GET", VMIS + "/ens-0", project=lambda o: _status_ifaces(o)),
+    Step("PUT VMI /status sets status", "PUT", VMIS + "/ens-0/status", _status_put,
+         project=_status_ifaces),
+    Step("merge-patch VMI /status", "PATCH", VMIS + "/ens-0/status",
+         lambda ns, ctx: {"status": {"interfaces": [{"name": "default",
+                                                     "ipAddress": "10.1.0.9"}]}},
+         "application/merge-patch+json", project=_status_ifaces),
+    Step("merge-patch main resource ignores status", "PATCH", VMIS + "/ens-0",
+         lambda ns, ctx: {"metadata": {"labels": {"x": "y"}},
+                          "status": {"phase": "Failed"}},
+         "application/merge-patch+json",
+         project=lambda o: (o["metadata"]["labels"].get("x"),
+                            (o.get("status") or {}).get("phase"))),
+    Step("strategic merge patch on a CRD is refused", "PATCH", VMIS + "/ens-0",
+         lambda ns, ctx: {"metadata": {"labels": {"x": "z"}}},
+         "application/strategic-merge-patch+json"),
+    Step("create VMI twice: AlreadyExists", "POST", VMIS,
+         lambda ns, ctx: _without_status(_vmi_body(ns, "ens-0"))),
+    Step("get missing VMI: NotFound", "GET", VMIS + "/nope"),
+    Step("VMI without spec.domain: Invalid", "POST", VMIS,
+         _bad_vmi(lambda b: b["spec"].pop("domain"))),
+    Step("VMI cores as string: Invalid", "POST", VMIS,
+         _bad_vmi(lambda b: b["spec"]["domain"]["cpu"].update(cores="four"))),
+    Step("VMI interface without name: Invalid", "POST", VMIS,
+         _bad_vmi(lambda b: b["spec"]["domain"]["devices"]["interfaces"][0].pop("name"))),
+    Step("list VMIs by ensemble label existence", "GET", VMIS,
+         params={"labelSelector": "imex-ensemble.io/ensemble"}, project=_names),
+    Step("list VMIs by label value mismatch", "GET", VMIS,
+         params={"labelSelector": "imex-ensemble.io/ensemble=other"}, project=_names),
+    Step("create headless selector-less Service", "POST", SERVICES,
+         lambda ns, ctx: ensemble_service(ns, "ens"),
+         project=lambda o: (o["spec"].get("clusterIP"), o["spec"].get("clusterIPs"),
+                            o["spec"].get("selector"), o["spec"]["ports"][0]["name"],
+                            o["spec"].get("type"))),
+    Step("create contract EndpointSlice", "POST", SLICES, _slice, project=_slice_view),
+    Step("server-side apply of the same slice", "PATCH", SLICES + "/ens-imex",
+         lambda ns, ctx: _slice(ns, ctx), "application/apply-patch+yaml",
+         params={"fieldManager": "imex-host-agent", "force": "true"},
+         project=_slice_view),
+    Step("server-side apply with nothing changed keeps resourceVersion", "PATCH",
+         SLICES + "/ens-imex", lambda ns, ctx: _slice(ns, ctx),
+         "application/apply-patch+yaml",
+         params={"fieldManager": "imex-host-agent", "force": "true"},
+         project=lambda o: o["metadata"]["resourceVersion"] == _LAST_RV.get("slice")),
+    Step("update with a stale resourceVersion: Conflict", "PUT", SLICES + "/ens-imex",
+         lambda ns, ctx: _slice(ns, ctx, **{"metadata.resourceVersion": "1"})),
+    Step("slice with DESIGN.md's managed-by value: Invalid", "POST", SLICES,
+         lambda ns, ctx: _slice(ns, ctx, **{
+             "metadata.name": "bad-label",
+             "metadata.labels": {"kubernetes.io/service-name": "ens",
+                                 "endpointslice.kubernetes.io/managed-by":
+                                     "imex-ensemble.io/host-agent"}})),
+    Step("slice with an upper-case hostname: Invalid", "POST", SLICES,
+         lambda ns, ctx: _slice(ns, ctx, **{"metadata.name": "bad-host",
+                                            "endpoints.0.hostname": "Imex-0"})),
+    Step("slice with a loopback address", "POST", SLICES,
+         lambda ns, ctx: _slice(ns, ctx, **{"metadata.name": "loop",
+                                            "endpoints.0.addresses": ["127.0.0.1"]})),
+    Step("slice with a link-local address", "POST", SLICES,
+         lambda ns, ctx: _slice(ns, ctx, **{"metadata.name": "linklocal",
+                                            "endpoints.0.addresses": ["169.254.1.1"]})),
+    Step("slice with an IPv6 address in an IPv4 slice: Invalid", "POST", SLICES,
+         lambda ns, ctx: _slice(ns, ctx, **{"metadata.name": "v6",
+                                            "endpoints.0.addresses": ["fd00::1"]})),
+    Step("delete VMI", "DELETE", VMIS + "/ens-0"),
+    Step("get deleted VMI: NotFound", "GET", VMIS + "/ens-0"),
+]
+
+
+def outcome(api: Api, ns: str, step: Step, ctx: dict[str, Any]) -> Any:
+    body = step.body(ns, ctx)
+    resp = api.request(step.method, step.path.format(ns=ns), body,
+                       content_type=step.content_type, params=step.params or None)
+    try:
+        obj = resp.json()
+    except ValueError:
+        obj = {}
+    if resp.status_code >= 400:
+        causes = sorted({c.get("field", "") for c in
+                         (obj.get("details") or {}).get("causes") or []}) \
+            if resp.status_code == 422 else None
+        return (resp.status_code, obj.get("reason"), causes)
+    if step.name.startswith("create VMI:"):
+        ctx["vmi"] = obj
+    if step.name.startswith("create headless"):
+        ctx["svc_uid"] = obj["metadata"]["uid"]
+    result = (resp.status_code, step.project(obj))
+    if step.path == SLICES + "/ens-imex" or step.name.startswith("create contract"):
+        _LAST_RV["slice"] = obj.get("metadata", {}).get("resourceVersion")
+    return result
+
+
+def run_script(api: Api, ns: str) -> list[Any]:
+    ctx: dict[str, Any] = {}
+    _LAST_RV.clear()
+    api.ok("POST", "/api/v1/namespaces",
+           {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    return [outcome(api, ns, step, ctx) for step in STEPS]
+
+
+@pytest.fixture
+def double() -> Iterator[Api]:
+    with ThreadedKubeApi() as srv:
+        api = Api(srv.url, None, srv.token)
+        try:
+            yield api
+        finally:
+            api.close()
+
+
+def test_double_answers_the_fixture_script_as_the_real_apiserver(
+        control_plane: ControlPlane, double: Api) -> None:
+    admin = control_plane.admin
+    assert admin is not None
+    ns = f"rk8s-parity-{uuid.uuid4().hex[:6]}"
+    real = run_script(admin, ns)
+    try:
+        fake = run_script(double, ns)
+    finally:
+        admin.delete(f"/api/v1/namespaces/{ns}")
+    diffs = [f"{step.name}:\n    real:   {r!r}\n    double: {f!r}"
+             for step, r, f in zip(STEPS, real, fake, strict=True) if r != f]
+    assert not diffs, "the API double disagrees with kube-apiserver:\n" + "\n".join(diffs)
