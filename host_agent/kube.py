@@ -30,17 +30,20 @@ from typing import Any, Final
 import httpx2
 from lightkube import ALL_NS, ApiError, AsyncClient, KubeConfig
 from lightkube.core.exceptions import ConfigError
-from lightkube.generic_resource import GenericNamespacedResource, create_namespaced_resource
+from lightkube.core.resource import NamespacedResource
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Service as Service
+from lightkube.resources.discovery_v1 import EndpointSlice as EndpointSlice
 from lightkube.types import PatchType, on_error_raise
 
 from host_agent.settings import HostSettings
 
+# Core kinds use lightkube's typed models. A *generic* core-group class can be
+# created only once per process (lightkube looks it up under "/v1" but files
+# it under "v1"), so a second generic "Service" anywhere in the process (a
+# test harness, a plugin) would make importing this module fail.
 VirtualMachineInstance = create_namespaced_resource(
     "kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances"
-)
-Service = create_namespaced_resource("", "v1", "Service", "services")
-EndpointSlice = create_namespaced_resource(
-    "discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"
 )
 
 Obj = dict[str, Any]
@@ -105,7 +108,11 @@ def make_client(settings: HostSettings) -> AsyncClient:
 
 
 def _plain(obj: object) -> Obj:
-    return dict(obj) if isinstance(obj, Mapping) else {}
+    """Raw JSON of a generic (dict-like) or typed lightkube object."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    to_dict = getattr(obj, "to_dict", None)
+    return dict(to_dict()) if callable(to_dict) else {}
 
 
 class ListWatcher:
@@ -114,7 +121,7 @@ class ListWatcher:
     def __init__(
         self,
         client: AsyncClient,
-        resource: type[GenericNamespacedResource],
+        resource: type[NamespacedResource],
         *,
         namespace: str = ALL_NS,
         labels: Mapping[str, Any] | None = None,

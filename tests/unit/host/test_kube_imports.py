@@ -1,0 +1,36 @@
+"""host_agent.kube must import beside other lightkube users in one process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_kube_imports_after_another_generic_core_service() -> None:
+    # lightkube refuses a second *generic* core-group class of one kind; a
+    # test harness or plugin creating one must not break the agent's import.
+    code = (
+        "from lightkube.generic_resource import create_namespaced_resource;"
+        "create_namespaced_resource('', 'v1', 'Service', 'services');"
+        "import host_agent.kube as k;"
+        "print(k.Service.__module__, k.EndpointSlice.__module__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["lightkube.resources.core_v1", "lightkube.resources.discovery_v1"]
+
+
+def test_typed_objects_become_plain_json() -> None:
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Service
+
+    from host_agent.kube import _plain
+
+    svc = Service(metadata=ObjectMeta(name="gb200", namespace="gpu", labels={"a": "b"}))
+    assert _plain(svc) == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "gb200", "namespace": "gpu", "labels": {"a": "b"}},
+    }
+    assert _plain({"kind": "X"}) == {"kind": "X"}
+    assert _plain(42) == {}
