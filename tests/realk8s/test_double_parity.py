@@ -98,7 +98,7 @@ def _slice(ns: str, ctx: dict[str, Any], **change: Any) -> Body:
 
 
 def _status_put(ns: str, ctx: dict[str, Any]) -> Body:
-    obj = copy.deepcopy(ctx["vmi"])
+    obj: Body = copy.deepcopy(ctx["vmi"])
     obj["status"] = _vmi_body(ns, "ens-0")["status"]
     return obj
 
