@@ -24,10 +24,12 @@ TEST STAND-IN, never product code. What it imitates and how:
   deletionTimestamp; the object goes when the last finalizer is removed),
   namespace deletion removing its contents, and ownerReference garbage
   collection as kube-controller-manager's garbage collector does (dependents
-  whose owners are all gone are deleted; `propagationPolicy=Orphan` strips
-  the reference instead). GC runs right after the owner's deletion, as its
-  own writes (their own resourceVersions), before the DELETE returns: faster
-  than a real cluster, where it is asynchronous.
+  whose owners are all gone are deleted, also when they are written after
+  the owner went, e.g. a late apply referencing a deleted Service's uid;
+  `propagationPolicy=Orphan` strips the reference instead). GC runs right
+  after the owner's deletion, as its own writes (their own
+  resourceVersions), before the DELETE returns: faster than a real
+  cluster, where it is asynchronous.
 - managedFields for server-side apply (see patching.py).
 - Unknown fields (not in the kind's schema) are dropped with a warning, or
   refused with 400 under `fieldValidation=Strict`, as upstream decoding and
@@ -174,6 +176,9 @@ class Store:
         self.field_validation = "Warn"  # per request too: Ignore | Warn | Strict
         self.warnings: list[str] = []  # collected during one request, sent as Warning headers
         self.uids: set[str] = set()  # of stored objects, for garbage collection
+        # Objects written with owners that no longer exist are collected too (the
+        # garbage collector verifies owners by uid); tests may switch this off.
+        self.gc_dangling = True
         self._cluster_ips = (str(ipaddress.ip_address("10.96.0.10") + i)
                              for i in itertools.count())
         for ns in ("default", "kube-system"):
@@ -608,7 +613,15 @@ class Store:
         self._publish(t, "MODIFIED" if entry else "ADDED", old_rendered, rendered)
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             self._remove(t, ns, name)
+        elif self._dangling(meta):
+            self.delete(t, ns or None, name)  # as the garbage collector would, shortly after
         return rendered
+
+    def _dangling(self, meta: Mapping[str, Any]) -> bool:
+        """Owned, and every owner (by uid) is gone: the garbage collector deletes it."""
+        refs = meta.get("ownerReferences") or []
+        uids = [r.get("uid") for r in refs if isinstance(r, Mapping)]
+        return self.gc_dangling and bool(uids) and not any(u in self.uids for u in uids)
 
     def _prune_unknown(self, t: ResourceType, obj: JSON) -> FieldPaths:
         """Drop fields the schema does not declare, as decoding does upstream.

@@ -140,7 +140,8 @@ def test_garbage_collection_follows_owner_references() -> None:
     s.delete(rt.SERVICE, "default", "a")
     assert names(s, rt.ENDPOINTSLICE) == ["a-and-b", "b-imex"]  # b still owns a-and-b
     s.delete(rt.SERVICE, "default", "b", propagation="Orphan")
-    assert names(s, rt.ENDPOINTSLICE) == ["a-and-b", "b-imex"]
+    # b-imex is orphaned; a-and-b keeps only its reference to the gone "a", so it is collected
+    assert names(s, rt.ENDPOINTSLICE) == ["b-imex"]
     orphan = s.get(rt.ENDPOINTSLICE, "default", "b-imex")
     assert "ownerReferences" not in orphan["metadata"]
 
@@ -208,3 +209,17 @@ def test_pages_are_a_consistent_snapshot() -> None:
     assert err.value.code == 410
     with pytest.raises(ApiError):
         s.list_page(rt.SERVICE, "default", continue_token="garbage!")
+
+
+def test_objects_written_for_a_gone_owner_are_collected() -> None:
+    s = Store()
+    a = s.create(rt.SERVICE, "default", svc("a"), "t")
+    s.delete(rt.SERVICE, "default", "a")
+    w = s.watch(rt.ENDPOINTSLICE, "default", None, None, str(s.rv))
+    late = owned_slice(a, "a-imex")  # e.g. an agent applying after the Service went
+    s.patch(rt.ENDPOINTSLICE, "default", "a-imex", "apply", late, "agent")
+    assert drain(w) == [("ADDED", "a-imex"), ("DELETED", "a-imex")]
+    assert names(s, rt.ENDPOINTSLICE) == []
+    s.gc_dangling = False
+    s.create(rt.ENDPOINTSLICE, "default", late, "t")
+    assert names(s, rt.ENDPOINTSLICE) == ["a-imex"]
