@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(30)
 
 @pytest.fixture
 async def client(kube_api: KubeApiHandle) -> AsyncIterator[AsyncClient]:
-    c = AsyncClient(KubeConfig.from_file(kube_api.kubeconfig_path), timeout=2.0)
+    c = AsyncClient(KubeConfig.from_file(kube_api.kubeconfig_path), timeout=10.0)
     try:
         yield c
     finally:
@@ -87,9 +87,7 @@ async def test_delay(kube_api: KubeApiHandle, client: AsyncClient) -> None:
     start = time.monotonic()
     [s async for s in client.list(Service, namespace="default")]
     assert time.monotonic() - start >= 0.4
-    start = time.monotonic()
-    [s async for s in client.list(Service, namespace="default")]
-    assert time.monotonic() - start < 0.4
+    assert kube_api.call(lambda srv: srv.faults.rules) == []  # spent after one request
 
 
 async def watch_events(client: AsyncClient, rv: str, out: list[tuple[str, str]],
@@ -98,7 +96,7 @@ async def watch_events(client: AsyncClient, rv: str, out: list[tuple[str, str]],
         out.append((kind, obj.metadata.name))
 
 
-async def wait_for(pred: Any, timeout: float = 5.0) -> None:
+async def wait_for(pred: Any, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, "condition not reached"
@@ -170,11 +168,15 @@ async def test_held_outage_times_out_then_recovers(kube_api: KubeApiHandle) -> N
         with pytest.raises(httpx2.TimeoutException):
             await c.get(Service, "a", namespace="default")
         kube_api.recover()
-        with pytest.raises(ApiError) as err:
-            await c.get(Service, "a", namespace="default")
-        assert err.value.status.code == 404
     finally:
         await c.close()
+    patient = AsyncClient(KubeConfig.from_file(kube_api.kubeconfig_path), timeout=10)
+    try:
+        with pytest.raises(ApiError) as err:
+            await patient.get(Service, "a", namespace="default")
+        assert err.value.status.code == 404
+    finally:
+        await patient.close()
 
 
 async def test_restart_keeps_state_and_watch_retries_resume(kube_api: KubeApiHandle,
@@ -247,7 +249,7 @@ def test_bookmarks_and_server_timeout(fast_bookmarks: ThreadedKubeApi) -> None:
         assert resp.status_code == 200
         for line in resp.iter_lines():
             events.append(json.loads(line))
-    assert 0.9 < time.monotonic() - start < 3  # ended by timeoutSeconds
+    assert 0.9 < time.monotonic() - start < 10  # ended by timeoutSeconds, not by the client
     kinds = {e["type"] for e in events}
     assert kinds == {"BOOKMARK"}
     assert all(e["object"]["metadata"]["resourceVersion"] == str(rv) for e in events)

@@ -74,7 +74,7 @@ def slice_for(svc: Any, *endpoints: dict[str, Any], name: str | None = None) -> 
 
 
 async def next_events(stream: AsyncIterator[tuple[str, Any]], n: int,
-                      timeout: float = 5.0) -> list[tuple[str, Any]]:
+                      timeout: float = 10.0) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     async with asyncio.timeout(timeout):
         while len(out) < n:
