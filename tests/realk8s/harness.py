@@ -24,6 +24,7 @@ call after a partial start.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -73,6 +74,16 @@ def build_binaries(timeout: float = 3600.0) -> Path:
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         raise HarnessError(f"{BUILD_SCRIPT} failed: {exc}") from exc
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process dies, even by SIGKILL,
+    so a killed pytest leaves no etcd or apiserver behind (teardown cannot run then)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -294,6 +305,7 @@ class ControlPlane:
         with log.open("ab") as out:
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent,
                                      cwd=self.workdir, env={**os.environ, **(env or {})})
         proc = Proc(name, popen, log)
         self.procs[name] = proc
