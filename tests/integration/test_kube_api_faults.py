@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -21,8 +21,12 @@ from lightkube.codecs import from_dict
 from lightkube.resources.core_v1 import Service
 from lightkube.types import OnErrorAction, OnErrorResult
 
-from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401
-from tests.sandbox.kube_api.server import ThreadedKubeApi
+from tests.sandbox.kube_api.fixtures import (  # noqa: F401
+    KubeApiFactory,
+    KubeApiHandle,
+    kube_api_factory_fixture,
+    kube_api_fixture,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -229,14 +233,8 @@ def test_admin_http_endpoint(kube_api: KubeApiHandle) -> None:
         assert wrong.status_code == 401 and wrong.json()["reason"] == "Unauthorized"
 
 
-@pytest.fixture
-def fast_bookmarks() -> Iterator[ThreadedKubeApi]:
-    with ThreadedKubeApi(bookmark_interval=0.2) as api:
-        yield api
-
-
-def test_bookmarks_and_server_timeout(fast_bookmarks: ThreadedKubeApi) -> None:
-    api = fast_bookmarks
+def test_bookmarks_and_server_timeout(kube_api_factory: KubeApiFactory) -> None:
+    api = kube_api_factory(bookmark_interval=0.2, history_limit=10)
     api.put({"apiVersion": "v1", "kind": "Service",
              "metadata": {"name": "a", "namespace": "default"}, "spec": {"clusterIP": "None"}})
     rv = api.resource_version
@@ -254,3 +252,24 @@ def test_bookmarks_and_server_timeout(fast_bookmarks: ThreadedKubeApi) -> None:
     assert kinds == {"BOOKMARK"}
     assert all(e["object"]["metadata"]["resourceVersion"] == str(rv) for e in events)
     assert events[0]["object"]["kind"] == "Service"
+
+
+def test_too_old_version_is_one_error_event_on_the_wire(
+        kube_api_factory: KubeApiFactory) -> None:
+    api = kube_api_factory(history_limit=3)
+    first = api.put({"apiVersion": "v1", "kind": "Service",
+                     "metadata": {"name": "a", "namespace": "default"},
+                     "spec": {"clusterIP": "None"}})
+    for i in range(5):  # pushes "a"'s creation out of the kept history
+        api.put({"apiVersion": "v1", "kind": "Service",
+                 "metadata": {"name": "a", "namespace": "default", "labels": {"i": str(i)}},
+                 "spec": {"clusterIP": "None"}})
+    with httpx.Client(base_url=api.url, timeout=5) as http:
+        r = http.get("/api/v1/namespaces/default/services",
+                     params={"watch": "1", "resourceVersion": first["metadata"]["resourceVersion"]})
+    assert r.status_code == 200  # as upstream: the failure is inside the stream
+    (line,) = r.text.splitlines()
+    event = json.loads(line)
+    assert event["type"] == "ERROR"
+    assert event["object"]["kind"] == "Status" and event["object"]["code"] == 410
+    assert event["object"]["reason"] == "Expired"

@@ -3,6 +3,7 @@
 Use from a test module or a conftest.py:
 
     from tests.sandbox.kube_api.fixtures import kube_api_fixture  # noqa: F401
+    (likewise kube_api_factory_fixture, kube_api_async_fixture)
 
 (the functions are named `*_fixture` and registered under the fixture names
 `kube_api` / `kube_api_async`, so the import does not clash with test
@@ -23,13 +24,17 @@ of `.server` directly on the handle (`fail`, `delay`, `drop_watches`,
 The server runs on its own thread and event loop on an ephemeral loopback
 port, so code under test may block or run in the test's loop freely.
 
+`kube_api_factory` starts doubles with options (`bookmark_interval`,
+`history_limit`, `token`, `port`, ...) and stops them at teardown:
+`kube_api_factory(bookmark_interval=0.1)` -> `KubeApiHandle`.
+
 `kube_api_async` yields a `KubeApiServer` on the test's own event loop
 (async tests only; its `outage`/`recover`/`restart` are coroutines).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +61,28 @@ def kube_api_fixture(tmp_path: Path) -> Iterator[KubeApiHandle]:
     with ThreadedKubeApi() as api:
         path = api.write_kubeconfig(tmp_path / "kubeconfig")
         yield KubeApiHandle(api.url, path, api.token, api)
+
+
+KubeApiFactory = Callable[..., KubeApiHandle]
+
+
+@pytest.fixture(name="kube_api_factory")
+def kube_api_factory_fixture(tmp_path: Path) -> Iterator[KubeApiFactory]:
+    """Start doubles with options, e.g. `kube_api_factory(bookmark_interval=0.1,
+    history_limit=20)` (any `KubeApiServer` keyword); all stopped at teardown."""
+    started: list[ThreadedKubeApi] = []
+
+    def start(**kwargs: Any) -> KubeApiHandle:
+        api = ThreadedKubeApi(**kwargs).start()
+        started.append(api)
+        path = api.write_kubeconfig(tmp_path / f"kubeconfig-{len(started)}")
+        return KubeApiHandle(api.url, path, api.token, api)
+
+    try:
+        yield start
+    finally:
+        for api in started:
+            api.stop()
 
 
 @pytest_asyncio.fixture(name="kube_api_async")
