@@ -6,8 +6,8 @@ Use from a test module or a conftest.py:
     (likewise kube_api_factory_fixture, kube_api_async_fixture)
 
 (the functions are named `*_fixture` and registered under the fixture names
-`kube_api` / `kube_api_async`, so the import does not clash with test
-parameters). Or, suite-wide, `pytest_plugins = ["tests.sandbox.kube_api.fixtures"]`
+`kube_api` / `kube_api_factory` / `kube_api_async`, so the import does not
+clash with test parameters). Or, suite-wide, `pytest_plugins = ["tests.sandbox.kube_api.fixtures"]`
 in the root conftest.py.
 
     async def test_x(kube_api):
@@ -18,9 +18,11 @@ in the root conftest.py.
 `kube_api` yields a `KubeApiHandle`: `.url`, `.kubeconfig_path` (a file in
 the test's tmp_path), `.token`, `.server` (the `ThreadedKubeApi`, whose
 blocking methods are safe from sync and async tests alike), and every method
-of `.server` directly on the handle (`fail`, `delay`, `drop_watches`,
-`compact`, `outage`, `recover`, `restart`, `writes`, `requests`, `faulted`, `changes`,
-`reset_counters`, `put`, `put_many`, `get`, `list`, `delete`, `resource_version`).
+of `.server` directly on the handle (`fail`, `delay`, `clear_faults`,
+`drop_watches`, `compact`, `outage`, `recover`, `restart`, `writes`,
+`requests`, `faulted`, `changes`, `reset_counters`, `put`, `put_many`, `get`,
+`list`, `delete`, `resource_version`, `call(fn)` to run `fn(KubeApiServer)`
+on the server's thread).
 The server runs on its own thread and event loop on an ephemeral loopback
 port, so code under test may block or run in the test's loop freely.
 
