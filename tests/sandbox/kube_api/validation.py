@@ -76,6 +76,10 @@ LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 MSG_LABEL = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
              "or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  "
              "or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+MSG_LABEL_VALUE = ("a valid label must be an empty string or consist of alphanumeric "
+                   "characters, '-', '_' or '.', and must start and end with an alphanumeric "
+                   "character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for "
+                   "validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
 MSG_1035 = ("a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
             "start with an alphabetic character, and end with an alphanumeric character "
             "(e.g. 'my-name',  or 'abc-123', regex used for validation is "
@@ -167,11 +171,7 @@ def validate_metadata(t: ResourceType, obj: Mapping[str, Any]) -> list[Cause]:
             if not isinstance(value, str):
                 causes.append(invalid(f"metadata.{field}", value, "must be a string"))
             elif field == "labels" and (len(value) > 63 or not LABEL_VALUE.match(value)):
-                causes.append(invalid(
-                    "metadata.labels", value,
-                    "a valid label must be an empty string or consist of alphanumeric "
-                    "characters, '-', '_' or '.', and must start and end with an alphanumeric "
-                    "character, at most 63 characters"))
+                causes.append(invalid("metadata.labels", value, MSG_LABEL_VALUE))
     return causes
 
 
