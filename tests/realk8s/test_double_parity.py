@@ -1,27 +1,34 @@
 """The Kubernetes API double (tests/sandbox/kube_api) answers as the real apiserver does.
 
-The same fixture set (a script of REST calls with VMI, Service and EndpointSlice
+Two levels. The same fixture set (a script of REST calls with VMI, Service and EndpointSlice
 bodies) runs against both, each in a fresh namespace of the same name; for every
 step the answers are reduced to what clients act on (HTTP code, Status reason, the
 fields a 422 names, and per step the parts of the object the agents read) and must
-be equal. A disagreement is a bug in the double (or in our reading of Kubernetes):
+be equal. And the real host agent, run once against each with the same VMIs (every
+shape the agent must judge), must publish the same slices and report the same
+problems. A disagreement is a bug in the double (or in our reading of Kubernetes):
 the step's name says where.
 """
 
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from guest_agent.model import EnsembleId
+from tests.realk8s.agentproc import HostAgentProc
 from tests.realk8s.fixtures import contract_slice, ensemble_service, vmi
-from tests.realk8s.harness import Api, ControlPlane
-from tests.realk8s.kubeops import SERVICES, SLICES, VMIS
+from tests.realk8s.harness import Api, ControlPlane, free_port, wait_until
+from tests.realk8s.kubeops import SERVICES, SLICES, VMIS, create_vmi
 from tests.sandbox.kube_api.server import ThreadedKubeApi
 
 pytestmark = pytest.mark.realk8s
@@ -209,13 +216,18 @@ def run_script(api: Api, ns: str) -> list[Any]:
 
 
 @pytest.fixture
-def double() -> Iterator[Api]:
+def double_srv() -> Iterator[ThreadedKubeApi]:
     with ThreadedKubeApi() as srv:
-        api = Api(srv.url, None, srv.token)
-        try:
-            yield api
-        finally:
-            api.close()
+        yield srv
+
+
+@pytest.fixture
+def double(double_srv: ThreadedKubeApi) -> Iterator[Api]:
+    api = Api(double_srv.url, None, double_srv.token)
+    try:
+        yield api
+    finally:
+        api.close()
 
 
 def test_double_answers_the_fixture_script_as_the_real_apiserver(
@@ -231,3 +243,81 @@ def test_double_answers_the_fixture_script_as_the_real_apiserver(
     diffs = [f"{step.name}:\n    real:   {r!r}\n    double: {f!r}"
              for step, r, f in zip(STEPS, real, fake, strict=True) if r != f]
     assert not diffs, "the API double disagrees with kube-apiserver:\n" + "\n".join(diffs)
+
+
+# ---- the host agent on the same fixtures, against both ---------------------------
+
+def _fixture_vmis(ns: str) -> list[Body]:
+    """Members in every shape the agent must judge: usable, masquerade-internal address,
+    not yet running, not ready, a duplicated slot, an index out of range."""
+    return [
+        vmi(ns, "mix-0", "mix", ip="10.30.0.10", node="n0"),
+        vmi(ns, "mix-1", "mix", ip="10.30.0.11", node="n1", ready=False),
+        vmi(ns, "mix-2", "mix", ip="10.0.2.2", node="n2"),
+        vmi(ns, "mix-3", "mix", node="n3", phase="Scheduling"),
+        vmi(ns, "dup-a", "mix", ip="10.30.0.20", node="n4", index=5),
+        vmi(ns, "dup-b", "mix", ip="10.30.0.21", node="n5", index=5),
+        vmi(ns, "mix-9", "mix", ip="10.30.0.30", node="n6"),
+        vmi(ns, "mix-6", "mix", ip="10.30.0.16", node="n7"),
+    ]
+
+
+def _published(api: Api, ns: str) -> Any:
+    r = api.request("GET", SLICES.format(ns=ns))
+    if r.status_code != 200:
+        return None
+    return sorted(
+        (s["metadata"]["name"], s["addressType"],
+         sorted((e["hostname"], tuple(e["addresses"]), e["conditions"].get("ready"),
+                 e.get("nodeName"), e["targetRef"]["name"]) for e in s.get("endpoints") or []),
+         s["metadata"]["labels"].get("endpointslice.kubernetes.io/managed-by"))
+        for s in r.json()["items"])
+
+
+def test_host_agent_publishes_the_same_slices_on_double_and_real(
+        control_plane: ControlPlane, host_agent: HostAgentProc, double_srv: ThreadedKubeApi,
+        tmp_path: Path) -> None:
+    admin = control_plane.admin
+    assert admin is not None
+    ns = f"rk8s-mix-{uuid.uuid4().hex[:6]}"
+    dbl = Api(double_srv.url, None, double_srv.token)
+    kc = double_srv.write_kubeconfig(tmp_path / "double.kubeconfig")
+    port = free_port()
+    agent = subprocess.Popen(
+        [str(Path(sys.executable).with_name("imex-host-agent")), "--kubeconfig", str(kc),
+         "--listen", f"127.0.0.1:{port}"],
+        stdout=(tmp_path / "agent.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        for api in (admin, dbl):
+            api.ok("POST", "/api/v1/namespaces",
+                   {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            api.create(SERVICES.format(ns=ns), ensemble_service(ns, "mix", max_members=8))
+            for body in _fixture_vmis(ns):
+                create_vmi(api, body)
+        want_hosts = {EnsembleId(ns, "mix").slot(i) for i in (0, 1, 6)}
+
+        def settled(api: Api) -> Callable[[], bool]:
+            def check() -> bool:
+                pub = _published(api, ns)
+                return bool(pub) and {e[0] for e in pub[0][2]} == want_hosts
+            return check
+
+        wait_until(settled(admin), "agent publishes on the real apiserver", 60)
+        wait_until(settled(dbl), "agent publishes on the double", 60,
+                   lambda: (tmp_path / "agent.log").read_text()[-3000:])
+        real, fake = _published(admin, ns), _published(dbl, ns)
+        assert real == fake, f"real: {real}\ndouble: {fake}"
+        problems = [
+            httpx.get(f"{url}/v1/ensembles/{ns}/mix", timeout=5).json()["problems"]
+            for url in (host_agent.registry, f"http://127.0.0.1:{port}")]
+        assert problems[0] == problems[1]
+        assert problems[0], "the duplicated slot and the out-of-range index are problems"
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(10)
+        dbl.close()
+        admin.delete(f"/api/v1/namespaces/{ns}")
