@@ -1,0 +1,378 @@
+"""Convergence, IMEX disruption and guest footprint in one 18-VM sandbox.
+
+Uses the sandbox orchestrator (``tests.sandbox.ensemble.Sandbox`` +
+``tests.sandbox.virt_controller``): the API double, the DNS stand-in fed from
+EndpointSlices, the real host agent, and 18 network-namespace VMs each running
+the real guest agent with an IMEX stand-in child. Guest settings are the
+production defaults (``poll_interval`` 2 s, ``longpoll_timeout`` 30 s,
+``dns_timeout`` 2 s, ``signal_interval`` 5 s), not the sandbox's test-sized ones.
+
+One sandbox serves every part asked for, in this order:
+
+1. **Boot storm, names mode**: the pool scales 0 -> 18 (all VMIs created and
+   scheduled, all VMs booted, all reported Running; the time it takes is
+   recorded and must be under 10 s). Once converged and quiet for one signal
+   window, each member's IMEX stand-in state file gives SIGUSR1s received and
+   restarts (starts - 1).
+2. **Idle** (``guest``): 30 s without changes; each guest agent's RSS and CPU
+   (its own process, not IMEX) from /proc.
+3. **Registry path** (``convergence``): single changes, one at a time: a
+   member's published IP flips between its own address and a second address
+   on the same VM (so every guest, itself included, must pin the new one).
+   Latency = from sending the status patch to the API double until the last
+   guest's /etc/hosts holds it (inotify, ``hostswatch``). With ``storm`` the
+   changes are spaced one signal window + 1 s apart so each is a settled change
+   whose signals and restarts are counted; else 0.3 s after convergence.
+   Guest CPU during this phase is the "under churn" figure.
+4. **DNS-only path** (``convergence``): the registry is made unreachable from
+   every VM (a prohibit route); once every guest reports DNS as its source
+   (the registry silent for ``poll_interval + longpoll_timeout``), changes every
+   second, round-robin over the members, each timed to the last guest as above.
+5. **ips mode** (``storm``): the pool scales to 0, the guests are configured
+   with ``mode = "ips"``, and a second boot storm and single changes (spaced
+   until every member has restarted and a further settle time has passed)
+   count restarts per member.
+
+Figures per member are the worst member's (max), per settled change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.bench.common import (
+    BenchError,
+    Results,
+    cpu_seconds,
+    percentile,
+    rss_mb,
+    tree_pids,
+    wait_for,
+)
+from tests.bench.hostswatch import HostsWatch
+
+PREFIX = "bch"
+NAMESPACE = "bench"
+POLL_INTERVAL = 2.0
+SIGNAL_INTERVAL = 5.0
+LONGPOLL = 30.0
+SETTLE_TIME = 2.0  # guest_agent.config default: ips-mode debounce
+
+
+def _guest_pid(vm: Any) -> int | None:
+    """The guest agent's python process (not the ``ip netns exec`` wrapper, not IMEX)."""
+    if vm.agent is None or vm.agent.poll() is not None:
+        return None
+    for pid in tree_pids(vm.agent.pid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"guest_agent.cli" in cmd and b"run" in cmd:
+            return pid
+    return None
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return rss_mb(pid)
+
+
+@contextlib.contextmanager
+def _guest_mode(mode: str) -> Iterator[None]:
+    """Guests written from now on get ``mode = "<mode>"`` in their config.toml.
+
+    The sandbox's Vm.write_config has no mode knob (yet); appending the key to
+    the file it wrote keeps this benchmark off the orchestrator's code.
+    """
+    from tests.sandbox.ensemble import Vm
+
+    original = Vm.write_config
+
+    def write_config(self: Any) -> Path:
+        path: Path = original(self)
+        if mode != "names":
+            text = path.read_text()
+            if "\nmode = " not in "\n" + text:
+                path.write_text(text + f'mode = "{mode}"\n')
+        return path
+
+    Vm.write_config = write_config  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Vm.write_config = original  # type: ignore[method-assign]
+
+
+class Bench:
+    def __init__(self, results: Results, quick: bool, parts: set[str]) -> None:
+        self.results = results
+        self.quick = quick
+        self.parts = parts
+        self.n_vms = 6 if quick else 18
+        self.changes = 5 if quick else 100
+        self.peak_rss: dict[str, float] = {}
+
+    # ------------------------------------------------------------- readings
+
+    def counters(self) -> dict[str, tuple[int, int]]:
+        """vm -> (IMEX starts, SIGUSR1 received) from the stand-ins' state files."""
+        out = {}
+        for vm in self.sbx.vms_of(self.spec):
+            st = vm.imex_state()
+            out[vm.vmi] = (int(st.get("starts", 0)), int(st.get("signals_received", 0)))
+        return out
+
+    def guest_pids(self) -> dict[str, int]:
+        out = {}
+        for vm in self.sbx.vms_of(self.spec):
+            pid = _guest_pid(vm)
+            if pid is not None:
+                out[vm.vmi] = pid
+        return out
+
+    def sample_rss(self) -> None:
+        for vm, pid in self.guest_pids().items():
+            with contextlib.suppress(OSError):
+                self.peak_rss[vm] = max(self.peak_rss.get(vm, 0.0), _peak_rss_mb(pid))
+
+    def cpu(self) -> dict[str, float]:
+        out = {}
+        for vm, pid in self.guest_pids().items():
+            with contextlib.suppress(OSError):
+                out[vm] = cpu_seconds(pid)
+        return out
+
+    def cpu_pct(self, before: dict[str, float], after: dict[str, float],
+                seconds: float) -> list[float]:
+        return [(after[v] - before[v]) / seconds * 100 for v in before if v in after]
+
+    # ------------------------------------------------------------- actions
+
+    def boot_storm(self, label: str) -> tuple[float, float]:
+        """Scale 0 -> n; returns (seconds to boot the storm, seconds to converge)."""
+        t0 = time.monotonic()
+        self.pool.scale(self.n_vms)
+        booted = time.monotonic() - t0
+        self.sbx.wait_converged(self.spec, timeout=300)
+        converged = time.monotonic() - t0
+        self.results.set(f"storm_boot_s_{label}", booted)
+        self.results.set(f"storm_converge_s_{label}", converged)
+        self.add_aliases()
+        self.watch.set_vms({vm.vmi: vm.hosts_path for vm in self.sbx.vms_of(self.spec)})
+        return booted, converged
+
+    def add_aliases(self) -> None:
+        """A second address on every VM, for IP changes the VM itself can follow."""
+        assert self.sbx.fabric is not None
+        for vm in self.sbx.vms_of(self.spec):
+            alias = self.alias.get(vm.vmi)
+            if alias is None:
+                alias = self.alias[vm.vmi] = self.sbx.fabric.allocate()
+            if alias not in vm.node.addresses():
+                vm.node.add_address(alias)
+            self.current[vm.vmi] = vm.ip
+
+    def change(self, vm: Any) -> tuple[Any, float]:
+        """Flip ``vm``'s published IP; returns (the pending expectation, send time)."""
+        from tests.sandbox.virt_controller import running_status
+
+        new = self.alias[vm.vmi] if self.current[vm.vmi] == vm.ip else vm.ip
+        member = self.pool.members[vm.index]
+        started = time.monotonic()
+        pending = self.watch.expect(vm.index, new, started)
+        self.ctl.set_status(self.spec, vm.vmi, running_status(new, member.node, member.mac))
+        self.current[vm.vmi] = new
+        return pending, started
+
+    def quiet(self, seconds: float, check: Callable[[], bool] | None = None) -> None:
+        """Wait ``seconds`` after ``check`` holds (signals/restarts settle)."""
+        if check is not None:
+            wait_for("members to settle", check, timeout=120, interval=0.1)
+        time.sleep(seconds)
+
+    # ------------------------------------------------------------- phases
+
+    def storm_counts(self, label: str, base: dict[str, tuple[int, int]]) -> tuple[float, float]:
+        now = self.counters()
+        restarts = [now[v][0] - base.get(v, (0, 0))[0] - 1 for v in now]
+        signals = [now[v][1] - base.get(v, (0, 0))[1] for v in now]
+        self.results.set(f"storm_boot_restarts_max_{label}", max(restarts))
+        self.results.set(f"storm_boot_restarts_mean_{label}", statistics.fmean(restarts))
+        self.results.set(f"storm_boot_signals_max_{label}", max(signals))
+        self.results.set(f"storm_boot_signals_mean_{label}", statistics.fmean(signals))
+        return max(restarts), max(signals)
+
+    def registry_changes(self, spaced: bool) -> tuple[list[float], float, float]:
+        """Sequential single changes; (latencies ms, max restarts/change, max signals/change)."""
+        vms = self.sbx.vms_of(self.spec)
+        base = self.counters()
+        cpu0, t0 = self.cpu(), time.monotonic()
+        lat = []
+        for n in range(self.changes):
+            vm = vms[n % len(vms)]
+            pending, _ = self.change(vm)
+            if not pending.done.wait(60):
+                raise BenchError(f"change {n} ({vm.vmi} -> {pending.ip}) not in every "
+                                 f"/etc/hosts after 60 s; missing: {sorted(pending.waiting)}")
+            lat.append((pending.finished - pending.started) * 1000)
+            self.sample_rss()
+            time.sleep(SIGNAL_INTERVAL + 1.0 if spaced else 0.3)
+        churn = self.cpu_pct(cpu0, self.cpu(), time.monotonic() - t0)
+        self.results.set("guest_churn_cpu_pct", statistics.fmean(churn) if churn else None)
+        self.results.set("guest_churn_cpu_pct_max", max(churn) if churn else None)
+        now = self.counters()
+        restarts = [(now[v][0] - base[v][0]) / self.changes for v in now if v in base]
+        signals = [(now[v][1] - base[v][1]) / self.changes for v in now if v in base]
+        return lat, max(restarts), max(signals)
+
+    def dns_changes(self) -> list[float]:
+        vms = self.sbx.vms_of(self.spec)
+        self.sbx.block_registry(True)
+        try:
+            # A parked long-poll on the blocked route only fails when it times out: the
+            # guests publish DNS views once the registry has been silent for
+            # poll_interval + longpoll_timeout (guest_agent.discovery). Measure from then.
+            blocked = time.monotonic()
+            with contextlib.suppress(BenchError):
+                wait_for("every guest on DNS", lambda: all(
+                    vm.status().get("source") == "dns" for vm in vms), timeout=LONGPOLL + 10,
+                    interval=0.5)
+            self.results.set("dns_failover_s", time.monotonic() - blocked)
+            pendings = []
+            for n in range(self.changes):
+                pendings.append(self.change(vms[n % len(vms)])[0])
+                time.sleep(1.0)
+            lat = []
+            for p in pendings:
+                if not p.done.wait(max(0.1, p.started + 60 - time.monotonic())):
+                    raise BenchError(f"DNS-only change of slot {p.slot} -> {p.ip} not in every "
+                                     f"/etc/hosts after 60 s; missing {sorted(p.waiting)}")
+                lat.append((p.finished - p.started) * 1000)
+            return lat
+        finally:
+            self.sbx.block_registry(False)
+
+    def ips_changes(self) -> tuple[float, float]:
+        """Single changes in ips mode; (max, min) restarts per member per change."""
+        vms = self.sbx.vms_of(self.spec)
+        n_changes = 3 if self.quick else self.changes
+        base = self.counters()
+        for n in range(n_changes):
+            before = self.counters()
+
+            def all_restarted(before: dict[str, tuple[int, int]] = before) -> bool:
+                return all(c[0] > before[v][0] for v, c in self.counters().items() if v in before)
+
+            pending, _ = self.change(vms[n % len(vms)])
+            if not pending.done.wait(60):
+                raise BenchError(f"ips change {n} not in every /etc/hosts after 60 s")
+            self.quiet(SETTLE_TIME + 1.0, all_restarted)
+        now = self.counters()
+        per = [(now[v][0] - base[v][0]) / n_changes for v in now if v in base]
+        return max(per), min(per)
+
+    # ------------------------------------------------------------- driver
+
+    def run(self) -> None:
+        from tests.sandbox.ensemble import Sandbox, SandboxSettings
+        from tests.sandbox.virt_controller import VirtController
+
+        settings = SandboxSettings(prefix=PREFIX, poll_interval=POLL_INTERVAL, dns_timeout=2.0,
+                                   longpoll_timeout=LONGPOLL, signal_interval=SIGNAL_INTERVAL,
+                                   ready_grace=120.0)
+        r = self.results
+        self.alias: dict[str, str] = {}
+        self.current: dict[str, str] = {}
+        with Sandbox(settings) as sbx:
+            self.sbx = sbx
+            self.ctl = VirtController(sbx)
+            self.spec = self.ctl.create_ensemble(NAMESPACE, "gb200")
+            self.watch = HostsWatch(self.spec.id)
+            try:
+                self.pool = self.ctl.pool(self.spec)
+                booted, _ = self.boot_storm("names")
+                if booted > 10:
+                    r.note("storm", f"the names boot storm took {booted:.1f} s to boot "
+                                    "(goal: 18 VMs within 10 s): machine too loaded")
+                self.quiet(SIGNAL_INTERVAL + 1.0)
+                storm_restarts, storm_signals = self.storm_counts("names", {})
+                self.sample_rss()
+
+                if "guest" in self.parts:
+                    window = 5.0 if self.quick else 30.0
+                    cpu0, t0 = self.cpu(), time.monotonic()
+                    time.sleep(window)
+                    idle = self.cpu_pct(cpu0, self.cpu(), time.monotonic() - t0)
+                    rss_now = [rss_mb(p) for p in self.guest_pids().values()]
+                    r.set("guest_idle_cpu_pct", max(idle))
+                    r.set("guest_idle_cpu_pct_mean", statistics.fmean(idle))
+                    r.set("guest_rss_now_mb_mean", statistics.fmean(rss_now))
+
+                spaced = "storm" in self.parts
+                if self.parts & {"convergence", "storm", "guest"}:
+                    lat, restarts, signals = self.registry_changes(spaced)
+                    if "convergence" in self.parts:
+                        r.set("convergence_registry_p50_ms", percentile(lat, 50))
+                        r.set("convergence_registry_p95_ms", percentile(lat, 95))
+                        r.set("convergence_registry_p99_ms", percentile(lat, 99))
+                        r.set("convergence_registry_max_ms", max(lat))
+                    if spaced:
+                        r.set("storm_single_restarts_per_member_names", restarts)
+                        r.set("storm_single_signals_per_member_names", signals)
+                        r.set("storm_restarts_per_member_names", max(storm_restarts, restarts))
+                        r.set("storm_signals_per_member_names", max(storm_signals, signals))
+                self.sample_rss()
+                if "guest" in self.parts:
+                    r.set("guest_rss_mb", max(self.peak_rss.values()))
+                    r.set("guest_rss_mb_mean", statistics.fmean(self.peak_rss.values()))
+
+                if "convergence" in self.parts:
+                    lat = self.dns_changes()
+                    r.set("convergence_dns_p50_ms", percentile(lat, 50))
+                    r.set("convergence_dns_p95_ms", percentile(lat, 95))
+                    r.set("convergence_dns_p99_ms", percentile(lat, 99))
+                    r.set("convergence_dns_max_ms", max(lat))
+
+                if "storm" in self.parts:
+                    state_files = {vm.vmi: vm.imex_state_file
+                                   for vm in self.sbx.vms_of(self.spec)}
+                    self.pool.scale(0)
+                    wait_for("every VM down", lambda: not self.sbx.vms_of(self.spec), 60)
+                    base = _read_counters(state_files)
+                    with _guest_mode("ips"):
+                        self.boot_storm("ips")
+                        self.quiet(SETTLE_TIME + 3.0)
+                        ips_restarts, _ = self.storm_counts("ips", base)
+                        r.set("storm_restarts_per_member_ips", ips_restarts)
+                        high, low = self.ips_changes()
+                        r.set("storm_single_restarts_per_member_ips_max", high)
+                        r.set("storm_single_restarts_per_member_ips_min", low)
+                r.note("sandbox", f"{self.n_vms} VMs, {self.changes} changes per path")
+            finally:
+                self.watch.close()
+                self.ctl.close()
+
+
+def _read_counters(files: dict[str, Path]) -> dict[str, tuple[int, int]]:
+    """(starts, SIGUSR1 received) from IMEX stand-in state files (VMs may be down)."""
+    out = {}
+    for vmi, path in files.items():
+        try:
+            st = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        out[vmi] = (int(st.get("starts", 0)), int(st.get("signals_received", 0)))
+    return out
+
+
+def run(results: Results, *, quick: bool = False, parts: set[str] | None = None) -> None:
+    Bench(results, quick, parts or {"convergence", "storm", "guest"}).run()
