@@ -504,12 +504,9 @@ class Sandbox:
         PID_DIR.mkdir(parents=True, exist_ok=True)
         self._pidfile = PID_DIR / f"{s.prefix}-{self.fabric.tag}.pid"
         self._pidfile.write_text(f"{os.getpid()}\n")
-        assert self.fabric.gateway_link is not None
         self.dns_ip = self.fabric.allocate()
         self.registry_ip = self.fabric.allocate()
-        for addr in (self.dns_ip, self.registry_ip):
-            ip("addr", "add", f"{addr}/{self.fabric.subnet.prefixlen}", "dev",
-               self.fabric.gateway_link)
+        self.ensure_host_addresses()
         # 3. DNS stand-in fed from the API's EndpointSlices and Services
         self._loop = _Loop()
         self.dns = DnsServer(self.dns_model, self.dns_ip, 0)
@@ -615,11 +612,39 @@ class Sandbox:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
 
+    def host_addresses(self) -> list[str]:
+        """The IPv4 addresses on the host side of the bridge right now."""
+        assert self.fabric is not None and self.fabric.gateway_link is not None
+        out = ip("-j", "-4", "addr", "show", "dev", self.fabric.gateway_link, check=False)
+        try:
+            return [str(a["local"]) for link in json.loads(out or "[]")
+                    for a in link.get("addr_info", [])]
+        except (ValueError, KeyError, TypeError):
+            return []
+
+    def ensure_host_addresses(self) -> None:
+        """Put the DNS and registry addresses on the host side of the bridge (again).
+
+        Something outside the sandbox (another run's cleanup on a shared machine) once took
+        the registry's address away mid-run; say so loudly and put it back.
+        """
+        assert self.fabric is not None and self.fabric.gateway_link is not None
+        have = self.host_addresses()
+        for addr in (self.dns_ip, self.registry_ip):
+            if addr in have:
+                continue
+            if self.host_agent_starts:
+                log.warning("address %s vanished from %s (have %s); adding it again", addr,
+                            self.fabric.gateway_link, have)
+            ip("addr", "replace", f"{addr}/{self.fabric.subnet.prefixlen}", "dev",
+               self.fabric.gateway_link)
+
     # ---- host agent
     def start_host_agent(self, timeout: float = 30.0) -> None:
         """Start the host agent process and wait until its registry says ready."""
         if self.host_agent is not None and self.host_agent.poll() is None:
             return
+        self.ensure_host_addresses()
         tune = [a for k, v in self.settings.host_tuning.items() for a in ("--tune", f"{k}={v}")]
         argv = [PY, "-m", "tests.sandbox.host_agent_proc", *tune,
                 "--kubeconfig", str(self.kubeconfig),
@@ -674,14 +699,19 @@ class Sandbox:
             return int(e.code), e.read()
 
     def registry_json(self, spec: EnsembleSpec, wait: int | None = None,
-                      timeout: float = 0) -> dict[str, Any]:
-        """The registry's ensemble document ({} when it is not there or unreachable)."""
+                      timeout: float = 0, strict: bool = False) -> dict[str, Any]:
+        """The registry's ensemble document; {} when it is not there or unreachable, unless
+        ``strict`` (then :class:`SandboxError`)."""
         q = f"?wait={wait}&timeout={timeout:g}" if wait is not None else ""
         try:
-            status, body = self.registry_get(f"/v1/ensembles/{spec.key}{q}", timeout + 5)
-        except OSError:
+            status, body = self.registry_get(f"/v1/ensembles/{spec.key}{q}", timeout + 15)
+        except OSError as e:
+            if strict:
+                raise SandboxError(f"registry unreachable: {e}") from e
             return {}
         if status != 200:
+            if strict:
+                raise SandboxError(f"registry: HTTP {status}: {body[:200]!r}")
             return {}
         doc = json.loads(body)
         return doc if isinstance(doc, dict) else {}

@@ -175,11 +175,22 @@ class Pool:
             self.delete(max(self.members))
         free = (i for i in range(10_000) if i not in self.members)
         todo = [next(free) for _ in range(replicas - len(self.members))]
-        for i in todo:
-            self.create(i)
+        # As a pool burst goes: every VMI is created and scheduled first, then the VMs boot
+        # (the CPU-heavy part, all at once), then each reports Running with its IP.
+        members = [self._schedule(i) for i in todo]
+        for m in members:
+            self.ctl.sandbox.vm(self.spec, m.name).start()
+        for m in members:
+            self._running(m)
 
     def create(self, index: int, node: str | None = None) -> Member:
         """A new VMI for ``index``: Pending -> Scheduled -> (VM boots) -> Running."""
+        member = self._schedule(index, node)
+        self.ctl.sandbox.vm(self.spec, member.name).start()
+        self._running(member)
+        return member
+
+    def _schedule(self, index: int, node: str | None = None) -> Member:
         name = self.vmi_name(index)
         c = self.ctl
         c.client.create(VMI.from_dict(vmi_manifest(self.spec, name, self.name)))
@@ -187,11 +198,14 @@ class Pool:
         member = Member(name, index, node or c.pick_node(),
                         "02:" + ":".join(f"{b:02x}" for b in uuid.uuid4().bytes[:5]))
         c.set_status(self.spec, name, {"phase": "Scheduled", "nodeName": member.node})
-        vm = c.sandbox.create_vm(self.spec, name)
-        vm.start()
-        c.set_status(self.spec, name, running_status(vm.ip, member.node, member.mac))
+        c.sandbox.create_vm(self.spec, name)
         self.members[index] = member
         return member
+
+    def _running(self, member: Member) -> None:
+        vm = self.ctl.sandbox.vm(self.spec, member.name)
+        self.ctl.set_status(self.spec, member.name,
+                            running_status(vm.ip, member.node, member.mac))
 
     def delete(self, index: int) -> None:
         """Scale-down: the VM shuts down and its VMI is deleted."""

@@ -1,0 +1,105 @@
+"""The e2e sandbox: one 18-VM ensemble shared by the whole session (2 cores in CI).
+
+Bringing 18 namespace VMs up costs most of the budget, so the session builds one
+:class:`~tests.sandbox.ensemble.Sandbox` (prefix ``e2e``) with the ensemble ``rack-a/gb200``
+and every test starts by waiting until it has converged again (each test leaves it whole,
+and a test that broke it fails there, not in the next one). Teardown runs however the
+session ends, then checks that no ``e2e-<tag>-*`` namespace and no child process is left.
+
+Convergence times are collected in :data:`TIMINGS` and printed in the terminal summary.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox.ensemble import EnsembleSpec, Sandbox, SandboxSettings, Vm
+from tests.sandbox.netns import list_netns
+from tests.sandbox.virt_controller import Pool, VirtController
+
+VMS = 18
+TIMINGS: dict[str, float] = {}
+
+
+@dataclass
+class Rack:
+    """The shared sandbox, its controller, and ensemble A with its pool."""
+
+    sbx: Sandbox
+    ctl: VirtController
+    spec: EnsembleSpec
+    pool: Pool
+    notes: list[str] = field(default_factory=list)
+
+    def vm(self, index: int) -> Vm:
+        return self.sbx.vm(self.spec, self.pool.vmi_name(index))
+
+    def vms(self) -> list[Vm]:
+        return self.sbx.vms_of(self.spec)
+
+    def settle(self, timeout: float = 90.0) -> float:
+        """Wait until every running VM pins every running VM and IMEX is all CONNECTED."""
+        with self.sbx.diagnostics_on_failure():
+            return self.sbx.wait_converged(self.spec, timeout)
+
+    def timed(self, what: str, seconds: float) -> float:
+        TIMINGS[what] = seconds
+        return seconds
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+@pytest.fixture(scope="session")
+def rack() -> Iterator[Rack]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the e2e sandbox builds network namespaces and a bridge")
+    # IMEX_E2E_KEEP=1 keeps the work directory (agent logs, configs) for a post-mortem
+    sbx = Sandbox(SandboxSettings(prefix="e2e", keep_workdir=bool(os.environ.get("IMEX_E2E_KEEP"))))
+    tag = ""
+    try:
+        sbx.start()
+        assert sbx.fabric is not None
+        tag = sbx.fabric.tag
+        ctl = VirtController(sbx)
+        try:
+            spec = ctl.create_ensemble("rack-a", "gb200", max_members=VMS)
+            pool = ctl.pool(spec)
+            t0 = time.monotonic()
+            pool.scale(VMS)
+            TIMINGS["boot: VMIs created and VMs started"] = time.monotonic() - t0
+            yield Rack(sbx, ctl, spec, pool)
+        finally:
+            ctl.close()
+    finally:
+        sbx.close()
+        left = [n for n in list_netns() if tag and n.startswith(f"e2e-{tag}-")]
+        kids = _children(os.getpid())
+        assert not left, f"namespaces left behind: {left}"
+        assert not kids, f"child processes left behind: {kids}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not TIMINGS:
+        return
+    terminalreporter.write_sep("-", "e2e convergence times")
+    for what, seconds in TIMINGS.items():
+        terminalreporter.write_line(f"{seconds:7.2f} s  {what}")

@@ -1,0 +1,335 @@
+"""A whole 18-VM ensemble on one machine, through every failure the design promises to ride out.
+
+Real parts throughout: the API double spoken to with lightkube by the scripted
+virt-controller and the host agent (a real process), the DNS stand-in fed from the
+EndpointSlices the host agent writes, the registry over HTTP, 18 network-namespace VMs each
+with its own /etc/hosts running the real guest agent and the IMEX stand-in as its child.
+
+The tests share one sandbox (see conftest.py) and run in file order; each starts from a
+converged ensemble and leaves one behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dns.message
+import dns.query
+import dns.rdatatype
+import pytest
+
+from guest_agent.model import ABSENT_IP
+from tests.e2e.conftest import VMS, Rack
+from tests.sandbox.ensemble import EnsembleSpec, Sandbox, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(180)]
+
+
+def srv_targets(sbx: Sandbox, spec: EnsembleSpec) -> dict[str, str]:
+    """The DNS stand-in's SRV answer for the ensemble: slot name -> address."""
+    name = spec.id.srv_name("cluster.local")
+    q = dns.message.make_query(name, dns.rdatatype.SRV)
+    r = dns.query.tcp(q, sbx.dns_ip, port=sbx.dns.port if sbx.dns else 53, timeout=3)
+    addrs = {rr.name.to_text().split(".")[0]: rr[0].address
+             for rr in r.additional if rr.rdtype == dns.rdatatype.A}
+    return {rd.target.to_text().split(".")[0]: addrs.get(rd.target.to_text().split(".")[0], "")
+            for rrset in r.answer for rd in rrset}
+
+
+def registry_members(sbx: Sandbox, spec: EnsembleSpec) -> dict[int, str]:
+    doc = sbx.registry_json(spec, strict=True)
+    return {int(m["index"]): str(m["ip"]) for m in doc["members"]}
+
+
+def expected(rack: Rack) -> dict[int, str]:
+    return {vm.index: vm.ip for vm in rack.vms()}
+
+
+@pytest.fixture
+def settled(rack: Rack) -> Iterator[Rack]:
+    """The shared rack, converged before the test starts."""
+    rack.settle()
+    yield rack
+
+
+def test_boot_18_vms_all_connected(rack: Rack) -> None:
+    t0 = time.monotonic()
+    rack.settle(150)
+    rack.timed("boot: 18 VMs all pinned and CONNECTED", time.monotonic() - t0)
+    sbx, spec = rack.sbx, rack.spec
+    ips = expected(rack)
+    assert sorted(ips) == list(range(VMS))
+    assert registry_members(sbx, spec) == ips
+    assert srv_targets(sbx, spec) == {spec.id.slot(i): ip for i, ip in ips.items()}
+    _, served = sbx.registry_get(f"/v1/ensembles/{spec.key}/nodes_config")
+    for vm in rack.vms():
+        st = vm.status()
+        assert st["own_index"] == vm.index and st["own_ip"] == vm.ip
+        assert st["restarts"] == 0, vm.log_tail()
+        nodes = (vm.dir / "imex" / "nodes_config.cfg").read_bytes()
+        assert nodes == served  # identical everywhere, exactly what the registry serves
+        assert nodes.decode().splitlines() == [spec.id.slot(i) for i in range(VMS)]
+    # IMEX's own view, through nvidia-imex-ctl -N -j inside every VM
+    for vm in rack.vms():
+        view = vm.domain()
+        assert view.get("status") == "UP", (vm.vmi, view)
+        own = view["nodes"][str(vm.index)]
+        assert {c["status"] for c in own["connections"].values()} == {"CONNECTED"}
+        assert len(own["connections"]) == VMS - 1
+
+
+def test_crash_unpins_the_slot_on_every_peer(settled: Rack) -> None:
+    rack = settled
+    victim = 5
+    old_ip = rack.vm(victim).ip
+    t0 = time.monotonic()
+    rack.pool.crash(victim)
+    want = {i: ip for i, ip in expected(rack).items() if i != victim}
+    with rack.sbx.diagnostics_on_failure():
+        rack.sbx.wait_converged(rack.spec, 60, expect=want)
+    rack.timed("crash: 17 peers pin the slot to 127.0.0.2", time.monotonic() - t0)
+    assert rack.ctl.get_vmi(rack.spec, rack.pool.vmi_name(victim))["status"]["phase"] == "Failed"
+    for vm in rack.vms():
+        assert vm.index != victim
+        assert vm.hosts_block()[victim] == ABSENT_IP  # type: ignore[index]
+        assert victim not in vm.connected_peers()
+    assert victim not in registry_members(rack.sbx, rack.spec)
+    assert old_ip not in srv_targets(rack.sbx, rack.spec).values()
+
+
+def test_rejoin_with_a_new_ip_all_connected_again(rack: Rack) -> None:
+    victim = 5
+    if victim in {vm.index for vm in rack.vms()}:
+        rack.pool.crash(victim)  # alone: the crash test did not run first
+    old_ip = rack.vm(victim).ip
+    signals_before = {vm.index: vm.status().get("signals", 0) for vm in rack.vms()}
+    t0 = time.monotonic()
+    rack.pool.restore(victim)
+    new_ip = rack.vm(victim).ip
+    assert new_ip != old_ip
+    rack.settle(90)
+    rack.timed("rejoin: new IP pinned everywhere, all CONNECTED", time.monotonic() - t0)
+    for vm in rack.vms():
+        assert vm.hosts_block()[victim] == new_ip  # type: ignore[index]
+        if vm.index == victim:
+            continue
+        st = vm.status()
+        assert st["restarts"] == 0  # names mode: a moved peer costs a SIGUSR1, not a restart
+        assert st["signals"] > signals_before[vm.index]
+        assert vm.imex_state()["peers"][str(victim)]["ip"] == new_ip
+        assert vm.imex_state()["signals_ignored"] == 0
+
+
+def test_live_migration_new_ip(settled: Rack) -> None:
+    rack = settled
+    mover = 7
+    old_ip = rack.vm(mover).ip
+    t0 = time.monotonic()
+    new_ip = rack.pool.migrate(mover)
+    assert new_ip != old_ip
+    rack.settle(90)
+    rack.timed("migration: new IP pinned everywhere, all CONNECTED", time.monotonic() - t0)
+    vmi = rack.ctl.get_vmi(rack.spec, rack.pool.vmi_name(mover))
+    assert vmi["status"]["migrationState"]["completed"] is True
+    assert vmi["status"]["interfaces"][0]["ipAddress"] == new_ip
+    assert registry_members(rack.sbx, rack.spec)[mover] == new_ip
+    for vm in rack.vms():
+        assert vm.hosts_block()[mover] == new_ip  # type: ignore[index]
+
+
+def test_host_agent_restart_loses_nothing(settled: Rack) -> None:
+    rack = settled
+    sbx, spec = rack.sbx, rack.spec
+    assert sbx.api is not None
+    # a SIGUSR1 held back by the previous test's last change is due within one window
+    time.sleep(sbx.settings.signal_interval + 0.5)
+    before = sbx.registry_json(spec)
+    blocks = {vm.index: vm.hosts_block() for vm in rack.vms()}
+    signals = {vm.index: vm.imex_state().get("signals_received") for vm in rack.vms()}
+    restarts = {vm.index: vm.status().get("restarts") for vm in rack.vms()}
+    sbx.api.reset_counters()
+    sbx.stop_host_agent()
+    # the gap: DNS still serves the published slice; every guest keeps every member
+    assert srv_targets(sbx, spec) == {spec.id.slot(m["index"]): m["ip"]
+                                      for m in before["members"]}
+    gap_end = time.monotonic() + 3 * sbx.settings.poll_interval
+    while time.monotonic() < gap_end:
+        changed = {vm.vmi: {i: (ip, (vm.hosts_block() or {}).get(i))
+                            for i, ip in blocks[vm.index].items()  # type: ignore[union-attr]
+                            if (vm.hosts_block() or {}).get(i) != ip}
+                   for vm in rack.vms() if vm.hosts_block() != blocks[vm.index]}
+        assert not changed, f"pins changed during the host agent's gap: {changed}"
+        time.sleep(0.2)
+    t_start_ms = int(time.time() * 1000)
+    sbx.start_host_agent()
+    t0 = time.monotonic()
+    def whole() -> dict[str, Any] | None:
+        d = sbx.registry_json(spec)
+        return d if d and len(d["members"]) == VMS else None
+
+    doc = wait_for("the restarted registry to publish all members", whole, 30, 0.1)
+    rack.timed("host agent restart: registry whole again", time.monotonic() - t0)
+    gen = doc["generation"]
+    # restart rule: a fresh generation from the new start time, above anything issued before
+    assert gen > before["generation"] and gen >= t_start_ms
+    assert {m["index"]: m["ip"] for m in doc["members"]} == \
+        {m["index"]: m["ip"] for m in before["members"]}
+    # every guest follows the new generation without touching a file or IMEX
+    wait_for("every guest to apply the new generation",
+             lambda: all(vm.status().get("generation_applied") == gen for vm in rack.vms()),
+             30, 0.25)
+    time.sleep(2.0)  # a spurious bump would show up now; there is no event for "nothing"
+    assert sbx.registry_json(spec)["generation"] == gen
+    assert sbx.api.writes("endpointslices") == 0  # the slice was already right
+    for vm in rack.vms():
+        assert vm.hosts_block() == blocks[vm.index]
+        assert vm.status().get("restarts") == restarts[vm.index]
+    spurious = {vm.vmi: vm.imex_state().get("signals_received", 0) - (signals[vm.index] or 0)
+                for vm in rack.vms()
+                if vm.imex_state().get("signals_received") != signals[vm.index]}
+    assert not spurious, f"SIGUSR1 sent although no pin changed: {spurious}"
+    rack.settle(30)
+
+
+def test_api_outage_removes_no_member_and_reconverges(settled: Rack) -> None:
+    rack = settled
+    sbx, spec = rack.sbx, rack.spec
+    assert sbx.api is not None
+    ips = expected(rack)
+    blocks = {vm.index: vm.hosts_block() for vm in rack.vms()}
+    sbx.api.outage("refuse")
+    try:
+        deadline = time.monotonic() + 6.0
+        while time.monotonic() < deadline:  # sample the whole outage
+            assert registry_members(sbx, spec) == ips
+            assert srv_targets(sbx, spec) == {spec.id.slot(i): ip for i, ip in ips.items()}
+            time.sleep(1.0)
+        for vm in rack.vms():
+            assert vm.hosts_block() == blocks[vm.index]
+    finally:
+        sbx.api.recover()
+    # after the outage the watches are back: a scale-down and up is followed
+    t0 = time.monotonic()
+    rack.pool.scale(VMS - 1)
+    want = {i: ip for i, ip in ips.items() if i != VMS - 1}
+    with sbx.diagnostics_on_failure():
+        sbx.wait_converged(spec, 60, expect=want)
+    rack.timed("after API outage: scale-down followed", time.monotonic() - t0)
+    t0 = time.monotonic()
+    rack.pool.scale(VMS)
+    rack.settle(90)
+    rack.timed("after API outage: scale-up followed", time.monotonic() - t0)
+
+
+def test_registry_down_dns_path_converges(settled: Rack) -> None:
+    rack = settled
+    sbx, spec = rack.sbx, rack.spec
+    victim = 11
+    sbx.block_registry()
+    try:
+        wait_for("every guest on DNS views",
+                 lambda: all(vm.status().get("source") == "dns" for vm in rack.vms()), 30, 0.25)
+        t0 = time.monotonic()
+        rack.pool.crash(victim)
+        want = {i: ip for i, ip in expected(rack).items() if i != victim}
+        with sbx.diagnostics_on_failure():
+            sbx.wait_converged(spec, 60, expect=want)
+        rack.timed("registry down: crash followed through DNS", time.monotonic() - t0)
+        t0 = time.monotonic()
+        rack.pool.restore(victim)
+        rack.settle(90)
+        rack.timed("registry down: rejoin followed through DNS", time.monotonic() - t0)
+        assert all(vm.status().get("source") == "dns" for vm in rack.vms())
+    finally:
+        sbx.block_registry(False)
+    wait_for("every guest back on the registry",
+             lambda: all(vm.status().get("source") == "registry" for vm in rack.vms()), 40, 0.25)
+
+
+def test_dns_down_too_keeps_last_known_good(settled: Rack) -> None:
+    rack = settled
+    sbx, spec = rack.sbx, rack.spec
+    victim = 13
+    victim_ip = rack.vm(victim).ip
+    sbx.block_registry()
+    sbx.block_dns()
+    try:
+        blocks = {vm.index: vm.hosts_block() for vm in rack.vms()}
+        nodes = {vm.index: (vm.dir / "imex" / "nodes_config.cfg").read_bytes()
+                 for vm in rack.vms()}
+        rack.pool.crash(victim)  # published as gone, but no guest can hear it
+        wait_for("the host agent to drop the crashed member",
+                 lambda: victim not in registry_members(sbx, spec), 20, 0.1)
+        time.sleep(4 * sbx.settings.poll_interval + 1)  # several failed passes: nothing to await
+        for vm in rack.vms():
+            assert vm.running(), vm.log_tail()
+            assert vm.hosts_block() == blocks[vm.index]  # last-known-good, victim still pinned
+            assert vm.hosts_block()[victim] == victim_ip  # type: ignore[index]
+            assert (vm.dir / "imex" / "nodes_config.cfg").read_bytes() == nodes[vm.index]
+            assert set(expected(rack)) - {vm.index} <= vm.connected_peers()
+    finally:
+        sbx.block_dns(False)
+        sbx.block_registry(False)
+    t0 = time.monotonic()
+    want = {i: ip for i, ip in expected(rack).items() if i != victim}
+    with sbx.diagnostics_on_failure():
+        sbx.wait_converged(spec, 60, expect=want)
+    rack.timed("registry+DNS back: crash caught up", time.monotonic() - t0)
+    rack.pool.restore(victim)
+    rack.settle(90)
+
+
+def test_clobbered_hosts_file_is_restored(settled: Rack) -> None:
+    rack = settled
+    vm = rack.vm(2)
+    block = vm.hosts_block()
+    clobber = "127.0.0.1\tlocalhost\n127.0.1.1\tgb200-2.cluster gb200-2\n"
+    before = vm.status().get("reasserts", 0)
+    t0 = time.monotonic()
+    vm.node.write_hosts(clobber)  # in place, as cloud-init's manage_etc_hosts does
+    wait_for("the block restored", lambda: vm.hosts_block() == block, 10, 0.02)
+    rack.timed("clobbered /etc/hosts restored", time.monotonic() - t0)
+    assert vm.hosts_path.read_text().startswith(clobber)  # the rest of the file is kept
+    wait_for("the reassert counted", lambda: vm.status().get("reasserts", 0) > before, 5, 0.1)
+    assert vm.status()["restarts"] == 0
+
+
+def test_two_ensembles_side_by_side_never_mix(settled: Rack) -> None:
+    rack = settled
+    sbx = rack.sbx
+    # same Service name in another namespace: another domain id, another nodes file
+    spec_b = rack.ctl.create_ensemble("rack-b", "gb200", max_members=4)
+    pool_b = rack.ctl.pool(spec_b)
+    try:
+        t0 = time.monotonic()
+        pool_b.scale(3)
+        with sbx.diagnostics_on_failure():
+            sbx.wait_converged(spec_b, 90)
+        rack.timed("second ensemble (3 VMs) converged", time.monotonic() - t0)
+        rack.settle(30)
+        a_ips = set(expected(rack).values())
+        b_vms = sbx.vms_of(spec_b)
+        b_ips = {vm.ip for vm in b_vms}
+        assert spec_b.id.domain_id != rack.spec.id.domain_id
+        assert set(registry_members(sbx, spec_b).values()) == b_ips
+        assert set(registry_members(sbx, rack.spec).values()) == a_ips
+        b_header = f"imex-ensemble {spec_b.key}".encode()
+        a_header = f"imex-ensemble {rack.spec.key}".encode()
+        for vm in rack.vms():
+            text = vm.hosts_path.read_bytes()
+            assert b_header not in text and not any(ip.encode() in text for ip in b_ips)
+            assert {p["ip"] for p in vm.imex_state()["peers"].values()} <= a_ips | {ABSENT_IP}
+        b_nodes = {hashlib.sha256((vm.dir / "imex" / "nodes_config.cfg").read_bytes())
+                   .hexdigest() for vm in b_vms}
+        assert len(b_nodes) == 1
+        for vm in b_vms:
+            text = vm.hosts_path.read_bytes()
+            assert a_header not in text and not any(ip.encode() in text for ip in a_ips)
+            assert set(vm.connected_peers()) == {v.index for v in b_vms} - {vm.index}
+            lines = (vm.dir / "imex" / "nodes_config.cfg").read_text().splitlines()
+            assert lines == [spec_b.id.slot(i) for i in range(4)]
+    finally:
+        pool_b.scale(0)
