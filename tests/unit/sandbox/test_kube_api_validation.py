@@ -53,15 +53,21 @@ def test_valid_slice_passes() -> None:
     assert validate(rt.ENDPOINTSLICE, endpoint_slice()) == []
 
 
+# Messages and field paths as Kubernetes v1.37's ValidateEndpointSlice words them.
 @pytest.mark.parametrize(("endpoint", "field", "words"), [
     ({"addresses": ["10.0.0.1"], "hostname": "Imex-0"}, "endpoints[0].hostname", "RFC 1123"),
-    ({"addresses": ["10.0.0.1"], "hostname": "imex.0"}, "endpoints[0].hostname", "RFC 1123"),
-    ({"addresses": ["10.0.0.1"], "hostname": "a" * 64}, "endpoints[0].hostname", "RFC 1123"),
+    ({"addresses": ["10.0.0.1"], "hostname": "imex.0"}, "endpoints[0].hostname",
+     "must not contain dots"),
+    ({"addresses": ["10.0.0.1"], "hostname": "a" * 64}, "endpoints[0].hostname",
+     "must be no more than 63 characters"),
     ({"addresses": ["127.0.0.2"]}, "endpoints[0].addresses[0]", "loopback"),
     ({"addresses": ["169.254.1.1"]}, "endpoints[0].addresses[0]", "link-local"),
-    ({"addresses": ["0.0.0.0"]}, "endpoints[0].addresses[0]", "unspecified"),
-    ({"addresses": ["fd10:0:2::2"]}, "endpoints[0].addresses[0]", "IPv4"),
-    ({"addresses": ["10.0.0.1/24"]}, "endpoints[0].addresses[0]", "IPv4"),
+    ({"addresses": ["224.0.0.251"]}, "endpoints[0].addresses[0]", "link-local multicast"),
+    ({"addresses": ["0.0.0.0"]}, "endpoints[0].addresses[0]", "may not be unspecified (0.0.0.0)"),
+    # the wrong family is reported on the list, not the item (upstream does so)
+    ({"addresses": ["fd10:0:2::2"]}, "endpoints[0].addresses", "must be an IPv4 address"),
+    ({"addresses": ["10.0.0.1/24"]}, "endpoints[0].addresses[0]", "must be a valid IP address"),
+    ({"addresses": ["010.0.0.1"]}, "endpoints[0].addresses[0]", "must not have leading 0s"),
     ({"addresses": []}, "endpoints[0].addresses", "Required"),
 ])
 def test_slice_endpoint_rules(endpoint: dict[str, Any], field: str, words: str) -> None:
@@ -77,7 +83,12 @@ def test_ipv6_slice_refuses_ipv4_and_link_local() -> None:
                                                         {"addresses": ["fe80::1"]},
                                                         {"addresses": ["::1"]}])
     assert fields(validate(rt.ENDPOINTSLICE, bad)) == [
-        "endpoints[0].addresses[0]", "endpoints[1].addresses[0]", "endpoints[2].addresses[0]"]
+        "endpoints[0].addresses", "endpoints[1].addresses[0]", "endpoints[2].addresses[0]"]
+    odd = endpoint_slice(addressType="IPv6", endpoints=[{"addresses": ["fd00:0::5"]},
+                                                        {"addresses": ["::ffff:10.0.0.1"]}])
+    assert [c["message"] for c in validate(rt.ENDPOINTSLICE, odd)] == [
+        'Invalid value: "fd00:0::5": must be in canonical form ("fd00::5")',
+        'Invalid value: "::ffff:10.0.0.1": must not be an IPv4-mapped IPv6 address']
 
 
 def test_slice_needs_service_name_label_and_known_address_type() -> None:
@@ -231,7 +242,8 @@ def test_both_schema_engines_report_the_same_causes(monkeypatch: pytest.MonkeyPa
         monkeypatch.undo()
         clear()
     assert fast == slow
-    assert [c["field"] for c in slow[0]] == ["endpoints", "ports[0].port"]  # type: ignore[index]
+    assert [c["field"] for c in slow[0]] == [  # type: ignore[index]
+        "endpoints", "ports[0].port", "ports[0].protocol"]
     assert [c["field"] for c in slow[1]] == ["spec", "status.interfaces"]  # type: ignore[index]
     assert slow[2] == [("bogus",), ("endpoints", 0, "hostName")]
     assert slow[3] == [("metadata", "lables"), ("status", "phaze")]
