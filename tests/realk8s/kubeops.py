@@ -40,24 +40,25 @@ def set_vmi_ip(api: Api, ns: str, name: str, ip: str) -> None:
            content_type="application/merge-patch+json")
 
 
-def dns_answer(port: int, name: str, rdtype: str,
-               server: str = "127.0.0.1") -> tuple[int, list[Any]]:
-    """One query over UDP: (rcode, answer rdatas of ``rdtype``)."""
+def dns_answer(port: int, name: str, rdtype: str, server: str = "127.0.0.1",
+               tcp: bool = False) -> tuple[int, list[Any]]:
+    """One query over UDP (or TCP): (rcode, answer rdatas of ``rdtype``)."""
     q = dns.message.make_query(name, rdtype)
-    resp = dns.query.udp(q, server, port=port, timeout=2)
+    query = dns.query.tcp if tcp else dns.query.udp
+    resp = query(q, server, port=port, timeout=2)
     want = dns.rdatatype.from_text(rdtype)
     return resp.rcode(), [rd for rrset in resp.answer if rrset.rdtype == want for rd in rrset]
 
 
 def wait_dns(port: int, name: str, rdtype: str, want: set[str], timeout: float = 30,
-             server: str = "127.0.0.1") -> None:
+             server: str = "127.0.0.1", tcp: bool = False) -> None:
     """Until CoreDNS answers ``name`` with exactly the rdatas ``want`` (text form);
     an empty ``want`` means: until the name has no such records."""
     seen: list[Any] = []
 
     def matches() -> bool:
         nonlocal seen
-        _, seen = dns_answer(port, name, rdtype, server)
+        _, seen = dns_answer(port, name, rdtype, server, tcp)
         return {rd.to_text() for rd in seen} == want
 
     wait_until(matches, f"{rdtype} {name} == {sorted(want)}", timeout,

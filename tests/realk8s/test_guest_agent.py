@@ -16,6 +16,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import dns.flags
+import dns.message
+import dns.query
 import pytest
 
 from guest_agent.hostsfile import read_block
@@ -100,3 +103,52 @@ def test_guest_agents_pin_peers_learned_from_real_coredns(
             assert read_block(node.read_hosts().encode(), ens) == want
     finally:
         admin.delete(f"/api/v1/namespaces/{ns}")
+
+
+def test_full_rack_of_18_through_truncated_udp(
+        control_plane: ControlPlane, host_agent: HostAgentProc, tmp_path: Path) -> None:
+    """An NVL72 rack is 18 members: CoreDNS's SRV answer no longer fits a plain UDP
+    message, so it sets TC and a guest must ask again over TCP. The guest agent, in
+    its namespace, must still learn and pin all 18."""
+    admin = control_plane.admin
+    assert admin is not None
+    ns = f"rk8s-rack-{uuid.uuid4().hex[:6]}"
+    admin.create("/api/v1/namespaces",
+                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    with Fabric("rk8s", nodes=1, gateway=True) as fab:
+        assert fab.gateway_ip is not None
+        dns_name = f"coredns-{fab.tag}"
+        try:
+            ens = EnsembleId(ns, "nvl72")
+            admin.create(SERVICES.format(ns=ns), ensemble_service(ns, ens.name, max_members=18))
+            node = fab.nodes[0]
+            # Member 0 is this namespace; the other 17 addresses are only resolved, never
+            # contacted.
+            ips = {0: node.ip, **{i: f"{fab.subnet.network_address + 100 + i}"
+                                  for i in range(1, 18)}}
+            for i, ip in ips.items():
+                create_vmi(admin, vmi(ns, f"nvl72-{i}", ens.name, ip=ip, node=f"tray-{i}"))
+            port = control_plane.start_coredns(dns_name, fab.gateway_ip)
+            srv = ens.srv_name() + "."
+            want = {f"0 5 50000 {ens.slot_fqdn(i)}." for i in range(18)}
+            wait_dns(port, srv, "SRV", want, server=fab.gateway_ip, timeout=60, tcp=True)
+            # Over plain UDP (no EDNS) CoreDNS sends what fits and sets TC.
+            plain = dns.query.udp(dns.message.make_query(srv, "SRV"), fab.gateway_ip,
+                                  port=port, timeout=2)
+            assert plain.flags & dns.flags.TC, "18 SRV records fit a 512-byte answer?"
+            assert len([rd for rrset in plain.answer for rd in rrset]) < 18
+
+            cfg = write_config(tmp_path / "guest.toml", {
+                "ensemble": ens.name, "namespace": ns, "max_members": 18,
+                "nameservers": [f"{fab.gateway_ip}:{port}"],
+                "nodes_config": str(tmp_path / "nodes.cfg"),
+                "status_file": str(tmp_path / "status.json"),
+                "imex_control": "none",
+            })
+            exe = str(Path(sys.executable).with_name("imex-guest-agent"))
+            done = node.run([exe, "once", "--config", str(cfg)], check=False, timeout=60)
+            assert done.returncode == 0, (done.stdout, done.stderr)
+            assert read_block(node.read_hosts().encode(), ens) == ips
+        finally:
+            control_plane.stop_process(dns_name)
+            admin.delete(f"/api/v1/namespaces/{ns}")
