@@ -87,6 +87,17 @@ WantedBy=multi-user.target
 """
 
 
+#: image-level cloud-init defaults, as a cloud image vendor ships them in cloud.cfg.d (user-data
+#: still overrides every key): only the NoCloud datasource (no probing of others), no locale
+#: generation (minbase has no ``locales``), no SSH host keys (no sshd in the image)
+CLOUD_CFG = """\
+# imex-ensemble vm test image defaults (tests/vm/image.py); user-data overrides these
+datasource_list: [NoCloud, None]
+locale: false
+ssh_genkeytypes: []
+"""
+
+
 class ImageError(Exception):
     """Building the guest image failed; the message holds the tool's last output lines."""
 
@@ -127,6 +138,7 @@ def overlay_files() -> dict[str, tuple[int, bytes]]:
         "usr/bin/nvidia-imex": (0o755, shebang + STANDIN_IMEX.read_bytes()),
         "usr/bin/nvidia-imex-ctl": (0o755, shebang + STANDIN_CTL.read_bytes()),
         "lib/systemd/system/nvidia-imex.service": (0o644, IMEX_UNIT.encode()),
+        "etc/cloud/cloud.cfg.d/90-imex-vmtest.cfg": (0o644, CLOUD_CFG.encode()),
     }
 
 
