@@ -26,6 +26,7 @@ Errors propagate to the reconciler, which retries the ensemble later.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,7 +53,9 @@ def slice_name(service: str, family: str, vmi: str | None = None) -> str:
     return base if vmi is None else f"{base}-vmi-{vmi}"
 
 
+@functools.lru_cache(maxsize=8192)
 def _family(ip: str) -> str:
+    """Address family of a published (canonical) IP; memoized: parsing was a hot spot."""
     return "IPv6" if isinstance(ipaddress.ip_address(ip), ipaddress.IPv6Address) else "IPv4"
 
 

@@ -23,10 +23,17 @@ Decision order for one VMI (``examine_vmi``):
 ``derive_members`` applies this to all VMIs of one ensemble and resolves
 duplicate slots. Nothing raises on malformed input: every oddity becomes a
 problem string that names the VMI.
+
+Cost: every reconcile pass re-examines every VMI of its ensemble, and parsing
+an address with ``ipaddress`` plus the usability checks was the largest pure
+cost of a pass (tests/bench, issue 7). The verdict on an address string
+depends on nothing but the string, so ``classify_address`` memoizes it (a
+bounded LRU; addresses of live VMIs repeat on every pass).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -132,6 +139,23 @@ def _interface(
     return None, f"network {DEFAULT_NETWORK!r}"
 
 
+@functools.lru_cache(maxsize=8192)
+def classify_address(raw: str) -> tuple[str | None, str | None, bool]:
+    """One reported address string -> (canonical IP if usable, reason if not, parsed).
+
+    ``parsed`` is False when the text is not an address at all. Pure and
+    memoized (see the module docstring); the results are immutable.
+    """
+    try:
+        addr = parse_ip(raw)
+    except ModelError as exc:
+        return None, str(exc), False
+    reason = unusable_reason(addr)
+    if reason is None:
+        return str(addr), None, True
+    return None, reason, True
+
+
 def pick_address(iface: Mapping[str, object]) -> tuple[str | None, list[str]]:
     """``ipAddress`` if usable, else the first usable of ``ipAddresses``.
 
@@ -150,16 +174,14 @@ def pick_address(iface: Mapping[str, object]) -> tuple[str | None, list[str]]:
         if not isinstance(raw, str):
             refused.append(f"{raw!r} (not a string)")
             continue
-        try:
-            addr = parse_ip(raw)
-        except ModelError as exc:
-            refused.append(str(exc))
-            continue
-        reason = unusable_reason(addr)
-        if reason is None:
-            return str(addr), refused
-        if str(addr) not in seen:
-            seen.add(str(addr))
+        ip, reason, parsed = classify_address(raw)
+        if ip is not None:
+            return ip, refused
+        assert reason is not None
+        if not parsed:
+            refused.append(reason)
+        elif reason not in seen:  # one line per unusable address, however it was written
+            seen.add(reason)
             refused.append(reason)
     return None, refused
 
@@ -258,14 +280,10 @@ def vmi_addresses(vmi: Mapping[str, object]) -> frozenset[str]:
     for iface in _list(_mapping(vmi.get("status")).get("interfaces")):
         entry = _mapping(iface)
         for raw in [entry.get("ipAddress"), *_list(entry.get("ipAddresses"))]:
-            if not isinstance(raw, str):
-                continue
-            try:
-                addr = parse_ip(raw)
-            except ModelError:
-                continue
-            if unusable_reason(addr) is None:
-                out.add(str(addr))
+            if isinstance(raw, str):
+                ip = classify_address(raw)[0]
+                if ip is not None:
+                    out.add(ip)
     return frozenset(out)
 
 
