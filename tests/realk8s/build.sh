@@ -42,7 +42,15 @@ fi
 
 log() { echo "realk8s-build: $*" >&2; }
 
+# One builder per key at a time (two test runs starting cold would otherwise rewrite
+# each other's wrapper modules); the second waits, then finds the stamp.
 mkdir -p "$DIR/src" "$BIN"
+exec 9>"$DIR/.lock"
+flock 9
+if [ -f "$STAMP" ]; then
+  echo "$BIN"
+  exit 0
+fi
 K8S_V0="v0.${K8S_VERSION#v1.}"
 
 # new_module DIR NAME: a fresh wrapper module (go.mod rewritten every cold run).
