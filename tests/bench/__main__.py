@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
     p.add_argument("--quick", action="store_true", help="smoke mode: small sizes, few seconds")
-    p.add_argument("--profile", action="store_true",
-                   help="host: run the agent under pyinstrument (bench-profile-host.txt)")
+    p.add_argument("--profile", choices=("wall", "cpu"), default=None,
+                   help="host: profile the agent, wall-clock (pyinstrument) or CPU time "
+                   "(cProfile); report in bench-profile-host.txt")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results.json",
                    help="results file (default: bench-results.json at the repo root)")
     args = p.parse_args(argv)

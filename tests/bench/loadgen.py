@@ -11,8 +11,9 @@
     system-wide on Linux, so the harness compares these times with its own.
 ``python -m tests.bench.loadgen patch --api URL --token T --updates FILE``
     sends VMI status merge-patches (as virt-handler would) read from FILE (JSON
-    list of ``[name, ip]``) on C connections as fast as the API accepts them;
-    prints ``{"sent", "errors", "first", "last"}`` (monotonic times).
+    list of ``[name, ip]``) on C connections as fast as the API accepts them,
+    for at most ``--seconds``; prints ``{"sent", "errors", "first", "last"}``
+    (monotonic times; the updates sent are the first ``sent`` of the list).
 
 The HTTP/1.1 client is a few lines of asyncio streams rather than a library
 client: it costs a fraction of the CPU per request, so on a small machine the
@@ -177,10 +178,15 @@ async def run_longpoll(url: str, count: int, deadline: float, open_batch: int) -
 
 
 async def run_patch(api: str, token: str, namespace: str, updates: list[tuple[str, str]],
-                    connections: int) -> dict[str, float]:
+                    connections: int, seconds: float) -> dict[str, float]:
+    """Send ``updates`` in order; stop taking new ones ``seconds`` after the first.
+
+    The ones sent are always a prefix of the list (workers take them in order).
+    """
     host, port, _ = _target(api)
     queue = list(reversed(updates))
     errors = 0
+    sent = 0
     first = last = 0.0
 
     def body(ip: str) -> bytes:
@@ -190,11 +196,12 @@ async def run_patch(api: str, token: str, namespace: str, updates: list[tuple[st
             "podInterfaceName": "eth0"}]}}, separators=(",", ":")).encode()
 
     async def worker() -> None:
-        nonlocal errors, first, last
+        nonlocal errors, first, last, sent
         r, w = await asyncio.open_connection(host, port)
         try:
-            while queue:
+            while queue and not (first and time.monotonic() - first > seconds):
                 name, ip = queue.pop()
+                sent += 1
                 path = (f"/apis/kubevirt.io/v1/namespaces/{namespace}/"
                         f"virtualmachineinstances/{name}/status")
                 w.write(request_bytes("PATCH", host, port, path, body=body(ip), headers={
@@ -212,7 +219,7 @@ async def run_patch(api: str, token: str, namespace: str, updates: list[tuple[st
             w.close()
 
     await asyncio.gather(*(worker() for _ in range(connections)))
-    return {"sent": len(updates), "errors": errors, "first": first, "last": last}
+    return {"sent": sent, "errors": errors, "first": first, "last": last}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     pa.add_argument("--namespace", default="bench")
     pa.add_argument("--updates", required=True)
     pa.add_argument("--connections", type=int, default=16)
+    pa.add_argument("--seconds", type=float, default=3600.0,
+                    help="stop sending new updates this long after the first")
     args = p.parse_args(argv)
     if args.cmd == "get":
         out = asyncio.run(run_get(args.url, args.connections, args.seconds))
@@ -243,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.updates) as f:
             updates = [(str(n), str(ip)) for n, ip in json.load(f)]
         out = asyncio.run(run_patch(args.api, args.token, args.namespace, updates,
-                                    args.connections))
+                                    args.connections, args.seconds))
     print(json.dumps(out), flush=True)
     return 0
 
