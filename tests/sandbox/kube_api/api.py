@@ -16,7 +16,10 @@ detection of changes"):
 - Table responses for `Accept: ...;as=Table;g=meta.k8s.io` (kubectl get),
   see tables.py;
 - watch streams: newline-delimited `{"type", "object"}` events, BOOKMARK
-  events every `bookmark_interval` seconds when `allowWatchBookmarks=true`,
+  events every `bookmark_interval` seconds when `allowWatchBookmarks=true`
+  (default 1 s: a real apiserver sends about one a minute, so the double is
+  faster on purpose; set it higher to test a client that must not rely on
+  them),
   `timeoutSeconds` ends the stream cleanly, a too-old `resourceVersion`
   yields a single ERROR event carrying a 410 Status;
 - `Authorization: Bearer <token>` checked when sent (401 when wrong); requests
@@ -384,6 +387,8 @@ class KubeApi:
         if gone["metadata"].get("deletionTimestamp") and \
                 (ns or "", name) in self.store.objects[t.key]:
             return json_response(200, gone)  # waiting for finalizers
+        if t.returns_deleted:
+            return json_response(200, gone)
         return json_response(200, status_object(200, "", "", {
             "name": name, "group": t.group, "kind": t.plural,
             "uid": gone["metadata"].get("uid", "")}))

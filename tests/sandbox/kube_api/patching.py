@@ -394,10 +394,11 @@ def server_side_apply(
                 conflicts.append((key[0], path))
     if conflicts and not force:
         raise ApplyConflict(conflicts)
-    if force:
+    if force:  # only the conflicting fields change hands; equal values stay shared
+        taken = {p for _, p in conflicts}
         for key, owned in owners.items():
             if key != me:
-                owned -= {p for p in owned if any(_related(p, q) for q in new_paths)}
+                owned -= {p for p in owned if any(_related(p, q) for q in taken)}
 
     result = base
     for path in owners.get(me, set()) - new_paths:

@@ -31,6 +31,9 @@ class ResourceType:
     short_names: tuple[str, ...] = ()
     has_status: bool = False
     custom: bool = False  # a CRD on a real cluster (KubeVirt kinds)
+    # DELETE answers with the deleted object (the real registry's ReturnDeletedObject,
+    # set for Namespaces, Services, Pods), else with a Success Status.
+    returns_deleted: bool = False
 
     @property
     def api_version(self) -> str:
@@ -60,9 +63,11 @@ class ResourceType:
         return f"{self.kind}.{self.group}" if self.group else self.kind
 
 
-NAMESPACE = ResourceType("", "v1", "Namespace", "namespaces", "namespace", False, ("ns",), True)
-SERVICE = ResourceType("", "v1", "Service", "services", "service", True, ("svc",), True)
-POD = ResourceType("", "v1", "Pod", "pods", "pod", True, ("po",), True)
+NAMESPACE = ResourceType("", "v1", "Namespace", "namespaces", "namespace", False, ("ns",), True,
+                         returns_deleted=True)
+SERVICE = ResourceType("", "v1", "Service", "services", "service", True, ("svc",), True,
+                       returns_deleted=True)
+POD = ResourceType("", "v1", "Pod", "pods", "pod", True, ("po",), True, returns_deleted=True)
 CONFIGMAP = ResourceType("", "v1", "ConfigMap", "configmaps", "configmap", True, ("cm",))
 EVENT = ResourceType("", "v1", "Event", "events", "event", True, ("ev",))
 ENDPOINTSLICE = ResourceType(

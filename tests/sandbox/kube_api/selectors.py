@@ -73,14 +73,15 @@ def _split_top(text: str) -> list[str]:
         elif ch == ")":
             depth -= 1
             if depth < 0:
-                raise SelectorError(f"unbalanced ')' in {text!r}")
+                raise SelectorError(f"unable to parse requirement: unbalanced ')' in {text!r}")
         if ch == "," and depth == 0:
             parts.append("".join(cur))
             cur = []
         else:
             cur.append(ch)
     if depth:
-        raise SelectorError(f"unbalanced '(' in {text!r}")
+        raise SelectorError(f"unable to parse requirement: found '', expected: ',' or ')' "
+                             f"(unbalanced '(' in {text!r})")
     parts.append("".join(cur))
     return parts
 
@@ -150,7 +151,7 @@ SUPPORTED_FIELDS: dict[str, tuple[str, ...]] = {
     "Pod": ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
             "spec.serviceAccountName", "status.phase", "status.podIP", "status.nominatedNodeName"),
     "Namespace": ("status.phase",),
-    "Service": (),
+    "Service": ("spec.clusterIP", "spec.type"),
 }
 
 

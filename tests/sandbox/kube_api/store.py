@@ -546,8 +546,15 @@ class Store:
                 if not spec.get("clusterIP"):
                     spec["clusterIP"] = next(self._cluster_ips)
                 spec.setdefault("clusterIPs", [spec["clusterIP"]])
+                if spec["clusterIP"] == "None" and not spec.get("selector"):
+                    # headless + selectorless: dual-stack unless told otherwise (upstream)
+                    spec.setdefault("ipFamilyPolicy", old_spec.get("ipFamilyPolicy",
+                                                                   "RequireDualStack"))
+                    fams = spec.setdefault("ipFamilies", ["IPv4"])
+                    if len(fams) < 2 and spec["ipFamilyPolicy"] != "SingleStack":
+                        spec["ipFamilies"] = [*fams, "IPv6" if fams[0] == "IPv4" else "IPv4"]
                 spec.setdefault("ipFamilies", ["IPv4"])
-                spec.setdefault("ipFamilyPolicy", "SingleStack")
+                spec.setdefault("ipFamilyPolicy", old_spec.get("ipFamilyPolicy", "SingleStack"))
                 spec.setdefault("internalTrafficPolicy", "Cluster")
             spec.setdefault("sessionAffinity", "None")
             for port in spec.get("ports") or []:
@@ -560,6 +567,9 @@ class Store:
             for port in obj.get("ports") or []:
                 if isinstance(port, dict):
                     port.setdefault("protocol", "TCP")
+            for ep in obj.get("endpoints") or []:
+                if isinstance(ep, dict):
+                    ep.setdefault("conditions", {})  # a struct, never omitted upstream
         elif t is rt.NAMESPACE:
             obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = \
                 obj["metadata"]["name"]

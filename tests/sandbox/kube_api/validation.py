@@ -6,7 +6,7 @@ real server sends (Kubernetes API conventions, "Response Status Kind";
 reason `Invalid`, `details.causes`):
 
 1. Object metadata, as apimachinery's ValidateObjectMeta does: names are DNS
-   subdomains (Services: RFC 1035 labels; Namespaces: RFC 1123 labels), label
+   subdomains (Services and Namespaces: RFC 1123 labels), label
    keys are qualified names, label values at most 63 characters.
 2. The kind's OpenAPI schema. Kubernetes core and discovery kinds come from
    the maintained `kubernetes-validate` package (schema version
@@ -68,7 +68,6 @@ def shared_kubevirt_openapi() -> Path:
 # ------------------------------------------------------------------ helpers
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
@@ -82,10 +81,6 @@ MSG_LABEL_VALUE = ("a valid label must be an empty string or consist of alphanum
                    "characters, '-', '_' or '.', and must start and end with an alphanumeric "
                    "character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for "
                    "validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
-MSG_1035 = ("a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
-            "start with an alphabetic character, and end with an alphanumeric character "
-            "(e.g. 'my-name',  or 'abc-123', regex used for validation is "
-            "'[a-z]([-a-z0-9]*[a-z0-9])?')")
 MSG_SUBDOMAIN = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
                  "characters, '-' or '.', and must start and end with an alphanumeric character "
                  "(e.g. 'example.com', regex used for validation is "
@@ -153,10 +148,8 @@ def validate_metadata(t: ResourceType, obj: Mapping[str, Any]) -> list[Cause]:
         causes.append(required("metadata.name", "name or generateName is required"))
     elif not isinstance(name, str):
         causes.append(invalid("metadata.name", name, "must be a string"))
-    elif t is rt.SERVICE and not (len(name) <= 63 and DNS1035_LABEL.match(name)):
-        causes.append(invalid("metadata.name", name, MSG_1035))
-    elif t is rt.NAMESPACE and not check_label(name):
-        causes.append(invalid("metadata.name", name, MSG_LABEL))
+    elif t in (rt.SERVICE, rt.NAMESPACE):  # RFC 1123 labels (Services since v1.34)
+        causes.extend(invalid("metadata.name", name, m) for m in _dns1123_label_problems(name))
     elif not check_subdomain(name):
         causes.append(invalid("metadata.name", name, MSG_SUBDOMAIN))
     for field in ("labels", "annotations"):

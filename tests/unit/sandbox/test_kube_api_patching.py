@@ -103,7 +103,9 @@ def test_apply_conflicts_with_other_manager_unless_forced() -> None:
     assert ("endpoints",) in shared[("intruder", "Apply", "")]
     forced, after = server_side_apply(obj, _slice("10.0.0.2"), owners, "intruder", force=True)
     assert forced["endpoints"] == [{"addresses": ["10.0.0.2"]}]
-    assert ("endpoints",) not in after.get(("agent", "Apply", ""), set())
+    assert ("endpoints",) not in after[("agent", "Apply", "")]
+    # fields both applied with equal values stay shared (upstream keeps both managers)
+    assert ("metadata", "labels", "kubernetes.io/service-name") in after[("agent", "Apply", "")]
 
 
 def test_apply_removes_fields_no_longer_applied_unless_shared() -> None:

@@ -223,3 +223,14 @@ def test_objects_written_for_a_gone_owner_are_collected() -> None:
     s.gc_dangling = False
     s.create(rt.ENDPOINTSLICE, "default", late, "t")
     assert names(s, rt.ENDPOINTSLICE) == ["a-imex"]
+
+
+def test_headless_selectorless_service_defaults_dual_stack_and_delete_field_selectors() -> None:
+    s = Store()
+    got = s.create(rt.SERVICE, "default", svc("ens"), "t")["spec"]
+    assert (got["ipFamilyPolicy"], got["ipFamilies"]) == ("RequireDualStack", ["IPv4", "IPv6"])
+    plain = s.create(rt.SERVICE, "default", {"metadata": {"name": "web"},
+                                             "spec": {"ports": [{"port": 80}]}}, "t")["spec"]
+    assert (plain["ipFamilyPolicy"], plain["ipFamilies"]) == ("SingleStack", ["IPv4"])
+    headless = s.list(rt.SERVICE, "default", None, "spec.clusterIP=None,spec.type=ClusterIP")
+    assert [o["metadata"]["name"] for o in headless[0]] == ["ens"]

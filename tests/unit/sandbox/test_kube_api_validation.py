@@ -128,11 +128,12 @@ def test_slice_schema_errors_from_kubernetes_validate() -> None:
     assert "ports[0].port" in fields(causes)
 
 
-def test_service_names_are_rfc1035_labels() -> None:
-    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "0gb200"},
+def test_service_names_are_rfc1123_labels() -> None:
+    # v1.34+ relaxed Service names from RFC 1035 to RFC 1123 labels (a leading digit is fine)
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gb200.rack"},
            "spec": {"clusterIP": "None"}}
     assert fields(validate(rt.SERVICE, svc)) == ["metadata.name"]
-    svc["metadata"]["name"] = "gb200"
+    svc["metadata"]["name"] = "0gb200"
     assert validate(rt.SERVICE, svc) == []
     svc["spec"]["ports"] = [{"port": 1}, {"port": 2}]
     assert fields(validate(rt.SERVICE, svc)) == ["spec.ports[0].name", "spec.ports[1].name"]
