@@ -68,8 +68,8 @@ def patch_vmi_ip(api: str, token: str, name: str, ip: str) -> None:
 
 
 def run(results: Results, *, quick: bool = False) -> None:
-    seconds = 2.0 if quick else 10.0
-    polls = 200 if quick else 5000
+    seconds = 1.0 if quick else 10.0
+    polls = 100 if quick else 5000
     raise_nofile(polls * 2 + 1024)  # the agent inherits it: one socket per long-poll
     with tempfile.TemporaryDirectory(prefix="bench-registry-") as tmp:
         work = Path(tmp)
