@@ -366,6 +366,20 @@ def _printable_ascii(text: str) -> bool:
     return all(0x21 <= ord(c) <= 0x7E for c in text)
 
 
+def trusted_host_flag(url: str) -> str:
+    """`` --trusted-host HOST[:PORT]`` for a plain-HTTP index or wheelhouse, else "".
+
+    pip ignores an ``http://`` index or find-links location on any host but localhost
+    unless that host is trusted ("is not a trusted or secure host and is being ignored"),
+    and an air-gapped wheelhouse is often plain HTTP on the site network. Found by the VM
+    tier (tests/vm): a real guest's pip 23 refused the wheelhouse without this flag.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.netloc:
+        return ""
+    return f" --trusted-host {shlex.quote(parts.netloc.rpartition('@')[2])}"
+
+
 def render_setup_script(opts: Options) -> str:
     """The runcmd shell script: install, enable the unit, restart IMEX once. Stops on error."""
     q = shlex.quote
@@ -375,10 +389,11 @@ def render_setup_script(opts: Options) -> str:
     lines = ["set -eu"]
     if src.url is not None:
         lines.append(f"python3 -m venv {VENV}")
+        trust = trusted_host_flag(src.url)
         if src.kind == "pip-index":
-            lines.append(f"{pip} --index-url {q(src.url)} {req}")
+            lines.append(f"{pip} --index-url {q(src.url)}{trust} {req}")
         elif src.kind == "find-links":
-            lines.append(f"{pip} --no-index --find-links {q(src.url)} {req}")
+            lines.append(f"{pip} --no-index --find-links {q(src.url)}{trust} {req}")
         else:
             # A direct reference names the project and extras, never a version.
             lines.append(f"{pip} {q(f'{requirement_name(opts)} @ {src.url}')}")

@@ -171,7 +171,8 @@ def script_lines(o: ci.Options) -> list[list[str]]:
     [
         (
             "find-links:http://wheels.internal/imex/",
-            ["--no-index", "--find-links", "http://wheels.internal/imex/", "imex-ensemble[guest]"],
+            ["--no-index", "--find-links", "http://wheels.internal/imex/",
+             "--trusted-host", "wheels.internal", "imex-ensemble[guest]"],
         ),
         (
             "pip-index:https://mirror.internal/simple",

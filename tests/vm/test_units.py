@@ -78,3 +78,20 @@ def test_qemu_argv_direct_kernel_boot_tap_and_serial(tmp_path: Path) -> None:
     assert "-accel tcg" in joined and "-cpu max" in joined and "-smp 1" in joined
     assert "tap,id=n0,ifname=vmtt0,script=no,downscript=no" in argv
     assert f"file,id=ser0,path={tmp_path / 'serial.log'},append=on" in argv
+
+
+def test_generated_install_trusts_a_plain_http_wheelhouse_only() -> None:
+    # found by this tier: a guest's pip refused http://10.77.0.1:8000/ as "not a trusted or
+    # secure host" and the runcmd failed; https needs no flag
+    from guest_agent import cloudinit as ci
+
+    def script(install: str) -> str:
+        opts = ci.Options(ensemble="e", namespace="n", install=ci.InstallSource.parse(install))
+        return ci.render_setup_script(opts)
+
+    assert "--find-links http://10.77.0.1:8000/ --trusted-host 10.77.0.1:8000 " in script(
+        "find-links:http://10.77.0.1:8000/")
+    assert "--index-url http://mirror.lan/simple/ --trusted-host mirror.lan " in script(
+        "pip-index:http://mirror.lan/simple/")
+    assert "--trusted-host" not in script("pip-index:https://mirror.lan/simple/")
+    assert "--trusted-host" not in script("preinstalled")
