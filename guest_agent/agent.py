@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import importlib.metadata
 import json
 import logging
@@ -37,6 +38,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -167,6 +169,32 @@ def make_discovery(settings: Settings) -> Discovery:
     return Discovery(settings, EnsembleId(settings.namespace, settings.ensemble), token=token)
 
 
+# --- shutdown watchdog -----------------------------------------------------------------
+
+#: SIGTERM must end the agent: the IMEX child gets up to 10 s, the rest is margin
+#: (systemd's TimeoutStopSec is 30 s).
+STOP_DEADLINE = 20.0
+
+
+def stop_watchdog(seconds: float) -> threading.Timer:
+    """A thread that ends the process if shutdown hangs, after dumping every stack.
+
+    It runs outside the event loop, so it fires even when a task swallowed its
+    cancellation or something blocks the loop; the stacks say which.
+    """
+
+    def fire() -> None:
+        log.error("shutdown did not finish within %gs; dumping stacks and exiting", seconds)
+        with contextlib.suppress(Exception):
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(EXIT_FAILED)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 # --- the agent -------------------------------------------------------------------------
 
 
@@ -216,6 +244,7 @@ class Agent:
 
             self.reporter = Reporter(settings, on_error=self._report_error)
         self.discovery: Discovery | None = None
+        self._watchdog: threading.Timer | None = None
 
     # -- errors and status
 
@@ -413,10 +442,16 @@ class Agent:
                 self.notified = sd_notify("READY=1")
                 log.warning("nothing learned within 30 s; keeping the files as they are")
 
+    def _on_stop_signal(self, sig: signal.Signals) -> None:
+        if not self.stop.is_set():
+            log.info("%s received: stopping", sig.name)
+            self._watchdog = stop_watchdog(STOP_DEADLINE)
+        self.stop.set()
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
+            loop.add_signal_handler(sig, self._on_stop_signal, sig)
         pins_found, nodes_sha_found = self.applier.found()
         self.supervisor.adopt(pins_found, nodes_sha_found)
         await self.update_addresses()
@@ -434,7 +469,6 @@ class Agent:
                 if self.reporter is not None:
                     tasks.append(tg.create_task(self.reporter.run(), name="reporter"))
                 await self.stop.wait()
-                log.info("stopping")
                 # The file watcher's thread has seen ``stop`` already and returns
                 # within one step, so cancelling it does not wait long.
                 for t in tasks:
@@ -450,6 +484,11 @@ class Agent:
                 await asyncio.shield(self.supervisor.stop())
             self.write_status()
         return EXIT_FAILED if failed else EXIT_OK
+
+    def disarm(self) -> None:
+        """Called once the event loop has closed: shutdown finished in time."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
 
 
 # --- once and status ---------------------------------------------------------------------
@@ -533,6 +572,10 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
             f"{settings.namespace}/{settings.ensemble}",
             settings.source,
         )
-        return asyncio.run(Agent(settings).run())
+        agent = Agent(settings)
+        code = asyncio.run(agent.run())
+        agent.disarm()
+        log.info("stopped (exit %d)", code)
+        return code
     print(f"imex-guest-agent: error: unknown command {args.command!r}", file=sys.stderr)
     return 2

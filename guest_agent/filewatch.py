@@ -18,8 +18,10 @@ desired content from whatever is on disk now and writes only when that
 differs. So our own writes, which also raise events, cost one read and no
 write, and there is no "ignore my own write" window that could swallow a
 foreign write. A periodic call (``recheck``) heals anything inotify missed.
-Events are batched for ``debounce_ms`` so a tool writing in several steps
-is read once it is done, well inside the 1 s budget.
+Events are batched (50 ms without a new event, at most ``debounce_ms``) and
+then the files must stay unchanged for ``quiet`` (0.1 s) before they are
+read, so a tool writing in several steps (truncate, then write) is read once
+it is done: typically 0.15-0.3 s after the write, inside the 1 s budget.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ async def watch_files(
     *,
     stop: asyncio.Event | None = None,
     recheck: float = 5.0,
-    debounce_ms: int = 100,
+    debounce_ms: int = 300,
+    quiet: float = 0.1,
 ) -> None:
     """Call ``on_change(reason)`` when one of ``paths`` may have changed; runs until ``stop``.
 
@@ -83,7 +86,7 @@ async def watch_files(
                 *sorted(watch),
                 watch_filter=relevant,
                 debounce=debounce_ms,
-                step=20,
+                step=50,
                 stop_event=stop,
                 rust_timeout=int(recheck * 1000),
                 yield_on_timeout=True,
@@ -92,6 +95,7 @@ async def watch_files(
                 if not changes:
                     _call(on_change, "recheck")
                     continue
+                await _settled(files, quiet)
                 for path in sorted({p for _, p in changes}):
                     _call(on_change, path)
                 # A replaced file leaves the inode watch dead: re-arm on the new one.
@@ -106,6 +110,36 @@ async def watch_files(
             continue
         if not rearm:
             return
+
+
+def _fingerprint(files: Iterable[str]) -> tuple[tuple[int, int, int] | None, ...]:
+    out: list[tuple[int, int, int] | None] = []
+    for f in sorted(files):
+        try:
+            st = os.stat(f)
+        except OSError:
+            out.append(None)
+            continue
+        out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+async def _settled(files: Iterable[str], quiet: float, limit: float = 0.6) -> None:
+    """Wait until the files have not changed for ``quiet`` s (at most ``limit`` s).
+
+    A writer that truncates and then writes (cloud-init) must be done before
+    we read: merging our block into its half-written file and replacing it
+    would lose the rest of what it writes to the old inode.
+    """
+    files = list(files)
+    deadline = asyncio.get_running_loop().time() + limit
+    last = _fingerprint(files)
+    while asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(quiet)
+        now = _fingerprint(files)
+        if now == last:
+            return
+        last = now
 
 
 def _filter(files: set[str], names: set[str]) -> Callable[[watchfiles.Change, str], bool]:

@@ -110,7 +110,7 @@ class AgentProc:
 
         return wait_until(what, probe, timeout, log=self.log)
 
-    def stop(self, timeout: float = 15.0) -> int:
+    def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -13,6 +13,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from tests.guest_support.agent import (
     READY_CTL,
     AgentProc,
     cli,
+    env,
     pid_alive,
     read_events,
     wait_until,
@@ -108,6 +111,10 @@ def test_masquerade_own_slot_and_clobber_restore(tmp_path, dns, agent_factory): 
     nodes = (tmp_path / "imex" / "nodes_config.cfg").read_text().splitlines()
     assert nodes == [ENS.slot(i) for i in range(4)]
 
+    # Let discovery settle (DNS reports absent slots on its second pass), so the clobbers
+    # below meet only the file watcher.
+    wait_until("hosts file quiet", lambda: time.time() - (tmp_path / "hosts").stat().st_mtime
+               > 0.5, 10)
     # cloud-init style clobber: the whole file re-rendered in place, our block gone.
     clobber = "127.0.0.1 localhost\n127.0.1.1 guest-0\n# new admin line\n"
     t0 = time.monotonic()
@@ -261,3 +268,15 @@ def test_dns_outage_keeps_last_known_good(tmp_path, dns, agent_factory):  # type
     st = agent.status()
     assert st["restarts"] == 0 and st["signals"] == 0 and st["imex_state"] == "READY"
     assert agent.stop() == 0
+
+
+def test_stop_watchdog_ends_a_hung_shutdown(tmp_path):  # type: ignore[no-untyped-def]
+    """If shutdown hangs (a blocked loop, a task that swallows cancellation), exit anyway."""
+    code = ("import time\nfrom guest_agent.agent import stop_watchdog\n"
+            "stop_watchdog(0.3)\ntime.sleep(30)\n")
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env(), timeout=20, check=False)
+    assert out.returncode == 1 and time.monotonic() - t0 < 10
+    assert "shutdown did not finish within 0.3s" in out.stderr
+    assert "time.sleep" in out.stderr or "line 4" in out.stderr  # the stacks were dumped
