@@ -69,11 +69,12 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def rack() -> Iterator[Rack]:
+def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
     if os.geteuid() != 0:
         pytest.skip("needs root: the e2e sandbox builds network namespaces and a bridge")
-    # IMEX_E2E_KEEP=1 keeps the work directory (agent logs, configs) for a post-mortem
-    sbx = Sandbox(SandboxSettings(prefix="e2e", keep_workdir=bool(os.environ.get("IMEX_E2E_KEEP"))))
+    # agent logs and configs stay in pytest's temp dir (the last few runs are kept)
+    workdir = tmp_path_factory.mktemp("e2e-sandbox")
+    sbx = Sandbox(SandboxSettings(prefix="e2e", workdir=workdir))
     tag = ""
     try:
         sbx.start()

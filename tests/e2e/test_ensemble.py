@@ -164,7 +164,7 @@ def test_host_agent_restart_loses_nothing(settled: Rack) -> None:
         assert not changed, f"pins changed during the host agent's gap: {changed}"
         time.sleep(0.2)
     t_start_ms = int(time.time() * 1000)
-    sbx.start_host_agent()
+    sbx.start_host_agent(timeout=90)
     t0 = time.monotonic()
     def whole() -> dict[str, Any] | None:
         d = sbx.registry_json(spec)
@@ -231,7 +231,7 @@ def test_registry_down_dns_path_converges(settled: Rack) -> None:
     sbx.block_registry()
     try:
         wait_for("every guest on DNS views",
-                 lambda: all(vm.status().get("source") == "dns" for vm in rack.vms()), 30, 0.25)
+                 lambda: all(vm.status().get("source") == "dns" for vm in rack.vms()), 60, 0.25)
         t0 = time.monotonic()
         rack.pool.crash(victim)
         want = {i: ip for i, ip in expected(rack).items() if i != victim}
@@ -288,13 +288,14 @@ def test_clobbered_hosts_file_is_restored(settled: Rack) -> None:
     block = vm.hosts_block()
     clobber = "127.0.0.1\tlocalhost\n127.0.1.1\tgb200-2.cluster gb200-2\n"
     before = vm.status().get("reasserts", 0)
+    restarts = vm.status()["restarts"]
     t0 = time.monotonic()
     vm.node.write_hosts(clobber)  # in place, as cloud-init's manage_etc_hosts does
     wait_for("the block restored", lambda: vm.hosts_block() == block, 10, 0.02)
     rack.timed("clobbered /etc/hosts restored", time.monotonic() - t0)
     assert vm.hosts_path.read_text().startswith(clobber)  # the rest of the file is kept
     wait_for("the reassert counted", lambda: vm.status().get("reasserts", 0) > before, 5, 0.1)
-    assert vm.status()["restarts"] == 0
+    assert vm.status()["restarts"] == restarts  # a file repair never costs an IMEX restart
 
 
 def test_two_ensembles_side_by_side_never_mix(settled: Rack) -> None:
