@@ -280,3 +280,52 @@ def test_stop_watchdog_ends_a_hung_shutdown(tmp_path):  # type: ignore[no-untype
     assert out.returncode == 1 and time.monotonic() - t0 < 10
     assert "shutdown did not finish within 0.3s" in out.stderr
     assert "time.sleep" in out.stderr or "line 4" in out.stderr  # the stacks were dumped
+
+
+def test_systemd_mode_start_signal_and_agent_restart_adopts(tmp_path, dns, agent_factory):  # type: ignore[no-untyped-def]
+    """imex_control = systemd through the daemon, with a recording systemctl first in PATH.
+
+    Start once the own slot is pinned, SIGUSR1 via ``systemctl kill`` when a peer moves, and
+    an agent restart (Restart=always) leaves the running unit alone: same files, no restart.
+    """
+    model, srv = dns
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    record = tmp_path / "systemctl.log"
+    fake = bindir / "systemctl"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$*" >> {record}\n'
+        f'if [ "$1" = is-active ]; then [ -e {tmp_path}/active ]; exit $?; fi\n'
+        f'if [ "$1" = start ] || [ "$1" = restart ]; then touch {tmp_path}/active; fi\n'
+        "exit 0\n")
+    fake.chmod(0o755)
+    path_env = {"PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    cfg = _config(tmp_path, srv.port, imex_control="systemd")
+
+    def actions() -> list[str]:
+        lines = record.read_text().splitlines() if record.exists() else []
+        return [ln for ln in lines if not ln.startswith("is-active")]
+
+    def start() -> AgentProc:
+        a = AgentProc(cfg, tmp_path / "run" / "status.json", tmp_path / "agent.log",
+                      extra_env=path_env)
+        agent_factory.append(a)
+        return a
+
+    agent = start()
+    agent.wait("unit started", lambda s: s.get("starts") == 1)
+    assert actions() == ["start nvidia-imex.service"]
+    time.sleep(1.1)  # the first SIGUSR1 after a start waits one window (1 s here)
+    model.set_members(NS, NAME, {ENS.slot(0): PUB0, ENS.slot(1): "10.77.0.21"})
+    agent.wait("signalled", lambda s: s.get("signals") == 1)
+    assert actions()[-1] == "kill --kill-whom=main --signal=SIGUSR1 nvidia-imex.service"
+    assert agent.stop() == 0
+    assert len(actions()) == 2  # the agent's exit leaves the unit alone
+
+    again = start()
+    again.wait("second agent applied and observed IMEX",
+               lambda s: s.get("applies", 0) >= 1 and s.get("imex_state") == "READY")
+    time.sleep(1.0)
+    assert len(actions()) == 2, actions()  # adopted: no start, no restart, no signal
+    assert again.stop() == 0
