@@ -240,7 +240,9 @@ async def query_state(imex_ctl: Sequence[str], timeout: float = 5.0) -> str | No
         return None
     if rc != 0 or not out:
         return None
-    return out.splitlines()[0].strip() or None
+    # One short state word (READY, ...); a long first line is garbage, kept bounded
+    # because it goes into the status file and the registry report (max 64).
+    return out.splitlines()[0].strip()[:64] or None
 
 
 class SystemdController:
