@@ -329,3 +329,16 @@ def test_systemd_mode_start_signal_and_agent_restart_adopts(tmp_path, dns, agent
     time.sleep(1.0)
     assert len(actions()) == 2, actions()  # adopted: no start, no restart, no signal
     assert again.stop() == 0
+
+
+def test_bad_config_is_refused_naming_the_key(tmp_path):  # type: ignore[no-untyped-def]
+    cfg = write_config(tmp_path / "bad.toml", {"ensemble": NAME, "namespace": NS,
+                                               "signal_intervall": 5})
+    for command in ("run", "once", "status"):
+        out = cli(command, "--config", str(cfg))
+        assert out.returncode == 2, (command, out.stderr)
+        assert "unknown key(s) signal_intervall" in out.stderr
+    cfg = write_config(tmp_path / "bad2.toml", {"ensemble": NAME, "namespace": NS,
+                                                "imex_control": "process"})
+    out = cli("run", "--config", str(cfg))
+    assert out.returncode == 2 and "imex_command: required" in out.stderr
