@@ -32,9 +32,7 @@ def http(kube_api: KubeApiHandle) -> Iterator[httpx.Client]:
     ("PATCH", SVCS + "/x", b"a: [", "application/apply-patch+yaml", 400, "decoded"),
     ("PATCH", SVCS + "/x", b"kind: Service\napiVersion: v1\n", "application/apply-patch+yaml",
      422, "fieldManager"),
-    ("PUT", SVCS, b"{}", "application/json", 405, "not supported"),
-    ("GET", "/apis/nope.io/v1/things", None, None, 404, "could not find"),
-    ("GET", SVCS + "/x/scale", None, None, 404, "could not find"),
+    ("PUT", SVCS, b"{}", "application/json", 400, "name is required"),
     ("GET", SVCS + "?labelSelector=a%20in%20(b", None, None, 400, "unable to parse requirement"),
     ("GET", SVCS + "?fieldSelector=spec.ports%3D1", None, None, 400,
      "field label not supported"),
@@ -50,6 +48,13 @@ def test_bad_requests_get_a_status(http: httpx.Client, method: str, path: str,
     status = r.json()
     assert status["kind"] == "Status" and status["code"] == code
     assert words in status["message"]
+
+
+def test_unknown_resources_get_the_muxs_plain_404(http: httpx.Client) -> None:
+    for path in ("/apis/nope.io/v1/things", "/api/v1/namespaces/default/frobs",
+                 SVCS + "/x/scale"):
+        r = http.get(path)
+        assert (r.status_code, r.text) == (404, "404 page not found\n")
 
 
 def test_json_patch_errors_are_422(http: httpx.Client) -> None:

@@ -90,6 +90,10 @@ def error_response(err: ApiError) -> Response:
 AdminHandler = Callable[[Request], Awaitable[Response]]
 
 
+class PageNotFound(Exception):
+    """A path no registered resource serves."""
+
+
 class KubeApi:
     """The request handler: auth, counting, faults, then routing."""
 
@@ -114,6 +118,8 @@ class KubeApi:
             return await self.admin(req)
         try:
             verb, resource, route = self._route(req)
+        except PageNotFound:  # the real mux answers unknown resources in plain text
+            return Response(404, b"404 page not found\n", content_type="text/plain; charset=utf-8")
         except ApiError as e:
             return error_response(e)
         self.counters.count(verb, resource)
@@ -177,11 +183,11 @@ class KubeApi:
             ns, rest = rest[1], rest[2:]
         t = rt.find_type(group, version, rest[0])
         if t is None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise PageNotFound()
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else ""
         if len(rest) > 3 or (sub and (sub != "status" or not t.has_status)):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise PageNotFound()
         if t.namespaced and name is None and ns is None and req.method != "GET":
             raise ApiError(405, "MethodNotAllowed", "method not allowed on an all-namespaces path")
         resource = f"{t.plural}/{sub}" if sub else t.plural
@@ -196,7 +202,7 @@ class KubeApi:
                 return "create", resource, lambda: self._create(req, t, ns)
             if m == "DELETE":
                 return "delete", resource, lambda: self._delete_collection(req, t, ns)
-            raise ApiError(405, "MethodNotAllowed", f"{m} is not supported on a collection")
+            raise bad_request(f"{m} is not supported on a collection (a name is required)")
         if m == "GET":
             return "get", resource, lambda: self._get(req, t, ns, name)
         if m == "PUT":

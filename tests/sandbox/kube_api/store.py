@@ -608,22 +608,24 @@ class Store:
             if entry is None:
                 meta.pop("resourceVersion", None)
             return self.render(Entry(new, managers, {k: self.clock() for k in managers}))
-        self.rv += 1
-        meta["resourceVersion"] = str(self.rv)
         times = dict(entry.manager_times) if entry else {}
         for key in managers:
             if key[0] == manager or entry is None or managers.get(key) != entry.managers.get(key):
                 times[key] = self.clock()
         new_entry = Entry(new, managers, {k: v for k, v in times.items() if k in managers})
         ns = meta.get("namespace", "")
+        if entry is not None and meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            # the last finalizer went: one DELETED event with this final state, as upstream
+            self.objects[t.key][(ns, name)] = new_entry
+            return self._remove(t, ns, name)
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
         self.objects[t.key][(ns, name)] = new_entry
         self.uids.add(meta["uid"])
         rendered = self.render(new_entry)
         old_rendered = self.render(entry) if entry else None
         self._publish(t, "MODIFIED" if entry else "ADDED", old_rendered, rendered)
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            self._remove(t, ns, name)
-        elif self._dangling(meta):
+        if self._dangling(meta):
             self.delete(t, ns or None, name)  # as the garbage collector would, shortly after
         return rendered
 

@@ -109,12 +109,15 @@ def test_finalizers_delay_deletion() -> None:
     obj = svc("a")
     obj["metadata"]["finalizers"] = ["imex-ensemble.io/x"]
     s.create(rt.SERVICE, "default", obj, "t")
+    w = s.watch(rt.SERVICE, "default", None, None, str(s.rv))
     marked = s.delete(rt.SERVICE, "default", "a")
     assert marked["metadata"]["deletionTimestamp"]
     assert s.get(rt.SERVICE, "default", "a")
     s.patch(rt.SERVICE, "default", "a", "merge", {"metadata": {"finalizers": None}}, "t")
     with pytest.raises(ApiError):
         s.get(rt.SERVICE, "default", "a")
+    # as upstream: removing the last finalizer is the deletion itself (no MODIFIED first)
+    assert drain(w) == [("MODIFIED", "a"), ("DELETED", "a")]
 
 
 def owned_slice(owner: dict[str, Any], name: str, *more: dict[str, Any]) -> dict[str, Any]:
