@@ -167,3 +167,37 @@ def test_watch_from_current_resource_version_streams_changes(
         first = next(events)
     assert first["type"] == "ADDED"
     assert first["object"]["metadata"]["name"] == "fresh"
+
+
+# ---- RBAC of server-side apply ------------------------------------------------------
+
+def test_server_side_apply_that_creates_needs_the_create_right(
+        control_plane: ControlPlane, admin: Api, namespace: str) -> None:
+    """The audit log shows such an apply as "patch", yet the authorizer also asks for
+    "create": a role with patch alone can update a slice but not make one. (So the
+    agent's ClusterRole needs create although no request of it says create.)"""
+    token = control_plane.service_account_token(namespace, "patch-only", [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+         "verbs": ["patch"]}])
+    patcher = Api(control_plane.server, control_plane.ca, token)
+    ens = EnsembleId(namespace, "ssa")
+    svc = admin.create(f"/api/v1/namespaces/{namespace}/services",
+                       ensemble_service(namespace, ens.name))
+    body = contract_slice(ens, svc["metadata"]["uid"], [
+        {"index": 0, "ip": "10.4.0.1", "vmi": "ssa-0", "node": "n1", "ready": True}])
+    path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices/ssa-imex"
+    params = {"fieldManager": "imex-host-agent", "force": "true"}
+    try:
+        r = patcher.request("PATCH", path, body, content_type="application/apply-patch+yaml",
+                            params=params)
+        assert r.status_code == 403, r.text
+        assert 'cannot create resource "endpointslices"' in r.json()["message"]
+
+        admin.create(path.rsplit("/", 1)[0], body)
+        body["endpoints"][0]["addresses"] = ["10.4.0.2"]
+        r = patcher.request("PATCH", path, body, content_type="application/apply-patch+yaml",
+                            params=params)
+        assert r.status_code == 200, r.text
+        assert r.json()["endpoints"][0]["addresses"] == ["10.4.0.2"]
+    finally:
+        patcher.close()
