@@ -14,6 +14,9 @@
 # Output: the bin directory on stdout (last line). A warm run only checks the
 # stamp file and returns in well under a second.
 #
+# `build.sh --check`: print the bin directory and exit 0 when the build is complete,
+# exit 1 without building otherwise (for CI: run the tier only on a warm cache).
+#
 # Env: REALK8S_CACHE overrides the cache root; REALK8S_NICE (default 15) is the
 # niceness for the compiler (the machine has 2 shared cores).
 set -euo pipefail
@@ -38,6 +41,10 @@ NICE=${REALK8S_NICE:-15}
 if [ -f "$STAMP" ]; then
   echo "$BIN"
   exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+  echo "realk8s-build: no complete build in $BIN" >&2
+  exit 1
 fi
 
 log() { echo "realk8s-build: $*" >&2; }
