@@ -7,7 +7,9 @@
     opens N connections, each holding one GET (the caller puts ``?wait=G`` in
     the URL); prints ``parked N`` once every request is written, then one JSON
     line with the CLOCK_MONOTONIC time of every answer's arrival
-    (``first``, ``last``, ``answered``, ``errors``). CLOCK_MONOTONIC is
+    (``first``, ``last``, ``answered``, ``errors``, ``repolls``). With
+    ``--generation G`` an answer still at G (the registry's long-poll cap
+    passed) is polled again on the same connection, as a guest would. CLOCK_MONOTONIC is
     system-wide on Linux, so the harness compares these times with its own.
 ``python -m tests.bench.loadgen patch --api URL --token T --updates FILE``
     sends VMI status merge-patches (as virt-handler would) read from FILE (JSON
@@ -137,11 +139,13 @@ async def run_get(url: str, connections: int, seconds: float) -> dict[str, float
 # -------------------------------------------------------------------- longpoll
 
 
-async def run_longpoll(url: str, count: int, deadline: float, open_batch: int) -> dict[str, float]:
+async def run_longpoll(url: str, count: int, deadline: float, open_batch: int,
+                       generation: int | None) -> dict[str, float]:
     host, port, path = _target(url)
     req = request_bytes("GET", host, port, path)
     arrivals: list[float] = []
     errors = 0
+    repolls = 0
     streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     # Open in batches: a burst of thousands of SYNs overflows the listen backlog
     # and a dropped SYN is retried only after a second.
@@ -154,23 +158,32 @@ async def run_longpoll(url: str, count: int, deadline: float, open_batch: int) -
     await asyncio.gather(*(w.drain() for _, w in streams))
     print(f"parked {len(streams)}", flush=True)
 
-    async def wait_one(r: asyncio.StreamReader) -> None:
-        nonlocal errors
-        try:
-            status, _ = await read_response(r)
-        except (OSError, asyncio.IncompleteReadError, HttpError):
-            errors += 1
+    async def wait_one(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        nonlocal errors, repolls
+        while True:
+            try:
+                status, body = await read_response(r)
+            except (OSError, asyncio.IncompleteReadError, HttpError):
+                errors += 1
+                return
+            now = time.monotonic()
+            if status != 200:
+                errors += 1
+                return
+            # A timed-out poll comes back with the same generation: poll again, as a guest does.
+            if generation is not None and json.loads(body).get("generation") == generation:
+                repolls += 1
+                w.write(req)
+                continue
+            arrivals.append(now)
             return
-        arrivals.append(time.monotonic())
-        if status != 200:
-            errors += 1
 
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(deadline):
-            await asyncio.gather(*(wait_one(r) for r, _ in streams))
+            await asyncio.gather(*(wait_one(r, w) for r, w in streams))
     for _, w in streams:
         w.close()
-    return {"answered": len(arrivals), "errors": errors,
+    return {"answered": len(arrivals), "errors": errors, "repolls": repolls,
             "first": min(arrivals) if arrivals else -1, "last": max(arrivals) if arrivals else -1}
 
 
@@ -234,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     lp.add_argument("--count", type=int, default=5000)
     lp.add_argument("--deadline", type=float, default=60.0)
     lp.add_argument("--open-batch", type=int, default=200)
+    lp.add_argument("--generation", type=int, default=None,
+                    help="an answer with this generation is a timeout: poll again")
     pa = sub.add_parser("patch")
     pa.add_argument("--api", required=True)
     pa.add_argument("--token", required=True)
@@ -247,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         out = asyncio.run(run_get(args.url, args.connections, args.seconds))
     elif args.cmd == "longpoll":
         raise_nofile(args.count + 256)
-        out = asyncio.run(run_longpoll(args.url, args.count, args.deadline, args.open_batch))
+        out = asyncio.run(run_longpoll(args.url, args.count, args.deadline, args.open_batch,
+                                       args.generation))
     else:
         with open(args.updates) as f:
             updates = [(str(n), str(ip)) for n, ip in json.load(f)]
