@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +63,8 @@ NAMESPACE = "bench"
 POLL_INTERVAL = 2.0
 SIGNAL_INTERVAL = 5.0
 LONGPOLL = 30.0
+#: a change not in every guest's /etc/hosts by then is counted as missed
+MISS_AFTER = 120.0
 SETTLE_TIME = 2.0  # guest_agent.config default: ips-mode debounce
 
 
@@ -120,6 +123,8 @@ class Bench:
         self.n_vms = 6 if quick else 18
         self.changes = 5 if quick else 100
         self.peak_rss: dict[str, float] = {}
+        self.missed: list[str] = []
+        self.keep = False  # keep the sandbox's work directory (logs) for a reader
 
     # ------------------------------------------------------------- readings
 
@@ -193,6 +198,20 @@ class Bench:
         self.current[vm.vmi] = new
         return pending, started
 
+    def latency_ms(self, pending: Any, what: str) -> float:
+        """Milliseconds until every guest pinned it; a miss counts as MISS_AFTER and is noted.
+
+        A change that never reaches some guest is a finding, not a harness failure:
+        it is counted (``*_missed``), the guests' logs are kept, and the run goes on.
+        """
+        if pending.done.wait(max(0.1, pending.started + MISS_AFTER - time.monotonic())):
+            return float((pending.finished - pending.started) * 1000)
+        self.missed.append(f"{what}: slot {pending.slot} -> {pending.ip} not in the /etc/hosts "
+                           f"of {sorted(pending.waiting)} after {MISS_AFTER:.0f} s")
+        self.keep = True
+        print(f"!! {self.missed[-1]}", flush=True)
+        return MISS_AFTER * 1000
+
     def quiet(self, seconds: float, check: Callable[[], bool] | None = None) -> None:
         """Wait ``seconds`` after ``check`` holds (signals/restarts settle)."""
         if check is not None:
@@ -220,10 +239,7 @@ class Bench:
         for n in range(self.changes):
             vm = vms[n % len(vms)]
             pending, _ = self.change(vm)
-            if not pending.done.wait(60):
-                raise BenchError(f"change {n} ({vm.vmi} -> {pending.ip}) not in every "
-                                 f"/etc/hosts after 60 s; missing: {sorted(pending.waiting)}")
-            lat.append((pending.finished - pending.started) * 1000)
+            lat.append(self.latency_ms(pending, f"registry-path change {n}"))
             self.sample_rss()
             time.sleep(SIGNAL_INTERVAL + 1.0 if spaced else 0.3)
         churn = self.cpu_pct(cpu0, self.cpu(), time.monotonic() - t0)
@@ -251,13 +267,7 @@ class Bench:
             for n in range(self.changes):
                 pendings.append(self.change(vms[n % len(vms)])[0])
                 time.sleep(1.0)
-            lat = []
-            for p in pendings:
-                if not p.done.wait(max(0.1, p.started + 60 - time.monotonic())):
-                    raise BenchError(f"DNS-only change of slot {p.slot} -> {p.ip} not in every "
-                                     f"/etc/hosts after 60 s; missing {sorted(p.waiting)}")
-                lat.append((p.finished - p.started) * 1000)
-            return lat
+            return [self.latency_ms(p, f"DNS-only change {n}") for n, p in enumerate(pendings)]
         finally:
             self.sbx.block_registry(False)
 
@@ -273,8 +283,7 @@ class Bench:
                 return all(c[0] > before[v][0] for v, c in self.counters().items() if v in before)
 
             pending, _ = self.change(vms[n % len(vms)])
-            if not pending.done.wait(60):
-                raise BenchError(f"ips change {n} not in every /etc/hosts after 60 s")
+            self.latency_ms(pending, f"ips change {n}")
             self.quiet(SETTLE_TIME + 1.0, all_restarted)
         now = self.counters()
         per = [(now[v][0] - base[v][0]) / n_changes for v in now if v in base]
@@ -288,10 +297,11 @@ class Bench:
 
         settings = SandboxSettings(prefix=PREFIX, poll_interval=POLL_INTERVAL, dns_timeout=2.0,
                                    longpoll_timeout=LONGPOLL, signal_interval=SIGNAL_INTERVAL,
-                                   ready_grace=120.0)
+                                   ready_grace=120.0, keep_workdir=True)
         r = self.results
         self.alias: dict[str, str] = {}
         self.current: dict[str, str] = {}
+        failed = True
         with Sandbox(settings) as sbx:
             self.sbx = sbx
             self.ctl = VirtController(sbx)
@@ -357,9 +367,17 @@ class Bench:
                         r.set("storm_single_restarts_per_member_ips_max", high)
                         r.set("storm_single_restarts_per_member_ips_min", low)
                 r.note("sandbox", f"{self.n_vms} VMs, {self.changes} changes per path")
+                failed = False
             finally:
                 self.watch.close()
                 self.ctl.close()
+                r.set("convergence_missed", len(self.missed))
+                if self.missed:
+                    r.note("convergence_missed", "; ".join(self.missed[:5]))
+        if failed or self.keep:
+            r.note("sandbox_workdir", f"kept for its logs: {sbx.workdir}")
+        else:
+            shutil.rmtree(sbx.workdir, ignore_errors=True)
 
 
 def _read_counters(files: dict[str, Path]) -> dict[str, tuple[int, int]]:
