@@ -260,6 +260,8 @@ class VmHarness:
         self._failed = False
         self._closed = False
         self._netns_made = False
+        #: qemu-ga sockets live here (short path; UNIX socket paths are < 108 bytes)
+        self.sock_dir = Path(tempfile.mkdtemp(prefix="vmt-"))
 
     # ------------------------------------------------------------------ addresses
     @property
@@ -354,6 +356,7 @@ class VmHarness:
             ("leave namespace", self._stack.close),
             ("namespace", lambda: delete_netns(self.netns) if self._netns_made else None),
             ("workdir", self._drop_workdir),
+            ("sockets", lambda: shutil.rmtree(self.sock_dir, ignore_errors=True)),
         ]
         for what, step in steps:
             try:
@@ -524,7 +527,7 @@ class VmHarness:
         ip("tuntap", "add", "dev", tap, "mode", "tap")
         ip("link", "set", tap, "master", BRIDGE, "up")
         machine = Machine(vmi, self.workdir / vmi, self.image, tap, mac,
-                          self.settings.memory_mb)
+                          self.settings.memory_mb, self.sock_dir)
         make_seed(machine.seed, self.user_data, self.meta_data(vmi))
         guest = Guest(index, vmi, machine, self.next_ip(), self.vc.pick_node())
         self.guests[index] = guest

@@ -102,7 +102,7 @@ def relevant_lines(text: str, limit: int = 40) -> list[str]:
 
 class Machine:
     def __init__(self, name: str, workdir: Path, image: Image, tap: str, mac: str,
-                 memory_mb: int = 640) -> None:
+                 memory_mb: int = 640, sock_dir: Path | None = None) -> None:
         self.name = name
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,8 @@ class Machine:
         self.disk = self.dir / "disk.qcow2"
         self.seed = self.dir / "seed.img"
         self.serial = self.dir / "serial.log"
-        self.qga_sock = self.dir / "qga.sock"
+        # a UNIX socket path must stay under 108 bytes: the work dir may be deep
+        self.qga_sock = (sock_dir or self.dir) / f"{name}.qga"
         self.qga = Qga(self.qga_sock)
         self.proc: subprocess.Popen[bytes] | None = None
         self.boots = 0
