@@ -319,7 +319,7 @@ def fields_v1(paths: Iterable[Path]) -> JSON:
     for path in sorted(paths):
         cur = root
         for part in path:
-            cur = cur.setdefault(f"f:{part}", {})
+            cur = cur.setdefault("." if part == "." else f"f:{part}", {})
     return root
 
 
@@ -329,6 +329,9 @@ def parse_fields_v1(fields: Any, prefix: Path = ()) -> set[Path]:
     if not isinstance(fields, dict):
         return out
     for key, sub in fields.items():
+        if key == "." and prefix:
+            out.add((*prefix, "."))
+            continue
         if not key.startswith("f:"):
             continue
         path = (*prefix, key[2:])
@@ -431,14 +434,26 @@ def _overlaps(path: Path, owned: set[Path]) -> bool:
 
 
 def record_update(
-    old: JSON | None, new: JSON, managers: Managers, manager: str, subresource: str = ""
+    old: JSON | None, new: JSON, managers: Managers, manager: str, subresource: str = "",
+    custom: bool = False,
 ) -> Managers:
-    """Ownership after a create/update/patch by `manager`: it takes every field it changed."""
+    """Ownership after a create/update/patch by `manager`: it takes every field it changed.
+
+    A map the update brought into being is owned as a whole too ("." in FieldsV1),
+    which keeps the manager listed after it loses the map's fields, as upstream.
+    Upstream decides by schema which maps get "."; here: every map of a custom
+    resource, and labels/annotations of any kind (the built-ins' other maps are
+    mostly plain structs, which get none).
+    """
     owners: Managers = {k: set(v) for k, v in managers.items()}
     new_leaves = leaf_paths(new)
     old_leaves = leaf_paths(old) if old is not None else set()
     changed = {p for p in new_leaves
                if p not in old_leaves or get_path(old, p)[1] != get_path(new, p)[1]}
+    changed |= {(*q, ".") for p in changed for q in (p[:i] for i in range(1, len(p)))
+                if q != ("metadata",) and isinstance(get_path(new, q)[1], dict)
+                and not get_path(old, q)[0]
+                and (custom or q in (("metadata", "labels"), ("metadata", "annotations")))}
     if subresource != "status":
         changed = {p for p in changed if p[:1] != ("status",)}
     else:
@@ -446,7 +461,8 @@ def record_update(
     gone = old_leaves - new_leaves
     for key in owners:
         owners[key] = {p for p in owners[key]
-                       if p not in gone and not any(_related(p, c) for c in changed)}
+                       if p not in gone and not any(_related(p, c) for c in changed)
+                       and (p[-1] != "." or isinstance(get_path(new, p[:-1])[1], dict))}
     if changed:
         me: ManagerKey = (manager, "Update", subresource)
         owners[me] = owners.get(me, set()) | changed

@@ -394,7 +394,7 @@ class Store:
         for volatile in ("resourceVersion", "uid", "creationTimestamp", "deletionTimestamp",
                          "generation", "selfLink"):
             meta.pop(volatile, None)
-        managers = patching.record_update(None, obj, {}, manager)
+        managers = patching.record_update(None, obj, {}, manager, custom=t.custom)
         return self._commit(t, None, obj, managers, manager)
 
     def put(self, obj: JSON) -> JSON:
@@ -428,7 +428,8 @@ class Store:
             raise conflict(t.qualified, name, "the object has been modified; please apply your "
                            "changes to the latest version and try again", t.group, t.plural)
         new = self._merge_subresource(t, entry.obj, obj, subresource)
-        managers = patching.record_update(entry.obj, new, base, manager, subresource)
+        managers = patching.record_update(entry.obj, new, base, manager, subresource,
+                                          custom=t.custom)
         return self._commit(t, entry, new, managers, manager)
 
     def patch(self, t: ResourceType, ns: str | None, name: str, patch_type: str, body: Any,
@@ -462,7 +463,7 @@ class Store:
                            "changes to the latest version and try again", t.group, t.plural)
         new = self._merge_subresource(t, entry.obj, obj, subresource)
         managers = patching.record_update(entry.obj, new, base, manager or "unknown",
-                                          subresource)
+                                          subresource, custom=t.custom)
         return self._commit(t, entry, new, managers, manager or "unknown")
 
     def _client_managed_fields(self, entry: Entry, body: Any) -> patching.Managers:
@@ -712,7 +713,7 @@ class Store:
                     else:
                         new["metadata"].pop("ownerReferences")
                     managers = patching.record_update(entry.obj, new, entry.managers,
-                                                      "garbage-collector")
+                                                      "garbage-collector", custom=t.custom)
                     self._commit(t, entry, new, managers, "garbage-collector")
                 elif not any(self.exists_uid(r.get("uid", "")) for r in refs):
                     self.delete(t, ns or None, name)

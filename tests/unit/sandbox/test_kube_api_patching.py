@@ -133,3 +133,23 @@ def test_update_takes_ownership_of_changed_fields_only() -> None:
     after = record_update(old, new, owners, "kubectl-edit")
     assert after[("kubectl-edit", "Update", "")] == {("metadata", "labels", "b")}
     assert after[("agent", "Apply", "")] == {("metadata", "labels", "a")}
+
+
+def test_update_that_creates_a_map_owns_it_and_keeps_it_after_a_forced_apply() -> None:
+    # as kube-apiserver does for a custom resource: status created by a patch is owned
+    # with ".", so the patcher stays listed after a forced status apply takes status.phase
+    after_patch = record_update({"spec": {}}, {"spec": {}, "status": {"phase": "Running"}},
+                                {}, "patcher", "status", custom=True)
+    assert after_patch == {("patcher", "Update", "status"): {("status", "."),
+                                                             ("status", "phase")}}
+    assert fields_v1(after_patch[("patcher", "Update", "status")]) == \
+        {"f:status": {".": {}, "f:phase": {}}}
+    _, owners = server_side_apply({"status": {"phase": "Running"}},
+                                  {"status": {"phase": "Failed"}}, after_patch,
+                                  "virt-handler", force=True, subresource="status")
+    assert owners[("patcher", "Update", "status")] == {("status", ".")}
+    # built-in kinds: only labels/annotations get "."
+    built_in = record_update({"metadata": {}}, {"metadata": {"labels": {"a": "1"}},
+                                                "spec": {"x": 1}}, {}, "m")
+    assert built_in[("m", "Update", "")] == {("metadata", "labels", "."),
+                                             ("metadata", "labels", "a"), ("spec", "x")}
