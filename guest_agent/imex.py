@@ -48,6 +48,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
+from guest_agent.model import ABSENT_IP
+
 log = logging.getLogger(__name__)
 
 Pins = tuple[tuple[int, str], ...]
@@ -56,8 +58,12 @@ READY = "READY"
 
 
 def freeze_pins(pins: Mapping[int, str]) -> Pins:
-    """A hashable, order-independent form of an index -> IP map."""
-    return tuple(sorted(pins.items()))
+    """A hashable, order-independent form of an index -> IP map.
+
+    A slot pinned to ABSENT_IP renders exactly like a slot without a pin, so
+    both compare equal (a hosts block read back from disk lists every slot).
+    """
+    return tuple(sorted((i, ip) for i, ip in pins.items() if ip != ABSENT_IP))
 
 
 class ImexError(RuntimeError):

@@ -99,7 +99,7 @@ class AgentProc:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def wait(self, what: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 10.0
+    def wait(self, what: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 20.0
              ) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
             if self.proc.poll() is not None:

@@ -314,7 +314,7 @@ def test_systemd_mode_start_signal_and_agent_restart_adopts(tmp_path, dns, agent
         return a
 
     agent = start()
-    agent.wait("unit started", lambda s: s.get("starts") == 1)
+    agent.wait("unit started", lambda s: s.get("starts") == 1, 20)
     assert actions() == ["start nvidia-imex.service"]
     time.sleep(1.1)  # the first SIGUSR1 after a start waits one window (1 s here)
     model.set_members(NS, NAME, {ENS.slot(0): PUB0, ENS.slot(1): "10.77.0.21"})
@@ -325,8 +325,9 @@ def test_systemd_mode_start_signal_and_agent_restart_adopts(tmp_path, dns, agent
 
     again = start()
     again.wait("second agent applied and observed IMEX",
-               lambda s: s.get("applies", 0) >= 1 and s.get("imex_state") == "READY")
-    time.sleep(1.0)
+               lambda s: s.get("pid") == again.proc.pid and s.get("applies", 0) >= 1
+               and s.get("imex_state") == "READY", 20)
+    time.sleep(1.5)  # longer than the 1 s window a needless signal would wait for
     assert len(actions()) == 2, actions()  # adopted: no start, no restart, no signal
     assert again.stop() == 0
 

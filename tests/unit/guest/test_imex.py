@@ -140,6 +140,12 @@ def test_signal_slack_widens_the_window() -> None:
     assert decide(t, want(pins=B), policy, 105.15).action is Action.SIGNAL
 
 
+def test_absent_pins_equal_missing_pins() -> None:
+    """A block read back from disk lists 127.0.0.2 for absent slots; that is no change."""
+    assert freeze_pins({0: "10.0.0.1", 1: "127.0.0.2"}) == freeze_pins({0: "10.0.0.1"})
+    assert freeze_pins({1: "10.0.0.2", 0: "10.0.0.1"}) == A
+
+
 def test_backoff_doubles_and_resets_after_a_stable_run() -> None:
     b = Backoff(base=0.5, cap=4.0, stable_after=60.0)
     assert [b.next_delay(1.0) for _ in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
