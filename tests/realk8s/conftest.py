@@ -78,10 +78,13 @@ def namespace(admin: Api) -> Iterator[str]:
         admin.delete(f"/api/v1/namespaces/{name}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def host_agent(control_plane: ControlPlane) -> Iterator[HostAgentProc]:
     """``imex-host-agent --kubeconfig`` (the installed console script) as the base
-    manifests' ServiceAccount, watching every namespace, registry on loopback."""
+    manifests' ServiceAccount, watching every namespace, registry on loopback.
+
+    One per test module: a cluster-wide agent left running would also publish for
+    the ensembles of modules that test other deployments (the sidecar overlay)."""
     if not (MANIFESTS / "clusterrole.yaml").exists():
         pytest.skip("manifests/base/clusterrole.yaml is not in this tree")
     apply_base_rbac(control_plane)
