@@ -69,12 +69,10 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
+def rack(request: pytest.FixtureRequest) -> Iterator[Rack]:
     if os.geteuid() != 0:
         pytest.skip("needs root: the e2e sandbox builds network namespaces and a bridge")
-    # agent logs and configs stay in pytest's temp dir (the last few runs are kept)
-    workdir = tmp_path_factory.mktemp("e2e-sandbox")
-    sbx = Sandbox(SandboxSettings(prefix="e2e", workdir=workdir))
+    sbx = Sandbox(SandboxSettings(prefix="e2e"))
     tag = ""
     try:
         sbx.start()
@@ -91,6 +89,9 @@ def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rack]:
         finally:
             ctl.close()
     finally:
+        if request.session.testsfailed:
+            sbx.keep_workdir = True  # agent and host agent logs for the post-mortem
+            print(f"\ne2e: sandbox logs kept in {sbx.workdir}")
         sbx.close()
         left = [n for n in list_netns() if tag and n.startswith(f"e2e-{tag}-")]
         kids = _children(os.getpid())

@@ -99,7 +99,10 @@ class SandboxSettings:
     signal_interval: float = 5.0
     dns_timeout: float = 0.5
     longpoll_timeout: float = 10.0
-    ready_grace: float = 60.0
+    #: IMEX restart when not READY this long. Generous: the ctl stand-in is a Python
+    #: process, so on an overloaded machine ``nvidia-imex-ctl -q`` can miss its 5 s
+    #: deadline again and again and a short grace restarts healthy daemons.
+    ready_grace: float = 300.0
     dns_ttl: int = 5
     #: HostSettings fields overridden in the host agent process (test-sized backoff)
     host_tuning: Mapping[str, float] = field(default_factory=lambda: {
@@ -453,6 +456,8 @@ class Sandbox:
         self.vms: dict[tuple[str, str], Vm] = {}
         self._spare: list[Node] = []
         self._pidfile: Path | None = None
+        #: keep the work directory at close (a test session sets it after a failure)
+        self.keep_workdir = self.settings.keep_workdir
         self._old_sigterm: Any = None
         self._closed = False
 
@@ -595,7 +600,7 @@ class Sandbox:
             self._pidfile.unlink(missing_ok=True)
 
     def _drop_workdir(self) -> None:
-        if self._own_workdir and not self.settings.keep_workdir:
+        if self._own_workdir and not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _install_sigterm(self) -> None:
