@@ -145,7 +145,7 @@ def test_watch_from_compacted_resource_version_gets_410(
     assert compacted_at > int(old_rv)
     # A restarted apiserver's watch cache starts at etcd's current revision, and etcd's
     # history below it is compacted away: a watch resumed from before cannot be served.
-    control_plane.restart_apiserver()  # the same admin client reconnects
+    control_plane.restart_apiserver(kill=True)  # the same admin client reconnects
 
     with admin.watch(services, old_rv, timeout=10) as (status, events):
         if status == 410:

@@ -11,6 +11,7 @@ the namespace) and write the ensemble's nodes file.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -73,6 +74,9 @@ def test_guest_agents_pin_peers_learned_from_real_coredns(
             wait_dns(int(port), ens.slot_fqdn(i) + ".", "A", {ip}, server=server)
 
         def apply_all() -> None:
+            """``once`` in every namespace at the same time; each must succeed."""
+            exe = str(Path(sys.executable).with_name("imex-guest-agent"))
+            runs = []
             for i, node in enumerate(fabric.nodes):
                 cfg = write_config(tmp_path / f"guest-{i}.toml", {
                     "ensemble": ens.name, "namespace": ns, "max_members": MAX,
@@ -81,9 +85,11 @@ def test_guest_agents_pin_peers_learned_from_real_coredns(
                     "status_file": str(tmp_path / f"status-{i}.json"),
                     "imex_control": "none",
                 })
-                exe = str(Path(sys.executable).with_name("imex-guest-agent"))
-                done = node.run([exe, "once", "--config", str(cfg)], check=False, timeout=60)
-                assert done.returncode == 0, (done.stdout, done.stderr)
+                runs.append(node.popen([exe, "once", "--config", str(cfg)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+            for run in runs:
+                out, _ = run.communicate(timeout=60)
+                assert run.returncode == 0, out
 
         apply_all()
         want = {**ips, 3: ABSENT_IP}
