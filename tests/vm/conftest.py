@@ -2,7 +2,9 @@
 
 Settings come from the environment so CI and a developer can size the run without editing
 code: ``IMEX_VM_COUNT`` (members booted, default 3; CI may use 2), ``IMEX_VM_MEMORY``
-(MiB per guest, default 640), ``IMEX_VM_KEEP=1`` (keep the work directory even when the run
+(MiB per guest, default 640), ``IMEX_VM_BOOT_TIMEOUT`` (seconds from qemu start to the
+agent running, default 2400: TCG on 2 cores shared with other jobs took 15+ minutes),
+``IMEX_VM_KEEP=1`` (keep the work directory even when the run
 passes). Each run's work directory is ``tests/vm/artifacts/<test>-<time>`` (gitignored): on
 failure it stays, with serial logs, the guests' status files, journals and the host side's
 logs; disks are dropped (they are large and rebuilt from the cache).
@@ -39,6 +41,7 @@ def vm_settings(request: pytest.FixtureRequest) -> HarnessSettings:
     return HarnessSettings(
         vms=_env_int("IMEX_VM_COUNT", 3),
         memory_mb=_env_int("IMEX_VM_MEMORY", 640),
+        boot_timeout=float(_env_int("IMEX_VM_BOOT_TIMEOUT", 2400)),
         workdir=workdir,
         keep_artifacts=os.environ.get("IMEX_VM_KEEP") == "1",
     )

@@ -88,13 +88,13 @@ WantedBy=multi-user.target
 
 
 #: image-level cloud-init defaults, as a cloud image vendor ships them in cloud.cfg.d (user-data
-#: still overrides every key): only the NoCloud datasource (no probing of others), no locale
-#: generation (minbase has no ``locales``), no SSH host keys (no sshd in the image)
+#: still overrides every key): only the NoCloud datasource (no probing of others) and the C.UTF-8
+#: locale, which needs no generation (minbase has no ``locales``; en_US.UTF-8 failed cc_locale).
+#: cloud-init validates the merged config, so every value here must pass its schema.
 CLOUD_CFG = """\
 # imex-ensemble vm test image defaults (tests/vm/image.py); user-data overrides these
 datasource_list: [NoCloud, None]
-locale: false
-ssh_genkeytypes: []
+locale: C.UTF-8
 """
 
 
