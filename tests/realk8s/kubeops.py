@@ -63,3 +63,10 @@ def wait_dns(port: int, name: str, rdtype: str, want: set[str], timeout: float =
 
     wait_until(matches, f"{rdtype} {name} == {sorted(want)}", timeout,
                lambda: f"; last answer {[rd.to_text() for rd in seen]}")
+
+
+def wait_namespace_absent(api: Api, ns: str, timeout: float = 90) -> None:
+    """A namespace another test deleted may still be terminating (the namespace
+    controller empties it first); nothing can be created in it until it is gone."""
+    wait_until(lambda: api.request("GET", f"/api/v1/namespaces/{ns}").status_code == 404,
+               f"namespace {ns} to finish terminating", timeout)

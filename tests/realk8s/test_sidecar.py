@@ -23,7 +23,13 @@ import yaml
 from guest_agent.model import EnsembleId
 from tests.realk8s.fixtures import ensemble_service, vmi
 from tests.realk8s.harness import ControlPlane, free_port, wait_until
-from tests.realk8s.kubeops import SERVICES, SLICES, create_vmi, wait_dns
+from tests.realk8s.kubeops import (
+    SERVICES,
+    SLICES,
+    create_vmi,
+    wait_dns,
+    wait_namespace_absent,
+)
 
 pytestmark = pytest.mark.realk8s
 
@@ -54,6 +60,7 @@ def sidecars(control_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[str,
     objs = _overlay_rbac()
     ns = objs[0]["metadata"]["namespace"]  # the overlay names its namespace
     sa = next(o for o in objs if o["kind"] == "ServiceAccount")["metadata"]["name"]
+    wait_namespace_absent(admin, ns)  # the namespaced overlay's test uses it too
     admin.apply(f"/api/v1/namespaces/{ns}",
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     plural = {"ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts/{name}",

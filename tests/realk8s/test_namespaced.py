@@ -1,0 +1,114 @@
+"""The namespaced overlay (manifests/overlays/namespaced) against the real apiserver.
+
+``kubectl kustomize`` renders the overlay; its Namespace, ServiceAccount, Role and
+RoleBinding are applied as rendered, and the agent runs with the rendered
+Deployment's own arguments (only ``--listen`` moved to loopback). The Role is
+granted in one namespace only, so the agent must keep to it: it publishes the
+ensemble there, ignores an ensemble elsewhere, and is never refused (a cluster-wide
+list would be: 403).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from guest_agent.model import EnsembleId
+from tests.realk8s.fixtures import ensemble_service, vmi
+from tests.realk8s.harness import ControlPlane, free_port, wait_until
+from tests.realk8s.kubeops import (
+    SERVICES,
+    SLICES,
+    create_vmi,
+    wait_dns,
+    wait_namespace_absent,
+)
+
+pytestmark = pytest.mark.realk8s
+
+OVERLAY = Path(__file__).resolve().parents[2] / "manifests" / "overlays" / "namespaced"
+PATHS = {
+    "Namespace": "/api/v1/namespaces/{name}",
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts/{name}",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}",
+}
+
+
+def render() -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None or not (OVERLAY / "kustomization.yaml").exists():
+        pytest.skip("needs kubectl (kustomize) and manifests/overlays/namespaced")
+    out = subprocess.run([kubectl, "kustomize", str(OVERLAY)], check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
+def test_namespaced_overlay_keeps_to_its_namespace(control_plane: ControlPlane,
+                                                   tmp_path: Path) -> None:
+    admin = control_plane.admin
+    assert admin is not None
+    objs = render()
+    role = next(o for o in objs if o["kind"] == "Role")
+    vm_ns = role["metadata"]["namespace"]
+    deployment = next(o for o in objs if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    sa_ns = deployment["metadata"]["namespace"]
+    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert f"--namespace={vm_ns}" in container["args"]
+
+    wait_namespace_absent(admin, vm_ns)
+    admin.apply(f"/api/v1/namespaces/{vm_ns}",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": vm_ns}})
+    for obj in objs:
+        if obj["kind"] in PATHS:
+            md = obj["metadata"]
+            admin.apply(PATHS[obj["kind"]].format(ns=md.get("namespace"), name=md["name"]),
+                        obj)
+    other = f"rk8s-other-{uuid.uuid4().hex[:6]}"
+    admin.create("/api/v1/namespaces",
+                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}})
+    token = control_plane.service_account_token(sa_ns, sa)
+    kc = control_plane.write_kubeconfig(tmp_path / "ns.kubeconfig", token, sa)
+    port = free_port()
+    args = [a for a in container["args"] if not a.startswith("--listen")]
+    log = tmp_path / "agent.log"
+    agent = subprocess.Popen(
+        [str(Path(sys.executable).with_name("imex-host-agent")), *args,
+         "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kc)],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        for ns in (vm_ns, other):
+            admin.create(SERVICES.format(ns=ns), ensemble_service(ns, "racky"))
+            create_vmi(admin, vmi(ns, "racky-0", "racky", ip="10.70.0.1"))
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/readyz",
+                                     timeout=2).status_code == 200,
+                   "namespaced agent ready", 60, lambda: log.read_text()[-3000:])
+        ens = EnsembleId(vm_ns, "racky")
+        wait_dns(control_plane.dns_port, ens.slot_fqdn(0) + ".", "A", {"10.70.0.1"})
+        names = [s["metadata"]["name"] for s in admin.get(SLICES.format(ns=other))["items"]]
+        assert names == [], "the agent published outside its namespace"
+        listed = httpx.get(f"http://127.0.0.1:{port}/v1/ensembles", timeout=5).json()
+        assert {(e["namespace"], e["name"]) for e in listed["items"]} == {(vm_ns, "racky")}
+        user = f"system:serviceaccount:{sa_ns}:{sa}"
+        denied = [(e["verb"], e["requestURI"]) for e in control_plane.audit_events(user)
+                  if e.get("stage") == "ResponseComplete"
+                  and e.get("responseStatus", {}).get("code") == 403]
+        assert not denied, f"refused: {denied}"
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(10)
+        for ns in (vm_ns, other):
+            admin.delete(f"/api/v1/namespaces/{ns}")
