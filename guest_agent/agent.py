@@ -40,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -193,6 +194,34 @@ def stop_watchdog(seconds: float) -> threading.Timer:
     timer.daemon = True
     timer.start()
     return timer
+
+
+async def cancel_all(tasks: list[asyncio.Task[Any]], every: float = 0.5) -> None:
+    """Cancel ``tasks`` and make it stick.
+
+    On Python 3.11 a cancellation can be lost when it races with a timeout or
+    an inner future finishing at the same moment (``wait_for``, ``timeout``);
+    the task then carries on and the TaskGroup would wait for it forever. So
+    a task still running ``every`` seconds after its cancel is cancelled
+    again, with its stack logged once. (The file watcher's thread has seen
+    the stop event already and returns within one step.)
+    """
+    for t in tasks:
+        t.cancel()
+    logged: set[str] = set()
+    while pending := [t for t in tasks if not t.done()]:
+        await asyncio.wait(pending, timeout=every)
+        for t in pending:
+            if t.done():
+                continue
+            if t.get_name() not in logged:
+                logged.add(t.get_name())
+                stack = "".join(traceback.format_list(
+                    [traceback.FrameSummary(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+                     for f in t.get_stack()]))
+                log.warning("task %s survived its cancellation; cancelling again\n%s",
+                            t.get_name(), stack)
+            t.cancel()
 
 
 # --- the agent -------------------------------------------------------------------------
@@ -469,10 +498,7 @@ class Agent:
                 if self.reporter is not None:
                     tasks.append(tg.create_task(self.reporter.run(), name="reporter"))
                 await self.stop.wait()
-                # The file watcher's thread has seen ``stop`` already and returns
-                # within one step, so cancelling it does not wait long.
-                for t in tasks:
-                    t.cancel()
+                await cancel_all(tasks)
         except* Exception as group:
             failed = True
             for exc in group.exceptions:

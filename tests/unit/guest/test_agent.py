@@ -1,0 +1,47 @@
+"""agent.py pieces that need no processes: shutdown that sticks, JSON log lines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+from guest_agent.agent import JsonFormatter, cancel_all
+
+
+async def test_cancel_all_cancels_a_task_that_swallowed_its_cancellation() -> None:
+    swallowed = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            swallowed.set()  # what a lost cancellation looks like from outside
+        await asyncio.sleep(30)
+
+    async def polite() -> None:
+        await asyncio.sleep(30)
+
+    tasks = [asyncio.create_task(stubborn(), name="stubborn"),
+             asyncio.create_task(polite(), name="polite")]
+    await asyncio.sleep(0)
+    t0 = time.monotonic()
+    await cancel_all(tasks, every=0.1)
+    assert time.monotonic() - t0 < 2.0
+    assert swallowed.is_set() and all(t.cancelled() for t in tasks)
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+
+
+def test_json_formatter_one_object_with_extras() -> None:
+    record = logging.makeLogRecord({"name": "guest_agent", "levelno": logging.WARNING,
+                                    "levelname": "WARNING", "msg": "re-asserted %s",
+                                    "args": ("/etc/hosts",), "reasserts": 3})
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    doc = json.loads(line)
+    assert doc["msg"] == "re-asserted /etc/hosts" and doc["level"] == "warning"
+    assert doc["reasserts"] == 3 and doc["logger"] == "guest_agent"
