@@ -413,11 +413,19 @@ class ControlPlane:
             "rules": [{"level": "Metadata"}]}))
         return path
 
-    def audit_events(self, username: str) -> list[dict[str, Any]]:
-        """Audit events (ResponseComplete/Panic) of requests made by ``username``."""
+    def audit_mark(self) -> int:
+        """A position in the audit log: pass it to ``audit_events`` to see only later
+        requests (identities are shared between tests of one session)."""
+        try:
+            return len(self.audit_log.read_text().splitlines())
+        except FileNotFoundError:
+            return 0
+
+    def audit_events(self, username: str, after: int = 0) -> list[dict[str, Any]]:
+        """Audit events of requests made by ``username`` (after the mark ``after``)."""
         events = []
         try:
-            lines = self.audit_log.read_text().splitlines()
+            lines = self.audit_log.read_text().splitlines()[after:]
         except FileNotFoundError:
             return []
         for line in lines:

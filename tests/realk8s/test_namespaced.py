@@ -76,11 +76,16 @@ def test_namespaced_overlay_keeps_to_its_namespace(control_plane: ControlPlane,
     other = f"rk8s-other-{uuid.uuid4().hex[:6]}"
     admin.create("/api/v1/namespaces",
                  {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}})
+    # A fresh namespaced install has no cluster-wide grant; the base install of
+    # another test in this session does (same ServiceAccount): remove it.
+    for kind in ("clusterrolebindings", "clusterroles"):
+        admin.delete(f"/apis/rbac.authorization.k8s.io/v1/{kind}/{sa}")
     token = control_plane.service_account_token(sa_ns, sa)
     kc = control_plane.write_kubeconfig(tmp_path / "ns.kubeconfig", token, sa)
     port = free_port()
     args = [a for a in container["args"] if not a.startswith("--listen")]
     log = tmp_path / "agent.log"
+    mark = control_plane.audit_mark()
     agent = subprocess.Popen(
         [str(Path(sys.executable).with_name("imex-host-agent")), *args,
          "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kc)],
@@ -99,7 +104,7 @@ def test_namespaced_overlay_keeps_to_its_namespace(control_plane: ControlPlane,
         listed = httpx.get(f"http://127.0.0.1:{port}/v1/ensembles", timeout=5).json()
         assert {(e["namespace"], e["name"]) for e in listed["items"]} == {(vm_ns, "racky")}
         user = f"system:serviceaccount:{sa_ns}:{sa}"
-        denied = [(e["verb"], e["requestURI"]) for e in control_plane.audit_events(user)
+        denied = [(e["verb"], e["requestURI"]) for e in control_plane.audit_events(user, mark)
                   if e.get("stage") == "ResponseComplete"
                   and e.get("responseStatus", {}).get("code") == 403]
         assert not denied, f"refused: {denied}"
