@@ -1,0 +1,74 @@
+"""What the informer cache keeps (a benchmark-driven memory cut, issue 7): VMIs without
+spec, annotations and managedFields, other kinds without managedFields, and the same
+members derived either way."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from guest_agent.model import EnsembleId
+from host_agent.members import derive_members
+from host_agent.state import EnsembleSpec
+from host_agent.vmi_watch import Store, cache_view
+from tests.host_support.kubevirt import service, vmi
+from tests.unit.host.test_vmi_watch import Script, drive
+
+MANAGED = [{"manager": "virt-controller", "operation": "Update", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:status": {"f:phase": {}}}}]
+
+
+def full(obj: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["managedFields"] = copy.deepcopy(MANAGED)
+    out["metadata"]["annotations"] = {"kubevirt.io/latest-observed-api-version": "v1"}
+    out["metadata"]["resourceVersion"] = "42"
+    return out
+
+
+VMIS = [
+    vmi("gb200-0", ip="10.244.0.1"),
+    vmi("gb200-1", ip="10.0.2.2"),
+    vmi("gb200-2", ips=["fe80::1", "10.244.0.3/24"]),
+    vmi("gb200-3", ip="10.244.0.4", deleting=True),
+    vmi("gb200-4", phase="Failed", ip="10.244.0.5"),
+    vmi("gb200-5", ip="10.244.0.6", ready=False, node=None),
+    vmi("odd", index="7", ip="10.244.0.7"),
+    vmi("gb200-8", status=False),
+]
+
+
+def test_vmi_view_keeps_what_members_read() -> None:
+    view = cache_view("VirtualMachineInstance")
+    got = view(full(VMIS[0]))
+    assert set(got) == {"apiVersion", "kind", "metadata", "status"}
+    assert "managedFields" not in got["metadata"] and "annotations" not in got["metadata"]
+    assert got["metadata"]["resourceVersion"] == "42"
+    assert got["metadata"]["labels"] == VMIS[0]["metadata"]["labels"]
+    assert got["status"] == VMIS[0]["status"]
+    spec = EnsembleSpec(EnsembleId("rack1", "gb200"), 18, 50000)
+    assert derive_members(spec, [view(full(v)) for v in VMIS]) == derive_members(spec, VMIS)
+
+
+def test_other_kinds_lose_only_managed_fields() -> None:
+    view = cache_view("Service")
+    svc = full(service())
+    got = view(svc)
+    assert "managedFields" not in got["metadata"]
+    assert got["metadata"]["annotations"] == svc["metadata"]["annotations"]
+    assert got["spec"] == svc["spec"]
+    assert "managedFields" in svc["metadata"]  # the input is not modified
+    plain = service()
+    assert view(plain) is plain
+
+
+async def test_informer_caches_the_view_from_lists_and_watches() -> None:
+    script = Script(lists=[([full(VMIS[0])], "10")],
+                    watches=[[("MODIFIED", full(VMIS[0])), ("ADDED", full(VMIS[2]))]])
+    script.kind = "VirtualMachineInstance"  # type: ignore[misc]
+    store, seen, _ = await drive(script, Store("vmi"))
+    for name in ("gb200-0", "gb200-2"):
+        cached = store.get("rack1", name)
+        assert cached is not None and "spec" not in cached
+        assert "managedFields" not in cached["metadata"]
+    assert all(n is None or "spec" not in n for _, n in seen)
