@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
     p.add_argument("--quick", action="store_true", help="smoke mode: small sizes, few seconds")
     p.add_argument("--profile", choices=("wall", "cpu"), default=None,
-                   help="host: profile the agent, wall-clock (pyinstrument) or CPU time "
-                   "(cProfile); report in bench-profile-host.txt")
+                   help="host, registry: profile the agent, wall-clock (pyinstrument, host "
+                   "only) or CPU time (cProfile); report in bench-profile-<name>.txt")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results.json",
                    help="results file (default: bench-results.json at the repo root)")
     args = p.parse_args(argv)
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             module = importlib.import_module(module_name)
             kwargs: dict[str, object] = {"quick": args.quick}
-            if name == "host":
+            if name in ("host", "registry"):
                 kwargs["profile"] = args.profile
             if module_name.endswith("sandbox_bench"):
                 kwargs["parts"] = parts

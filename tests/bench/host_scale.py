@@ -157,6 +157,8 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
             results.set("host_updates_lag_ms", (done - sent["last"]) * 1000)
             results.set("host_updates_sent", n)
 
+            results.set("host_rss_peak_before_backlog_mb", peak_rss_mb(agent.pid))
+
             # Backlog: the same number of updates queued while the agent is stopped.
             agent.send_signal(signal.SIGSTOP)
             try:

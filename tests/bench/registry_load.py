@@ -30,6 +30,7 @@ from pathlib import Path
 
 from tests.bench.common import (
     PY,
+    REPO_ROOT,
     BenchError,
     Results,
     free_port,
@@ -39,6 +40,7 @@ from tests.bench.common import (
     stop,
     wait_for,
 )
+from tests.bench.host_scale import write_cpu_profile
 from tests.bench.kube_proc import NAMESPACE, member_ip
 from tests.bench.loadgen import raise_nofile
 
@@ -72,7 +74,7 @@ def patch_vmi_ip(api: str, token: str, name: str, ip: str) -> None:
             raise BenchError(f"patch {name}: HTTP {resp.status}")
 
 
-def run(results: Results, *, quick: bool = False) -> None:
+def run(results: Results, *, quick: bool = False, profile: str | None = None) -> None:
     seconds = 1.0 if quick else 10.0
     polls = 100 if quick else 5000
     raise_nofile(polls * 2 + 1024)  # the agent inherits it: one socket per long-poll
@@ -88,9 +90,12 @@ def run(results: Results, *, quick: bool = False) -> None:
                          read_line(api_proc, "kube-api ready", timeout=120).split()[2:])
             api, token = ready["url"], ready["token"]
             port = free_port()
-            agent = spawn([PY, "-m", "host_agent.cli", "--kubeconfig", str(kubeconfig),
-                           "--listen", f"127.0.0.1:{port}", "--log-level", "WARNING"],
-                          log=work / "agent.log")
+            flags = ["--kubeconfig", str(kubeconfig), "--listen", f"127.0.0.1:{port}",
+                     "--log-level", "WARNING"]
+            entry = ["-m", "host_agent.cli"]
+            if profile == "cpu":
+                entry = ["-m", "tests.bench.cpu_profile", str(work / "registry.pstats")]
+            agent = spawn([PY, *entry, *flags], log=work / "agent.log")
             url = f"http://127.0.0.1:{port}/v1/ensembles/{NAMESPACE}/e0"
             wait_for("ensemble e0 with 18 members", lambda: _members(url) == 18, timeout=120,
                      interval=0.1)
@@ -133,8 +138,12 @@ def run(results: Results, *, quick: bool = False) -> None:
                 results.note("registry", f"quick: {polls} long-polls, not 5,000")
         finally:
             if agent is not None:
-                stop(agent)
+                stop(agent, timeout=30)
             stop(api_proc)
+        if profile == "cpu" and (work / "registry.pstats").exists():
+            out = REPO_ROOT / "bench-profile-registry.txt"
+            write_cpu_profile(work / "registry.pstats", out)
+            results.note("registry_profile", str(out))
 
 
 def _members(url: str) -> int:
