@@ -675,7 +675,7 @@ class Sandbox:
 
         wait_for("the registry's /readyz", ready, timeout, 0.1, self.host_agent_log_tail)
 
-    def stop_host_agent(self, timeout: float = 10.0) -> None:
+    def stop_host_agent(self, timeout: float = 20.0) -> None:
         p = self.host_agent
         if p is None or p.poll() is not None:
             return
