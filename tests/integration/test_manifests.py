@@ -49,19 +49,14 @@ KUBEVIRT_KINDS = {
     ("kubevirt.io/v1", "VirtualMachineInstance"): "v1.VirtualMachineInstance",
     ("pool.kubevirt.io/v1beta1", "VirtualMachinePool"): "v1beta1.VirtualMachinePool",
 }
-# Everything the host agent may do (DESIGN.md, issue 9): (apiGroup, resource) -> verbs.
+# Everything the host agent may do: exactly what it uses (the realk8s tier
+# checks the audit log against this). Issue 9's list also named get and
+# update, which the agent never calls; creating a slice by server-side apply
+# needs create as well as patch.
 ALLOWED = {
-    ("kubevirt.io", "virtualmachineinstances"): {"get", "list", "watch"},
-    ("", "services"): {"get", "list", "watch"},
-    ("discovery.k8s.io", "endpointslices"): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-        "update",
-        "delete",
-    },
+    ("kubevirt.io", "virtualmachineinstances"): {"list", "watch"},
+    ("", "services"): {"list", "watch"},
+    ("discovery.k8s.io", "endpointslices"): {"list", "watch", "create", "patch", "delete"},
 }
 
 pytestmark = pytest.mark.skipif(
