@@ -590,6 +590,7 @@ class VmHarness:
             raise VmFailure(f"{g.vmi}: eth0 has {got}, DHCP plan says {g.ip}"
                             f"\n{self._dnsmasq_tail()}")
         self.vc.set_status(self.spec, g.vmi, running_status(g.ip, g.node, g.machine.mac))
+        log.info("%s: eth0 %s after %.0fs; VMI Running", g.vmi, g.ip, g.timings["address"])
 
     def wait_agent(self, g: Guest, timeout: float | None = None) -> None:
         """Wait until the guest agent and nvidia-imex are active in the guest."""
@@ -608,6 +609,8 @@ class VmHarness:
         wait_for(f"{g.vmi}: imex-guest-agent and nvidia-imex active", probe, timeout, 3.0,
                  lambda: self.guest_evidence(g))
         g.timings["agent"] = time.monotonic() - g.machine.boot_started
+        log.info("%s: imex-guest-agent and nvidia-imex active %.0fs after qemu started",
+                 g.vmi, g.timings["agent"])
 
     def boot(self, indexes: list[int]) -> None:
         """Start VMs for ``indexes`` and wait for each to run our agent (boots overlap)."""
@@ -643,7 +646,7 @@ class VmHarness:
         g.machine.start(self.accel)
         return g.ip
 
-    def reboot_with_seed(self, index: int, user_data: str, timeout: float = 300) -> None:
+    def reboot_with_seed(self, index: int, user_data: str, timeout: float = 900) -> None:
         """Power the guest off cleanly, give it a new seed (same instance), boot it again."""
         g = self.guests[index]
         # qemu-ga may drop the connection while the guest shuts down
@@ -766,7 +769,9 @@ class VmHarness:
         wait_for(f"members {live} to converge", probe,
                  timeout or self.settings.converge_timeout, 3.0,
                  lambda: "still missing:\n  " + "\n  ".join(last))
-        return time.monotonic() - t
+        took = time.monotonic() - t
+        log.info("members %s converged in %.0fs", live, took)
+        return took
 
     # ------------------------------------------------------------------ evidence
     def guest_evidence(self, g: Guest) -> str:
