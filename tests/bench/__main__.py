@@ -8,7 +8,8 @@ key is always in the file: ``null`` where this run did not measure it.
 say the harness works, not how fast anything is, and are stored under
 ``*_quick`` keys where they would otherwise be mistaken for the real ones.
 
-A benchmark that fails is reported (its error in ``_meta.errors``) and the
+The file is rewritten after every figure, so an interrupted run keeps what it
+measured. A benchmark that fails is reported (its error in ``_meta.errors``) and the
 others still run; the exit status is 1 then, else 0. A missed goal is not a
 failure of the harness: the exit status stays 0 and the table says MISS.
 The load average before and after each benchmark is recorded, because this
@@ -67,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     errors: dict[str, str] = {}
     loads: dict[str, list[float]] = {}
     started = datetime.datetime.now(datetime.UTC)
+
+    def save() -> None:
+        meta = {"date": started.isoformat(timespec="seconds"), "quick": args.quick,
+                "benchmarks": names, "machine": machine(), "loadavg_1min": loads,
+                "errors": errors}
+        args.out.write_text(json.dumps(results.as_json(meta), indent=2) + "\n")
+
+    results.on_change = save
     for name in runs:
         module_name, what = BENCHMARKS[name]
         if name in SANDBOX_PARTS:
@@ -92,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {name} took {time.monotonic() - t0:.1f} s; load average "
               f"{before:.1f} -> {loads[name][1]:.1f}", flush=True)
 
-    meta = {"date": started.isoformat(timespec="seconds"), "quick": args.quick,
-            "benchmarks": names, "machine": machine(), "loadavg_1min": loads, "errors": errors}
-    args.out.write_text(json.dumps(results.as_json(meta), indent=2) + "\n")
+    save()
     print()
     print(table(results))
     for key, text in results.notes.items():

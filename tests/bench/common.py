@@ -93,11 +93,16 @@ class Results:
     #: Smoke mode: every key gets a ``_quick`` suffix, so a small-size figure
     #: never stands in for the real one in the table or the JSON.
     quick: bool = False
+    #: Called after every figure (the harness rewrites the results file), so a run
+    #: interrupted in a long benchmark still leaves what it measured.
+    on_change: Callable[[], None] | None = None
 
     def set(self, key: str, value: float | None) -> None:
         if self.quick:
             key += "_quick"
         self.figures[key] = None if value is None else round(float(value), 3)
+        if self.on_change is not None:
+            self.on_change()
 
     def note(self, key: str, text: str) -> None:
         self.notes[key] = text
