@@ -134,7 +134,7 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
                 argv = [PY, "-m", "tests.bench.cpu_profile", str(pstats_path), *argv[3:]]
             started = time.monotonic()
             agent = spawn(argv, log=work / "agent.log")
-            synced_at = watch.wait(f"{ensembles} slices", timeout=300)
+            synced_at = watch.wait(f"{ensembles} slices", timeout=900)
             sync_s = synced_at - started
             cpu_synced = cpu_seconds(agent.pid)
             results.set("host_sync_10k_s", sync_s)
