@@ -32,7 +32,7 @@ def srv_targets(sbx: Sandbox, spec: EnsembleSpec) -> dict[str, str]:
     """The DNS stand-in's SRV answer for the ensemble: slot name -> address."""
     name = spec.id.srv_name("cluster.local")
     q = dns.message.make_query(name, dns.rdatatype.SRV)
-    r = dns.query.tcp(q, sbx.dns_ip, port=sbx.dns.port if sbx.dns else 53, timeout=3)
+    r = dns.query.tcp(q, sbx.dns_ip, port=sbx.dns.port if sbx.dns else 53, timeout=10)
     addrs = {rr.name.to_text().split(".")[0]: rr[0].address
              for rr in r.additional if rr.rdtype == dns.rdatatype.A}
     return {rd.target.to_text().split(".")[0]: addrs.get(rd.target.to_text().split(".")[0], "")
