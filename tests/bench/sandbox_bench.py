@@ -267,8 +267,8 @@ class Bench:
                 if v == vm.vmi and d_starts >= 1:
                     own_moves += 1
                     d_starts -= 1
-                restarts[v] += d_starts
-                signals[v] += d_sigs
+                restarts[v] = restarts.get(v, 0) + d_starts
+                signals[v] = signals.get(v, 0) + d_sigs
             prev = now
         churn = self.cpu_pct(cpu0, self.cpu(), time.monotonic() - t0)
         self.results.set("guest_churn_cpu_pct", statistics.fmean(churn) if churn else None)
