@@ -166,7 +166,8 @@ def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if ok:
         out.write(f"VERDICT: PASS - every step converged ({times}); total {total:.0f} s\n")
         return 0
-    out.write(f"VERDICT: FAIL - {failure or 'a step did not converge'}; total {total:.0f} s\n")
+    reason = " ".join((failure or "a step did not converge").split())  # one line
+    out.write(f"VERDICT: FAIL - {reason}; total {total:.0f} s\n")
     return 1
 
 
