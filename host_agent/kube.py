@@ -33,17 +33,22 @@ from lightkube.core.exceptions import ConfigError
 from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Service as Service
-from lightkube.resources.discovery_v1 import EndpointSlice as EndpointSlice
 from lightkube.types import PatchType, on_error_raise
 
 from host_agent.settings import HostSettings
 
-# Core kinds use lightkube's typed models. A *generic* core-group class can be
+# Service uses lightkube's typed model: a *generic* core-group class can be
 # created only once per process (lightkube looks it up under "/v1" but files
 # it under "v1"), so a second generic "Service" anywhere in the process (a
-# test harness, a plugin) would make importing this module fail.
+# test harness, a plugin) would make importing this module fail. Its fields
+# are all optional, so a BOOKMARK (metadata only) parses. EndpointSlice stays
+# generic: the typed model requires addressType and endpoints, which a
+# BOOKMARK event does not carry, and named groups do not have that lookup bug.
 VirtualMachineInstance = create_namespaced_resource(
     "kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances"
+)
+EndpointSlice = create_namespaced_resource(
+    "discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"
 )
 
 Obj = dict[str, Any]

@@ -13,11 +13,25 @@ def test_kube_imports_after_another_generic_core_service() -> None:
         "from lightkube.generic_resource import create_namespaced_resource;"
         "create_namespaced_resource('', 'v1', 'Service', 'services');"
         "import host_agent.kube as k;"
-        "print(k.Service.__module__, k.EndpointSlice.__module__)"
+        "print(k.Service.__module__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["lightkube.resources.core_v1", "lightkube.resources.discovery_v1"]
+    assert out.stdout.split() == ["lightkube.resources.core_v1"]
+
+
+def test_bookmark_objects_parse_for_every_watched_kind() -> None:
+    """A BOOKMARK carries only kind, apiVersion and metadata.resourceVersion."""
+    from host_agent.kube import EndpointSlice, Service, VirtualMachineInstance, _plain
+
+    for res, api in (
+        (Service, "v1"),
+        (EndpointSlice, "discovery.k8s.io/v1"),
+        (VirtualMachineInstance, "kubevirt.io/v1"),
+    ):
+        raw = {"kind": res.__name__, "apiVersion": api, "metadata": {"resourceVersion": "42"}}
+        obj = res.from_dict(raw)  # what lightkube does with each watch event
+        assert _plain(obj)["metadata"]["resourceVersion"] == "42"
 
 
 def test_typed_objects_become_plain_json() -> None:
