@@ -212,6 +212,7 @@ class Discovery:
         self._generation = snap.generation
         view = registry_view(snap, self.settings.max_members)
         self.last_registry_view = view
+        self.tracker.adopt(view.pins, view.absent)
         return view
 
     def _registry_failed_now(self, exc: BaseException) -> None:

@@ -126,6 +126,23 @@ class DnsTracker:
                     self._pins.pop(index, None)
         return self.state
 
+    def adopt(self, pins: Mapping[int, str], absent: Iterable[int]) -> None:
+        """Take a newer authoritative belief (a registry answer) as the baseline.
+
+        Without it, a slot whose DNS passes were only "unknown" (timeouts)
+        keeps the pin DNS saw last, possibly from before a migration, and a
+        failover to DNS would put that stale address back. After adopting,
+        DNS can only change a slot by observing it again.
+        """
+        gone = set(absent)
+        for index in range(self.max_members):
+            if index in pins:
+                self._pins[index] = pins[index]
+                self._misses[index] = 0
+            elif index in gone:
+                self._pins.pop(index, None)
+                self._misses[index] = self.absences_to_unpin
+
     @property
     def state(self) -> DnsState:
         absent = frozenset(

@@ -417,3 +417,30 @@ async def test_kick_while_everything_refuses_does_not_spin(
     srv_queries = dns.query_count(ENS.srv_name(), "SRV")
     assert 2 <= srv_queries <= 12, srv_queries
     assert 2 <= len(registry.requests) - n_reg <= 12, len(registry.requests) - n_reg
+
+
+async def test_failover_to_dns_never_brings_back_an_address_the_registry_replaced(
+    dns: DnsServer, registry: FakeRegistry
+) -> None:
+    """Seen in the e2e sandbox: slot 1 migrated while DNS only timed out for it;
+    when the registry went away, the DNS view put the pre-migration IP back."""
+    registry.set({0: "10.0.0.1", 1: "10.0.0.2"})
+    dns_publish(dns, {0: "10.0.0.1", 1: "10.0.0.2"})
+    views = Views()
+    disc = Discovery(settings(dns, registry), ENS)
+    async with running(disc, views):
+        await views.until(lambda v: v.source == "registry", 2)
+        deadline = time.monotonic() + 5
+        while disc.last_dns_view is None or disc.last_dns_view.pins.get(1) != "10.0.0.2":
+            assert time.monotonic() < deadline, "DNS never learned slot 1"
+            await asyncio.sleep(0.05)
+        # slot 1 migrates: the registry knows at once; DNS keeps timing out for it
+        dns.set_fail_mode("timeout", [ENS.srv_name("cluster.local"), ENS.slot_fqdn(1)])
+        registry.set({0: "10.0.0.1", 1: "10.0.9.9"})
+        await views.until(lambda v: v.pins.get(1) == "10.0.9.9", 2)
+        t0 = time.monotonic()
+        await registry.go_down()
+        dview = await views.until(lambda v: v.source == "dns", POLL + LONGPOLL + 4 * POLL)
+        assert dview.pins.get(1) == "10.0.9.9"
+        await asyncio.sleep(3 * POLL)
+        assert all(v.pins.get(1) != "10.0.0.2" for v in views.since(t0))

@@ -94,6 +94,20 @@ def test_unknown_changes_nothing_not_even_the_count() -> None:
     assert s.absent == {1} and s.pins == {}
 
 
+def test_adopted_registry_belief_replaces_stale_dns_pins() -> None:
+    """Seen in the e2e sandbox: DNS timed out for a migrated slot, the registry
+    knew the new IP; on failover DNS must not put the pre-migration IP back."""
+    t = DnsTracker(SIZE)
+    t.observe(obs({0: "10.0.0.1", 1: "10.0.0.2", 3: "10.0.0.4"}))
+    t.observe(DnsObservation())  # slot 1 migrates; DNS only times out
+    t.adopt({0: "10.0.0.1", 1: "10.0.9.9"}, {2, 3})
+    s = t.observe(DnsObservation())  # still unknown after failover
+    assert s.pins == {0: "10.0.0.1", 1: "10.0.9.9"}
+    assert s.absent == {2, 3} and s.pending == frozenset()
+    s = t.observe(obs({0: "10.0.0.1", 1: "10.0.9.9", 3: "10.0.0.44"}))  # DNS catches up
+    assert s.pins == {0: "10.0.0.1", 1: "10.0.9.9", 3: "10.0.0.44"} and s.absent == {2}
+
+
 def test_rejoin_with_new_ip() -> None:
     t = DnsTracker(SIZE)
     t.observe(obs({2: "10.0.0.3"}))
