@@ -46,7 +46,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 from guest_agent.model import ABSENT_IP
 
@@ -68,6 +68,10 @@ def freeze_pins(pins: Mapping[int, str]) -> Pins:
 
 class ImexError(RuntimeError):
     """Controlling the IMEX daemon failed (systemctl, spawning, signalling)."""
+
+
+class ImexTimeout(ImexError):
+    """A command for IMEX (systemctl, nvidia-imex-ctl) did not finish in time."""
 
 
 class Action(enum.Enum):
@@ -232,15 +236,24 @@ async def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str]:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
-        raise ImexError(f"{' '.join(argv)}: no answer within {timeout:g}s") from exc
+        raise ImexTimeout(f"{' '.join(argv)}: no answer within {timeout:g}s") from exc
     assert proc.returncode is not None
     return proc.returncode, out.decode("utf-8", "replace").strip()
 
 
 async def query_state(imex_ctl: Sequence[str], timeout: float = 5.0) -> str | None:
-    """``nvidia-imex-ctl -q``: the daemon's state line (e.g. READY), None when unknown."""
+    """``nvidia-imex-ctl -q``: the daemon's state line (e.g. READY), None when unknown.
+
+    NO_ANSWER when the tool itself did not finish within ``timeout``: on an
+    overloaded guest that says nothing about IMEX, so the caller must not
+    count it as "not READY" (18 healthy stand-ins were restarted every minute
+    that way in the e2e sandbox).
+    """
     try:
         rc, out = await run_argv([*imex_ctl, "-q"], timeout)
+    except ImexTimeout as exc:
+        log.debug("imex state query timed out: %s", exc)
+        return NO_ANSWER
     except ImexError as exc:
         log.debug("imex state query failed: %s", exc)
         return None
@@ -249,6 +262,10 @@ async def query_state(imex_ctl: Sequence[str], timeout: float = 5.0) -> str | No
     # One short state word (READY, ...); a long first line is garbage, kept bounded
     # because it goes into the status file and the registry report (max 64).
     return out.splitlines()[0].strip()[:64] or None
+
+
+#: ``query_state`` result when ``nvidia-imex-ctl -q`` did not answer in time.
+NO_ANSWER: Final = "NO_ANSWER"
 
 
 class SystemdController:
@@ -457,8 +474,11 @@ class Supervisor:
         on_stats: Callable[[ImexStats], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         backoff: Backoff | None = None,
+        ctl_timeout: float = 5.0,
     ) -> None:
         self.controller = controller
+        #: how long one ``imex_ctl -q`` may take before it counts as no answer
+        self.ctl_timeout = ctl_timeout
         self.policy = policy
         self.imex_ctl = tuple(imex_ctl)
         #: ``imex_ctl -q`` every ``ready_poll`` s while IMEX is not READY (a start is
@@ -541,9 +561,11 @@ class Supervisor:
             return
         if now >= self._next_poll():
             self._last_poll = now
-            state = await query_state(self.imex_ctl)
+            state = await query_state(self.imex_ctl, self.ctl_timeout)
             self.stats.state = state or "UNKNOWN"
-            if state == READY:
+            if state == NO_ANSWER:
+                pass  # the clock neither starts nor resets on a query that did not finish
+            elif state == READY:
                 self.told = replace(self.told, not_ready_since=None)
             elif self.told.not_ready_since is None:
                 self.told = replace(self.told, not_ready_since=now)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from guest_agent.imex import (
+    NO_ANSWER,
     Action,
     Backoff,
     ImexError,
@@ -124,6 +125,31 @@ async def test_not_ready_past_grace_restarts(tmp_path: Path) -> None:
         await until("a restart for readiness", lambda: sup.stats.restarts >= 1, 5)
         assert sup.stats.state == "WAITING_FOR_PEERS"
         assert sup.stats.last_reason is not None and "not READY" in sup.stats.last_reason
+
+
+async def test_ctl_that_does_not_answer_is_not_counted_as_not_ready(tmp_path: Path) -> None:
+    """An overloaded guest's ctl times out; that says nothing about a READY IMEX.
+
+    (After a start the daemon must still prove READY once within the grace.)
+    """
+    log = tmp_path / "imex.log"
+    hang = tmp_path / "hang"
+    ctl = ProcessController([*FAKE_IMEX, "--log", str(log)])
+    slow = ["/bin/sh", "-c", f'if [ -e "{hang}" ]; then exec sleep 5; fi; echo READY', "ctl"]
+    sup = Supervisor(
+        ctl, Policy(ready_grace=0.3), slow, ready_poll=0.05, ready_poll_ready=0.05,
+        ctl_timeout=0.1,
+    )
+    sup.update(PINS_A, "sha-n", own_pinned=True)
+    async with running(sup):
+        await until("READY", lambda: sup.stats.state == "READY")
+        hang.touch()
+        await until("no answer", lambda: sup.stats.state == NO_ANSWER)
+        await asyncio.sleep(1.5)  # five grace times of unanswered queries
+        assert sup.stats.restarts == 0
+        assert sup.stats.state == NO_ANSWER
+        assert sup.told.not_ready_since is None
+    assert await query_state(slow, 0.1) == NO_ANSWER
 
 
 async def test_nothing_started_until_own_slot_pinned(tmp_path: Path) -> None:
