@@ -27,7 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench
 
 vmtest: $(STAMP)
-	$(BIN)/python -m pytest -q -m vm -p no:cacheprovider tests/vm
+	$(BIN)/python -m pytest -q -m vm -p no:cacheprovider tests/vm $(VMTEST_ARGS)
 
 realk8s: $(STAMP)
 	$(BIN)/python -m pytest -q -m realk8s tests/realk8s

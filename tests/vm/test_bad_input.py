@@ -17,7 +17,7 @@ import pytest
 from tests.sandbox.netns import list_netns
 from tests.vm.harness import HarnessSettings, VmFailure, VmHarness
 
-pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.timeout(3600)]
 
 
 def _our_qemus() -> list[str]:

@@ -26,7 +26,7 @@ import pytest
 from guest_agent.hostsfile import read_block
 from tests.vm.harness import HarnessSettings, VmFailure, VmHarness, multipart_user_data, wait_for
 
-pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.timeout(7200)]
 
 # what cloud-init 22.4's hosts.debian.tmpl renders first when manage_etc_hosts is true
 CLOUD_INIT_HOSTS_MARK = "# Your system has configured 'manage_etc_hosts' as True."
