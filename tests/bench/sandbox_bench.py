@@ -33,7 +33,11 @@ One sandbox serves every part asked for, in this order:
    until every member has restarted and a further settle time has passed)
    count restarts per member.
 
-Figures per member are the worst member's (max), per settled change.
+Figures per member are the worst member's, per settled change. For ips mode
+the goal figure comes from the single changes (the member furthest from one
+restart per change); the boot storm's restarts (``storm_boot_restarts_*_ips``,
+IMEX's first start is held until the members settle, so 0 is expected) are
+reported beside it.
 """
 
 from __future__ import annotations
@@ -388,11 +392,13 @@ class Bench:
                     with _guest_mode("ips"):
                         self.boot_storm("ips")
                         self.quiet(SETTLE_TIME + 3.0)
-                        ips_restarts, _ = self.storm_counts("ips", base)
-                        r.set("storm_restarts_per_member_ips", ips_restarts)
+                        self.storm_counts("ips", base)
                         high, low = self.ips_changes()
                         r.set("storm_single_restarts_per_member_ips_max", high)
                         r.set("storm_single_restarts_per_member_ips_min", low)
+                        # "1 restart per settled change": the figure furthest from 1.
+                        r.set("storm_restarts_per_member_ips",
+                              high if abs(high - 1) >= abs(low - 1) else low)
                 r.note("sandbox", f"{self.n_vms} VMs, {self.changes} changes per path")
                 failed = False
             finally:
