@@ -3,7 +3,8 @@
 The cheap case that needs a boot is a wheelhouse URL that does not answer: the generated
 ``runcmd`` fails at ``pip install``, cloud-init reports ``scripts-user`` failed on the serial
 console, and the harness must stop with those lines (not wait for its boot deadline), then
-remove every process, tap and the namespace. One guest, one boot (~2 minutes under TCG).
+remove every process, tap and the namespace. One guest, one boot: 4.5 min to the failure
+on a lightly loaded machine, over 20 under heavy load.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def test_unreachable_wheelhouse_fails_with_the_serial_lines(
         h.boot([0])
     msg = str(info.value)
     assert "Failed to run module scripts-user" in msg, msg
-    # pip's own complaint about the location reaches the evidence (host and port)
-    assert "10.77.0.1" in msg and "8009" in msg, f"pip's error is not in the evidence:\n{msg}"
+    # pip's own complaint reaches the evidence (pip -q names no URL, only the failure)
+    assert "Failed to establish a new connection" in msg, f"pip's error not shown:\n{msg}"
+    assert "No matching distribution found" in msg, msg
     assert h.netns not in list_netns(), "namespace left behind"
     assert not _our_qemus(), "qemu left running"
     assert all(not g.machine.running() for g in h.guests.values())
