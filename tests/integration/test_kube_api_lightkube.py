@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, AsyncClient, KubeConfig
-from lightkube.codecs import from_dict
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Namespace, Service
 from lightkube.resources.discovery_v1 import EndpointSlice
@@ -40,8 +39,12 @@ async def client(kube_api: KubeApiHandle) -> AsyncIterator[AsyncClient]:
         await c.close()
 
 
+# Typed classes are named explicitly: lightkube's codecs.from_dict looks the
+# class up in a process-wide registry, where the host agent (imported by other
+# tests in the same run) files a generic EndpointSlice and the sandbox a
+# generic Service.
 def service(name: str, ns: str = "default", **labels: str) -> Any:
-    return from_dict({
+    return Service.from_dict({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "namespace": ns,
                      "labels": {"imex-ensemble.io/ensemble": name, **labels}},
@@ -58,7 +61,7 @@ def vmi(name: str, ns: str = "default", **labels: str) -> Any:
 
 
 def slice_for(svc: Any, *endpoints: dict[str, Any], name: str | None = None) -> Any:
-    return from_dict({
+    return EndpointSlice.from_dict({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {
             "name": name or f"{svc.metadata.name}-imex", "namespace": svc.metadata.namespace,
