@@ -68,7 +68,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def rack(request: pytest.FixtureRequest) -> Iterator[Rack]:
     if os.geteuid() != 0:
         pytest.skip("needs root: the e2e sandbox builds network namespaces and a bridge")
