@@ -228,8 +228,8 @@ def cleanup_dead_runs(prefix: str) -> list[str]:
     return removed
 
 
-class _Loop:
-    """A private asyncio loop on a daemon thread (DNS server and its Kubernetes feeder)."""
+class LoopThread:
+    """A private asyncio loop on a daemon thread (a DNS stand-in and its Kubernetes feeder)."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -449,7 +449,7 @@ class Sandbox:
         self.registry_port = 0
         self.dns_model = ClusterDnsModel(ttl=self.settings.dns_ttl)
         self.dns: DnsServer | None = None
-        self._loop: _Loop | None = None
+        self._loop: LoopThread | None = None
         self._feeder: concurrent.futures.Future[Any] | None = None
         self.host_agent: subprocess.Popen[bytes] | None = None
         self.host_agent_starts = 0
@@ -513,7 +513,7 @@ class Sandbox:
         self.registry_ip = self.fabric.allocate()
         self.ensure_host_addresses()
         # 3. DNS stand-in fed from the API's EndpointSlices and Services
-        self._loop = _Loop()
+        self._loop = LoopThread()
         self.dns = DnsServer(self.dns_model, self.dns_ip, 0)
         self._loop.run(self.dns.start())
         synced = asyncio.Event()

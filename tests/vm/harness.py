@@ -36,7 +36,6 @@ collected on failure) is kept and its path printed.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import http.server
@@ -53,7 +52,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from email.mime.multipart import MIMEMultipart
@@ -63,7 +62,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from guest_agent.hostsfile import read_block
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer, follow_kubernetes
-from tests.sandbox.ensemble import EnsembleSpec
+from tests.sandbox.ensemble import EnsembleSpec, LoopThread
 from tests.sandbox.kube_api import ThreadedKubeApi
 from tests.sandbox.netns import in_netns, ip, list_netns, netns_pids
 from tests.sandbox.virt_controller import VMI, VirtController, running_status, vmi_manifest
@@ -134,34 +133,6 @@ class _KubeconfigHolder:
 
     def __init__(self, kubeconfig: Path) -> None:
         self.kubeconfig = kubeconfig
-
-
-class _Loop:
-    """A private asyncio loop on a daemon thread (the DNS stand-in and its feeder)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="vmt-dns",
-                                       daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def close(self) -> None:
-        async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        with contextlib.suppress(Exception):
-            self.run(cancel_all(), 10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -249,7 +220,7 @@ class VmHarness:
         self._stack = ExitStack()
         self._api: ThreadedKubeApi | None = None
         self.kubeconfig = Path("/nonexistent")
-        self._loop: _Loop | None = None
+        self._loop: LoopThread | None = None
         self._dns: DnsServer | None = None
         self.dns_model = ClusterDnsModel(ttl=5)
         self._host_agent: subprocess.Popen[bytes] | None = None
@@ -379,7 +350,7 @@ class VmHarness:
 
     # ------------------------------------------------------------------ host side
     def _start_dns(self) -> None:
-        self._loop = _Loop()
+        self._loop = LoopThread()
         self._dns = DnsServer(self.dns_model, self.host_ip, 53)
         self._loop.run(self._dns.start())
         synced = asyncio.Event()
