@@ -230,6 +230,11 @@ def test_four_guests_converge_crash_and_rejoin(fabric: Fabric, dns, tmp_path: Pa
         st = moved.agent.status()  # type: ignore[union-attr]
         assert st["restarts"] == 1 and st["own_ip"] == moved_ip
         for g in (guests[0], guests[2]):
+            # IMEX may redial before our SIGUSR1: one held in the 5 s window is sent
+            # when the window ends, so wait for it (bounded).
+            wait_until("a SIGUSR1 for the moved peer",
+                       lambda g=g: g.agent.status().get("signals", 0) >= 1,  # type: ignore[union-attr]
+                       15, interval=0.2, log=g.log)
             st = g.agent.status()  # type: ignore[union-attr]
             assert st["restarts"] == 0  # names mode: peers moved, IMEX was only signalled
             assert 1 <= st["signals"] <= 4
