@@ -233,6 +233,28 @@ class SliceApplier:
                 done.append(f"apply:{name}")
         return done
 
+    def is_echo(self, namespace: str, name: str, observed: Mapping[str, Any] | None) -> bool:
+        """``observed`` (a slice event) is exactly our last write of it coming back.
+
+        The reconciler then skips the pass the event would cost: the slice is
+        what that pass would want unless the inputs changed since, and a change
+        of inputs queues its own pass. The write memory is refreshed as
+        ``sync`` would (see ``needs_write``), so a later edit or deletion by
+        someone else is still repaired. Anything else (another manager's
+        write, a resourceVersion we did not produce) is not an echo.
+        """
+        key = (namespace, name)
+        last = self._last.get(key)
+        if last is None:
+            return False
+        if observed is None:
+            return last.body is None
+        rv = resource_version(observed)
+        if last.body is None or rv is None or rv != last.rv_after:
+            return False
+        self._last[key] = Written(last.body, rv, rv)
+        return True
+
     def forget(self, namespace: str, names: list[str]) -> None:
         """Drop write memory for slices of an ensemble that is gone."""
         for name in names:

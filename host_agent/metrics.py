@@ -47,6 +47,11 @@ class HostMetrics:
         self.apply_errors = Counter(
             _P + "slice_write_errors", "EndpointSlice writes that failed", registry=registry
         )
+        self.echoes = Counter(
+            _P + "slice_echoes",
+            "EndpointSlice events that were our own last write coming back (no pass queued)",
+            registry=registry,
+        )
         self.reconciles = Counter(
             _P + "reconciles", "Ensemble reconcile passes, by result", ["result"],
             registry=registry,

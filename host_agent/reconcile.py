@@ -113,6 +113,14 @@ class Reconciler:
         self._enqueue_keys(object_key(o) for o in (old, new) if o is not None)
 
     def on_slice(self, old: Obj | None, new: Obj | None) -> None:
+        # Our own write coming back would cost a whole pass that finds nothing to
+        # do: at steady update rates that was half of all passes.
+        obj = new if new is not None else old
+        if obj is not None:
+            namespace, name = object_key(obj)
+            if self._applier.is_echo(namespace, name, new):
+                self._metrics.echoes.inc()
+                return
         self._enqueue_keys(slice_ensemble(o) for o in (old, new) if o is not None)
 
     def _enqueue_keys(self, keys: Iterable[Key | None]) -> None:

@@ -151,3 +151,31 @@ async def test_applier_writes_once_and_heals() -> None:
     assert await applier.sync("rack1", empty) == ["delete:gb200-imex"]
     assert await applier.sync("rack1", empty) == []
     assert client.calls == ["apply:gb200-imex", "apply:gb200-imex", "delete:gb200-imex"]
+
+
+async def test_echo_of_our_write_is_recognised_and_later_edits_still_heal() -> None:
+    """The slice event carrying our write's resourceVersion is an echo (no pass
+    needed); after it, a deletion or edit by someone else is still repaired."""
+    observed: dict[tuple[str, str], dict[str, Any]] = {}
+    client = FakeClient()
+    applier = SliceApplier(client, lambda ns, n: observed.get((ns, n)))
+    desired = desired_slices(snap(Member(0, "10.0.0.1", "gb200-0")))
+    body = desired["gb200-imex"]
+    assert body is not None
+    assert not applier.is_echo("rack1", "gb200-imex", {**body})  # never written by us
+    assert await applier.sync("rack1", desired) == ["apply:gb200-imex"]
+    ours = {**body, "metadata": {**body["metadata"], "resourceVersion": "11"}}
+    theirs = {**body, "metadata": {**body["metadata"], "resourceVersion": "12"}}
+    assert not applier.is_echo("rack1", "gb200-imex", theirs)  # not the version we produced
+    assert not applier.is_echo("rack1", "other-imex", ours)
+    assert applier.is_echo("rack1", "gb200-imex", ours)
+    assert not applier.is_echo("rack1", "gb200-imex", None)  # a deletion is not our write
+    # The slice was created by us (no version before), so without the refresh
+    # done by is_echo the deletion would look like informer lag.
+    assert await applier.sync("rack1", desired) == ["apply:gb200-imex"]
+    observed[("rack1", "gb200-imex")] = {**body, "metadata": {**body["metadata"],
+                                                               "resourceVersion": "12"}}
+    empty = desired_slices(snap())
+    assert await applier.sync("rack1", empty) == ["delete:gb200-imex"]
+    assert applier.is_echo("rack1", "gb200-imex", None)  # our delete coming back
+    assert not applier.is_echo("rack1", "gb200-imex", theirs)  # re-created by someone

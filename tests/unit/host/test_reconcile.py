@@ -229,3 +229,34 @@ async def test_published_member_carries_every_address_of_its_vmi() -> None:
     assert pub.member.ip == "192.168.50.11"
     assert pub.addresses == {"10.244.1.7", "192.168.50.11"}
     await cancel(task)
+
+
+async def test_own_write_echo_queues_no_pass_but_a_foreign_edit_does() -> None:
+    rec, _state, (vmis, services, slices), client, metrics = make(
+        replace(SETTINGS, settle_seconds=0))
+    put(services, rec, service(), "service")
+    put(vmis, rec, vmi("gb200-0", ip="10.0.0.1"), "vmi")
+    ready = asyncio.Event()
+    ready.set()
+    task = await run_until_idle(rec, [ready])
+    assert client.calls == ["apply:gb200-imex"]
+    passes = rec.passes
+    ours = slices.get("rack1", "gb200-imex")
+    rec.on_slice(None, ours)  # the informer delivers our write back
+    await asyncio.wait_for(_idle(rec), 5)
+    assert rec.passes == passes
+    assert metrics.echoes._value.get() == 1  # type: ignore[attr-defined]
+    # Someone else empties the endpoints: a pass runs and repairs it.
+    edited = {**ours, "endpoints": [],
+              "metadata": {**ours["metadata"], "resourceVersion": "999"}}
+    put(slices, rec, edited, "slice")
+    await asyncio.wait_for(_idle(rec), 5)
+    assert rec.passes == passes + 1
+    assert client.calls == ["apply:gb200-imex", "apply:gb200-imex"]
+    # And someone deleting it after our echo was seen: repaired too.
+    rec.on_slice(None, slices.get("rack1", "gb200-imex"))
+    gone = slices.pop(("rack1", "gb200-imex"))
+    rec.on_slice(gone, None)
+    await asyncio.wait_for(_idle(rec), 5)
+    assert client.calls[-1] == "apply:gb200-imex" and len(client.calls) == 3
+    await cancel(task)
