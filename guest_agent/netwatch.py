@@ -1,4 +1,5 @@
-"""The guest's own addresses, over rtnetlink (pyroute2's asyncio ``AsyncIPRoute``).
+"""The guest's own addresses, over rtnetlink (pyroute2's asyncio ``AsyncIPRoute``,
+imported through rtnl_import.py, which can skip pyroute2's eager package init).
 
 Why: the own slot depends on which addresses are local (DESIGN.md "Own slot"), and a
 migration or a DHCP renewal changes them; the daemon must rediscover and re-evaluate
@@ -27,20 +28,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pyroute2 import AsyncIPRoute
-from pyroute2.netlink.rtnl import (
-    RTM_DELADDR,
-    RTM_DELLINK,
-    RTM_DELROUTE,
-    RTM_NEWADDR,
-    RTM_NEWLINK,
-    RTM_NEWROUTE,
-    RTMGRP_IPV4_IFADDR,
-    RTMGRP_IPV4_ROUTE,
-    RTMGRP_IPV6_IFADDR,
-    RTMGRP_IPV6_ROUTE,
-    RTMGRP_LINK,
-)
+from guest_agent import rtnl_import
+
+AsyncIPRoute, _rtnl = rtnl_import.load()
+RTM_NEWADDR: Final[int] = _rtnl.RTM_NEWADDR
+RTM_DELADDR: Final[int] = _rtnl.RTM_DELADDR
+RTM_NEWLINK: Final[int] = _rtnl.RTM_NEWLINK
+RTM_DELLINK: Final[int] = _rtnl.RTM_DELLINK
+RTM_NEWROUTE: Final[int] = _rtnl.RTM_NEWROUTE
+RTM_DELROUTE: Final[int] = _rtnl.RTM_DELROUTE
+RTMGRP_LINK: Final[int] = _rtnl.RTMGRP_LINK
+RTMGRP_IPV4_IFADDR: Final[int] = _rtnl.RTMGRP_IPV4_IFADDR
+RTMGRP_IPV6_IFADDR: Final[int] = _rtnl.RTMGRP_IPV6_IFADDR
+RTMGRP_IPV4_ROUTE: Final[int] = _rtnl.RTMGRP_IPV4_ROUTE
+RTMGRP_IPV6_ROUTE: Final[int] = _rtnl.RTMGRP_IPV6_ROUTE
 
 log = logging.getLogger(__name__)
 
