@@ -46,6 +46,7 @@ import contextlib
 import json
 import shutil
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -322,14 +323,30 @@ class Bench:
 
     # ------------------------------------------------------------- driver
 
+    def guest_python(self) -> str:
+        """The guest agents' interpreter: a venv with only the guest extra (guest_venv.py)."""
+        import sys
+
+        from tests.bench.guest_venv import guest_python
+
+        try:
+            python = guest_python()
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            self.results.note("guest_python", f"guest-only venv not built ({exc}); guest figures "
+                              "include the development venv's extra imports")
+            return sys.executable
+        self.results.note("guest_python", python)
+        return python
+
     def run(self) -> None:
         from tests.sandbox.ensemble import Sandbox, SandboxSettings
         from tests.sandbox.virt_controller import VirtController
 
+        r = self.results
+        python = self.guest_python()
         settings = SandboxSettings(prefix=PREFIX, poll_interval=POLL_INTERVAL, dns_timeout=2.0,
                                    longpoll_timeout=LONGPOLL, signal_interval=SIGNAL_INTERVAL,
-                                   ready_grace=120.0, keep_workdir=True)
-        r = self.results
+                                   ready_grace=120.0, keep_workdir=True, guest_python=python)
         self.alias: dict[str, str] = {}
         self.current: dict[str, str] = {}
         failed = True

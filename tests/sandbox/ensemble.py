@@ -112,6 +112,11 @@ class SandboxSettings:
     report_stale_after: float = 30.0
     workdir: Path | None = None
     keep_workdir: bool = False
+    #: Interpreter of the guest agents (run from the repository root, so it only needs
+    #: the guest extra's dependencies). Default: this one. The benchmarks pass a venv
+    #: holding just ``imex-ensemble[guest]``'s dependencies, as a real guest has, since
+    #: dnspython imports whatever optional HTTP/2 stack it finds installed.
+    guest_python: str = PY
 
 
 @dataclass(frozen=True)
@@ -394,8 +399,8 @@ class Vm:
                        .encode())
             logf.flush()
             self.agent = subprocess.Popen(
-                self.node.argv([PY, "-m", "guest_agent.cli", "run", "--config", str(cfg),
-                                "--json"]),
+                self.node.argv([self.sandbox.settings.guest_python, "-m", "guest_agent.cli",
+                                "run", "--config", str(cfg), "--json"]),
                 stdout=logf, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO_ROOT,
                 preexec_fn=_pdeathsig)
         self.node.procs.append(self.agent)
