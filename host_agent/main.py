@@ -28,13 +28,13 @@ import logging
 import signal
 import socket
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from lightkube import AsyncClient, operators
 from prometheus_client import CollectorRegistry
 
 from host_agent import registry as registry_mod
 from host_agent.endpoints import SliceApplier
-from host_agent.hook_sidecar import HookServer
 from host_agent.kube import (
     ALL_NAMESPACES,
     EndpointSlice,
@@ -49,7 +49,10 @@ from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
 from host_agent.services import ENSEMBLE_LABEL
 from host_agent.settings import HostSettings
 from host_agent.state import State
-from host_agent.vmi_watch import Informer
+from host_agent.vmi_watch import Informer, cache_view
+
+if TYPE_CHECKING:
+    from host_agent.hook_sidecar import HookServer
 
 log = logging.getLogger("imex.host")
 
@@ -103,7 +106,8 @@ class HostAgent:
                 res: type, labels: Mapping[str, object], fields: Mapping[str, str] | None = None
             ) -> ListWatcher:
                 return ListWatcher(client, res, namespace=scope, labels=labels, fields=fields,  # noqa: B023
-                                   timeout_seconds=s.watch_timeout_seconds)
+                                   timeout_seconds=s.watch_timeout_seconds,
+                                   view=cache_view(res.__name__))
 
             self.informers += [
                 Informer("vmi" + suffix, watcher(VirtualMachineInstance, has_label, vmi_fields),
@@ -162,6 +166,9 @@ class HostAgent:
 
         try:
             if s.hook_socket:
+                # grpc costs ~10 MB of RSS; only the sidecar deployment loads it.
+                from host_agent.hook_sidecar import HookServer
+
                 hook = HookServer(s.hook_socket, launcher_done)
                 await hook.start()
             async with asyncio.TaskGroup() as tg:

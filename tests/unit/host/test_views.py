@@ -179,3 +179,25 @@ def test_file_bodies_are_the_guest_renderings() -> None:
 def test_file_bodies_refuse_members_beyond_the_size() -> None:
     with pytest.raises(InvalidIndex):
         views.hosts(snapshot([Member(5, "10.0.0.15")]))
+
+
+def test_rendered_json_is_the_json_response_body_made_once_per_snapshot_and_tick() -> None:
+    import json
+    from dataclasses import replace
+
+    from fastapi.responses import JSONResponse
+
+    from host_agent.registry import RenderedJson
+
+    report = GuestReport(T0, "10.0.0.10", {"imex_state": "READY"})
+    snap = snapshot([M0, M2], {0: report})
+    cache = RenderedJson(stale_after=120.0)
+    first = cache.body(snap, T0 + 5.01)
+    assert first == JSONResponse(views.ensemble_json(snap, T0 + 5.01, 120.0)).body
+    assert cache.body(snap, T0 + 5.09) is first  # same snapshot, same tenth of a second
+    later = cache.body(snap, T0 + 5.2)  # the clock moved: age_s moves with it
+    assert json.loads(later)["members"][0]["guest"]["age_s"] == 5.2
+    newer = replace(snap, generation=snap.generation + 1)  # a change: a new snapshot
+    assert json.loads(cache.body(newer, T0 + 5.2))["generation"] == snap.generation + 1
+    stale = cache.body(newer, T0 + 200.0)
+    assert json.loads(stale)["members"][0]["guest"]["stale"] is True
