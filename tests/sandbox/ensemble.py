@@ -775,10 +775,19 @@ class Sandbox:
 
     # ---- faults seen from the guests
     def _route_all(self, verb: str, target: str) -> None:
-        for vm in self.vms.values():
-            ip("route", verb, "prohibit", f"{target}/32", netns=vm.node.name, check=False)
-        for node in self._spare:
-            ip("route", verb, "prohibit", f"{target}/32", netns=node.name, check=False)
+        """Add or remove a prohibit route to ``target`` in every VM; adding it also aborts
+        the VMs' open TCP connections to ``target`` (``ss -K``).
+
+        A route only stops what a VM sends: a long-poll parked before the block would
+        still receive the registry's answer, which a real partition never delivers
+        (the e2e "DNS down too" test saw a guest learn a crash that way).
+        """
+        names = [vm.node.name for vm in self.vms.values()] + [n.name for n in self._spare]
+        for name in names:
+            ip("route", verb, "prohibit", f"{target}/32", netns=name, check=False)
+            if verb != "del":
+                subprocess.run(["ip", "netns", "exec", name, "ss", "-K", "-t", "dst", target],
+                               capture_output=True, check=False, timeout=10)
 
     def block_registry(self, blocked: bool = True) -> None:
         """Make the registry unreachable from every VM (the host agent keeps publishing)."""
