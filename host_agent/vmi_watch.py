@@ -17,8 +17,8 @@ Failure rules:
 - Nothing raises out of ``Informer.run`` except cancellation.
 
 What is cached (``cache_view``): never ``metadata.managedFields`` (nothing
-here reads it); for VMIs only ``metadata`` without annotations and ``status``,
-because the reconciler reads nothing else of a VMI (members.py). At 10,000
+here reads it); for VMIs only the metadata and status fields the reconciler
+reads (members.py), with repeated strings interned. At 10,000
 VMIs the full objects were most of the agent's memory (tests/bench, issue 7:
 about 9 KB each even for a minimal VMI; real ones carry far larger specs).
 
@@ -30,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any, Protocol
+from sys import intern
+from typing import Any, Final, Protocol
 
 from tenacity import RetryCallState, wait_random_exponential
 
@@ -51,6 +52,12 @@ def object_key(obj: Mapping[str, Any]) -> Key:
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
+#: VMI metadata the agent reads (members.py, reconcile.py, the store's keys and versions).
+_VMI_META: Final = ("name", "namespace", "labels", "resourceVersion", "deletionTimestamp", "uid")
+#: Interface fields members.py reads.
+_VMI_IFACE: Final = ("name", "ipAddress", "ipAddresses")
+
+
 def _without_managed_fields(obj: Obj) -> Obj:
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping) or "managedFields" not in meta:
@@ -60,14 +67,76 @@ def _without_managed_fields(obj: Obj) -> Obj:
     return out
 
 
+def _i(value: object) -> object:
+    """Intern a string (label keys, phases, node names repeat across thousands of VMIs)."""
+    return intern(value) if isinstance(value, str) and len(value) <= 253 else value
+
+
+def _vmi_metadata(meta: Mapping[str, Any]) -> Obj:
+    out: Obj = {}
+    for key in _VMI_META:
+        if key in meta:
+            out[key] = meta[key]
+    labels = out.get("labels")
+    if isinstance(labels, Mapping):
+        out["labels"] = {_i(k): _i(v) for k, v in labels.items()}
+    if isinstance(out.get("namespace"), str):
+        out["namespace"] = _i(out["namespace"])
+    return out
+
+
+def _vmi_interface(iface: object) -> object:
+    if not isinstance(iface, Mapping):
+        return iface  # malformed: members.py reports it
+    out: Obj = {key: iface[key] for key in _VMI_IFACE if key in iface}
+    if isinstance(out.get("name"), str):
+        out["name"] = _i(out["name"])
+    return out
+
+
+def _vmi_status(status: Mapping[str, Any]) -> Obj:
+    out: Obj = {}
+    if "phase" in status:
+        out["phase"] = _i(status["phase"])
+    if "nodeName" in status:
+        out["nodeName"] = _i(status["nodeName"])
+    conditions = status.get("conditions")
+    if isinstance(conditions, list):  # only Ready is read (members._ready)
+        out["conditions"] = [
+            {"type": "Ready", "status": _i(c.get("status"))}
+            for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"
+        ]
+    elif conditions is not None:
+        out["conditions"] = conditions
+    interfaces = status.get("interfaces")
+    if isinstance(interfaces, list):
+        out["interfaces"] = [_vmi_interface(i) for i in interfaces]
+    elif interfaces is not None:
+        out["interfaces"] = interfaces  # malformed: members.py reports it
+    return out
+
+
 def _vmi_view(obj: Obj) -> Obj:
+    """What members.py and the reconciler read of a VMI, with repeated strings interned.
+
+    Each watch event is decoded on its own, so a cached VMI held private copies
+    of every key and value; at 10,000 VMIs the status fields nothing reads
+    (MACs, info sources, probe times) and those copies grew the agent by about
+    30 MB as watch events replaced the listed objects (tests/bench). Keys here
+    are this module's literals, shared by every object. A field of the wrong
+    type is kept as it came so members.py can report it.
+    """
+    out: Obj = {}
     meta = obj.get("metadata")
-    out: Obj = {k: v for k, v in obj.items() if k in ("apiVersion", "kind", "status")}
     if isinstance(meta, Mapping):
-        out["metadata"] = {k: v for k, v in meta.items()
-                           if k not in ("managedFields", "annotations")}
+        out["metadata"] = _vmi_metadata(meta)
     elif meta is not None:
         out["metadata"] = meta  # malformed: kept as it came, members.py reports it
+    status = obj.get("status")
+    if isinstance(status, Mapping):
+        out["status"] = _vmi_status(status)
+    elif status is not None:
+        out["status"] = status
     return out
 
 

@@ -41,13 +41,43 @@ VMIS = [
 def test_vmi_view_keeps_what_members_read() -> None:
     view = cache_view("VirtualMachineInstance")
     got = view(full(VMIS[0]))
-    assert set(got) == {"apiVersion", "kind", "metadata", "status"}
+    assert set(got) == {"metadata", "status"}
     assert "managedFields" not in got["metadata"] and "annotations" not in got["metadata"]
     assert got["metadata"]["resourceVersion"] == "42"
     assert got["metadata"]["labels"] == VMIS[0]["metadata"]["labels"]
-    assert got["status"] == VMIS[0]["status"]
+    assert got["status"] == {
+        "phase": "Running", "nodeName": "node-a",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "interfaces": [{"name": "default", "ipAddress": "10.244.0.1",
+                        "ipAddresses": ["10.244.0.1"]}],
+    }
     spec = EnsembleSpec(EnsembleId("rack1", "gb200"), 18, 50000)
     assert derive_members(spec, [view(full(v)) for v in VMIS]) == derive_members(spec, VMIS)
+
+
+def test_vmi_view_shares_repeated_strings_and_keeps_malformed_fields() -> None:
+    import json
+
+    view = cache_view("VirtualMachineInstance")
+    text = json.dumps(VMIS[0])
+    a, b = view(json.loads(text)), view(json.loads(text))  # each decoded on its own
+    assert a == b
+    assert a["status"]["phase"] is b["status"]["phase"]
+    assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
+    la, lb = list(a["metadata"]["labels"]), list(b["metadata"]["labels"])
+    assert all(x is y for x, y in zip(la, lb, strict=True))
+    odd = vmi("gb200-9", ip="10.244.0.9")
+    odd["status"]["interfaces"] = {"name": "default"}  # not a list
+    odd["status"]["conditions"] = "Ready"
+    got = view(copy.deepcopy(odd))
+    assert got["status"]["interfaces"] == {"name": "default"}
+    assert got["status"]["conditions"] == "Ready"
+    odd["status"] = ["not", "a", "mapping"]
+    assert view(copy.deepcopy(odd))["status"] == ["not", "a", "mapping"]
+    spec = EnsembleSpec(EnsembleId("rack1", "gb200"), 18, 50000)
+    bad = vmi("gb200-9", ip="10.244.0.9")
+    bad["status"]["interfaces"] = [{"name": "default", "ipAddress": 7}, "junk"]
+    assert derive_members(spec, [view(copy.deepcopy(bad))]) == derive_members(spec, [bad])
 
 
 def test_other_kinds_lose_only_managed_fields() -> None:
