@@ -35,7 +35,7 @@ from host_agent.endpoints import (
     SliceApplier,
     desired_slices,
 )
-from host_agent.members import derive_members, vmi_addresses, vmi_name
+from host_agent.members import ExamineMemo, derive_members, vmi_addresses, vmi_name
 from host_agent.metrics import HostMetrics
 from host_agent.services import ENSEMBLE_LABEL, parse_ensemble_service
 from host_agent.settings import HostSettings
@@ -99,6 +99,7 @@ class Reconciler:
         self._last_good: dict[Key, EnsembleSpec] = {}
         self._last_problems: dict[Key, tuple[str, ...]] = {}
         self._orphans: set[Key] = set()
+        self._examine = ExamineMemo()
         self._started = False
         self._initial: set[Key] | None = None
         self.passes = 0
@@ -107,6 +108,8 @@ class Reconciler:
     # -- event intake (called by informers, on the loop thread) --------------
 
     def on_vmi(self, old: Obj | None, new: Obj | None) -> None:
+        if new is None and old is not None:
+            self._examine.forget(*object_key(old))
         self._enqueue_keys(vmi_ensemble(o) for o in (old, new) if o is not None)
 
     def on_service(self, old: Obj | None, new: Obj | None) -> None:
@@ -251,7 +254,7 @@ class Reconciler:
         else:
             self._last_good[key] = spec
         vmis = list(self._vmis.by_index(key))
-        members, member_problems = derive_members(spec, vmis)
+        members, member_problems = derive_members(spec, vmis, self._examine)
         all_problems = [*problems, *member_problems]
         by_name = {vmi_name(v): v for v in vmis}
         addresses = {m.index: vmi_addresses(by_name[m.vmi]) for m in members if m.vmi in by_name}

@@ -179,3 +179,22 @@ async def test_echo_of_our_write_is_recognised_and_later_edits_still_heal() -> N
     assert await applier.sync("rack1", empty) == ["delete:gb200-imex"]
     assert applier.is_echo("rack1", "gb200-imex", None)  # our delete coming back
     assert not applier.is_echo("rack1", "gb200-imex", theirs)  # re-created by someone
+
+
+async def test_observed_own_write_is_compared_with_what_was_written() -> None:
+    """When the observation carries our write's resourceVersion, sync compares the
+    desired body with the body written: equal -> nothing, different -> one write."""
+    observed: dict[tuple[str, str], dict[str, Any]] = {}
+    client = FakeClient()
+    applier = SliceApplier(client, lambda ns, n: observed.get((ns, n)))
+    one = desired_slices(snap(Member(0, "10.0.0.1", "gb200-0")))
+    assert await applier.sync("rack1", one) == ["apply:gb200-imex"]
+    body = one["gb200-imex"]
+    assert body is not None
+    # the informer shows our write (server fields added, as a real apiserver does)
+    observed[("rack1", "gb200-imex")] = {
+        **body, "metadata": {**body["metadata"], "resourceVersion": "11", "uid": "u1",
+                             "generation": 1}}
+    assert await applier.sync("rack1", one) == []
+    two = desired_slices(snap(Member(0, "10.0.0.2", "gb200-0")))
+    assert await applier.sync("rack1", two) == ["apply:gb200-imex"]

@@ -468,3 +468,33 @@ def test_vmi_addresses_collects_every_usable_address_of_every_interface() -> Non
     }
     assert vmi_addresses(vmi) == {"10.244.1.7", "fd00:10:244::7", "192.168.50.11"}
     assert vmi_addresses({"metadata": {"name": "x"}}) == frozenset()
+
+
+def test_examine_memo_reuses_a_verdict_only_for_the_same_object_and_spec() -> None:
+    from dataclasses import replace as dc_replace
+
+    from host_agent.members import ExamineMemo, examine_vmi
+
+    spec = EnsembleSpec(EnsembleId("rack1", "gb200"), 18, 50000)
+    memo = ExamineMemo()
+    a = vmi("gb200-1", ip="10.244.0.2")
+    assert memo(a, spec) is not memo(a, spec)  # no resourceVersion: examined every time
+    assert len(memo) == 0
+    a["metadata"]["resourceVersion"] = "7"
+    first = memo(a, spec)
+    assert first == examine_vmi(a, spec)
+    assert memo(dict(a), spec) is first  # same version, same spec: not re-examined
+    moved = vmi("gb200-1", ip="10.244.9.2")  # a change comes with a new version
+    moved["metadata"]["resourceVersion"] = "8"
+    assert memo(moved, spec).member.ip == "10.244.9.2"  # type: ignore[union-attr]
+    smaller = dc_replace(spec, max_members=1)  # slot 1 no longer fits
+    assert memo(moved, smaller).member is None
+    assert len(memo) == 1
+    memo.forget("rack1", "gb200-1")
+    assert len(memo) == 0
+    vmis = [vmi(f"gb200-{i}", ip=f"10.244.0.{i + 1}") for i in range(4)] + [
+        vmi("dup-2", index="2", ip="10.244.0.99")]
+    for n, v in enumerate(vmis):
+        v["metadata"]["resourceVersion"] = str(100 + n)
+    assert derive_members(spec, vmis, memo) == derive_members(spec, vmis)
+    assert derive_members(spec, vmis, memo) == derive_members(spec, vmis)  # from the memo
