@@ -96,6 +96,15 @@ def put(store: Any, rec: Reconciler, obj: dict[str, Any], kind: str) -> None:
     getattr(rec, f"on_{kind}")(old, obj)
 
 
+async def start_one_member(rec: Reconciler, vmis: Any, services: Any) -> asyncio.Task[None]:
+    """The gb200 Service with member 0 at 10.0.0.1, caches synced, first pass done."""
+    put(services, rec, service(), "service")
+    put(vmis, rec, vmi("gb200-0", ip="10.0.0.1"), "vmi")
+    ready = asyncio.Event()
+    ready.set()
+    return await run_until_idle(rec, [ready])
+
+
 async def test_nothing_happens_before_sync_then_everything_once() -> None:
     rec, state, (vmis, services, _slices), client, _ = make()
     synced = asyncio.Event()
@@ -137,11 +146,7 @@ async def test_burst_collapses_and_one_ensemble_is_serialized() -> None:
 async def test_failed_apply_is_retried_and_state_kept() -> None:
     rec, _state, (vmis, services, _slices), client, metrics = make()
     client.fail = 2
-    put(services, rec, service(), "service")
-    put(vmis, rec, vmi("gb200-0", ip="10.0.0.1"), "vmi")
-    ready = asyncio.Event()
-    ready.set()
-    task = await run_until_idle(rec, [ready])
+    task = await start_one_member(rec, vmis, services)
     assert client.calls == ["apply:gb200-imex"]
     assert metrics.apply_errors._value.get() == 2  # type: ignore[attr-defined]
     assert metrics.reconciles.labels("error")._value.get() == 2  # type: ignore[attr-defined]
@@ -234,11 +239,7 @@ async def test_published_member_carries_every_address_of_its_vmi() -> None:
 async def test_own_write_echo_queues_no_pass_but_a_foreign_edit_does() -> None:
     rec, _state, (vmis, services, slices), client, metrics = make(
         replace(SETTINGS, settle_seconds=0))
-    put(services, rec, service(), "service")
-    put(vmis, rec, vmi("gb200-0", ip="10.0.0.1"), "vmi")
-    ready = asyncio.Event()
-    ready.set()
-    task = await run_until_idle(rec, [ready])
+    task = await start_one_member(rec, vmis, services)
     assert client.calls == ["apply:gb200-imex"]
     passes = rec.passes
     ours = slices.get("rack1", "gb200-imex")
