@@ -368,3 +368,34 @@ def test_different_nodes_files_are_a_node_map_mismatch(
              == "MISMATCH")
     table = a.ctl("-N")
     assert "!M!" in table.stdout
+
+
+def test_sigterm_exits_at_once_while_a_lookup_hangs(
+    fabric: Fabric, tmp_path: Path, daemons: list[Imex]
+) -> None:
+    """Real IMEX exits promptly on SIGTERM. The stand-in used to wait for its resolver
+    thread, so a peer lookup stuck on an unreachable DNS server held the exit up."""
+    node = fabric.add_node()
+    with node.enter():  # a socket lives in the namespace it is created in
+        silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # takes queries, no answers
+        silent.bind((node.ip, 53))
+    try:
+        node.write_resolv(f"nameserver {node.ip}\noptions timeout:30 attempts:1\n")
+        node.write_hosts(fabric.hosts_lines({slot(0): node.ip}))
+        imex = start(node, write_setup(tmp_path / "n0", [slot(0), "peer-not-in-hosts"]))
+        daemons.append(imex)
+        wait_for("READY", lambda: imex.ctl("-q").stdout == "READY\n")
+        wait_for("the peer lookup to reach the silent server",
+                 lambda: silent.recv(512, socket.MSG_DONTWAIT) if _readable(silent) else None)
+        started = time.monotonic()
+        imex.proc.send_signal(signal.SIGTERM)
+        assert imex.proc.wait(10) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        silent.close()
+
+
+def _readable(sock: socket.socket) -> bool:
+    import select
+
+    return bool(select.select([sock], [], [], 0)[0])

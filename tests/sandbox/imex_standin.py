@@ -795,7 +795,23 @@ def _run(opts: Options, entries: list[str], node_id: int, own_ip: str,
         daemon = ImexStandin(opts, entries, node_id, own_ip)
         await daemon.run(started)
 
-    asyncio.run(amain())
+    # asyncio.run() would then wait for the resolver threads, and one blocked in
+    # getaddrinfo (DNS unreachable, a name missing from /etc/hosts mid-rewrite) held
+    # SIGTERM up for 10 s and more; real IMEX exits at once. So: cancel what is left,
+    # close the loop without joining its executor, and __main__ exits with os._exit.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(amain())
+    finally:
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()
     return 0
 
 
@@ -888,7 +904,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter exit: it would join a resolver thread still blocked
 
 
 __all__ = [
