@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -210,6 +211,21 @@ async def running(disc: Discovery, views: Views) -> AsyncIterator[asyncio.Task[N
         assert leftover == []
 
 
+@contextlib.asynccontextmanager
+async def on_registry(
+    dns: DnsServer, registry: FakeRegistry, registry_pins: dict[int, str],
+    dns_pins: dict[int, str], **overrides: Any,
+) -> AsyncIterator[tuple[Discovery, Views]]:
+    """Both sources published, discovery running, and its first (registry) view in."""
+    registry.set(registry_pins)
+    dns_publish(dns, dns_pins)
+    views = Views()
+    disc = Discovery(settings(dns, registry, **overrides), ENS)
+    async with running(disc, views):
+        await views.until(lambda v: v.source == "registry", 2)
+        yield disc, views
+
+
 async def test_registry_wins_while_it_answers(dns: DnsServer, registry: FakeRegistry) -> None:
     registry.set({0: "10.0.0.1", 1: "10.0.0.2"})
     dns_publish(dns, {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"})  # DNS says more
@@ -237,12 +253,10 @@ async def test_registry_wins_while_it_answers(dns: DnsServer, registry: FakeRegi
 async def test_registry_down_dns_takes_over_then_registry_wins_again(
     dns: DnsServer, registry: FakeRegistry
 ) -> None:
-    registry.set({0: "10.0.0.1"})
-    dns_publish(dns, {0: "10.0.0.1", 2: "10.0.0.3"})
-    views = Views()
-    disc = Discovery(settings(dns, registry), ENS)
-    async with running(disc, views):
-        await views.until(lambda v: v.source == "registry", 2)
+    async with on_registry(
+        dns, registry, {0: "10.0.0.1"},
+        {0: "10.0.0.1", 2: "10.0.0.3"},
+    ) as (disc, views):
         t0 = time.monotonic()
         await registry.go_down()
         dview = await views.until(lambda v: v.source == "dns", POLL + 0.5)
@@ -265,12 +279,7 @@ async def test_registry_down_dns_takes_over_then_registry_wins_again(
 async def test_stalled_registry_hands_over_after_poll_plus_longpoll(
     dns: DnsServer, registry: FakeRegistry
 ) -> None:
-    registry.set({0: "10.0.0.1"})
-    dns_publish(dns, {0: "10.0.0.9"})
-    views = Views()
-    disc = Discovery(settings(dns, registry), ENS)
-    async with running(disc, views):
-        await views.until(lambda v: v.source == "registry", 2)
+    async with on_registry(dns, registry, {0: "10.0.0.1"}, {0: "10.0.0.9"}) as (_disc, views):
         await registry.until_requests(2)  # the long-poll is held
         registry.mode = "stall"  # accepts, reads, never answers
         t0 = time.monotonic()
@@ -283,12 +292,10 @@ async def test_stalled_registry_hands_over_after_poll_plus_longpoll(
 
 
 async def test_both_down_keeps_last_known_good(dns: DnsServer, registry: FakeRegistry) -> None:
-    registry.set({0: "10.0.0.1", 1: "10.0.0.2"})
-    dns_publish(dns, {0: "10.0.0.1", 1: "10.0.0.2"})
-    views = Views()
-    disc = Discovery(settings(dns, registry), ENS)
-    async with running(disc, views):
-        await views.until(lambda v: v.source == "registry", 2)
+    async with on_registry(
+        dns, registry, {0: "10.0.0.1", 1: "10.0.0.2"},
+        {0: "10.0.0.1", 1: "10.0.0.2"},
+    ) as (disc, views):
         dns.set_fail_mode("timeout")
         t0 = time.monotonic()
         await registry.go_down()
@@ -335,12 +342,10 @@ async def test_dns_servfail_keeps_pins_no_view(dns: DnsServer) -> None:
 
 
 async def test_kick_rediscovers_at_once(dns: DnsServer, registry: FakeRegistry) -> None:
-    dns_publish(dns, {0: "10.0.0.1"})
-    registry.set({0: "10.0.0.1"})
-    views = Views()
-    disc = Discovery(settings(dns, registry, poll_interval=30.0, longpoll_timeout=30.0), ENS)
-    async with running(disc, views):
-        await views.until(lambda v: v.source == "registry", 2)
+    async with on_registry(
+        dns, registry, {0: "10.0.0.1"},
+        {0: "10.0.0.1"}, poll_interval=30.0, longpoll_timeout=30.0,
+    ) as (disc, _views):
         await registry.until_requests(2)  # the long-poll is held
         n_dns = dns.query_count(ENS.srv_name(), "SRV")
         n_reg = len(registry.requests)
@@ -397,12 +402,7 @@ async def test_refused_registry_fails_over_at_once(dns: DnsServer) -> None:
 async def test_kick_while_everything_refuses_does_not_spin(
     dns: DnsServer, registry: FakeRegistry
 ) -> None:
-    dns_publish(dns, {0: "10.0.0.1"})
-    registry.set({0: "10.0.0.1"})
-    views = Views()
-    disc = Discovery(settings(dns, registry), ENS)
-    async with running(disc, views):
-        await views.until(lambda v: v.source == "registry", 2)
+    async with on_registry(dns, registry, {0: "10.0.0.1"}, {0: "10.0.0.1"}) as (disc, _views):
         await registry.until_requests(2)
         registry.mode = "error"
         dns.set_fail_mode("refused")
@@ -425,12 +425,10 @@ async def test_failover_to_dns_never_brings_back_an_address_the_registry_replace
 ) -> None:
     """Seen in the e2e sandbox: slot 1 migrated while DNS only timed out for it;
     when the registry went away, the DNS view put the pre-migration IP back."""
-    registry.set({0: "10.0.0.1", 1: "10.0.0.2"})
-    dns_publish(dns, {0: "10.0.0.1", 1: "10.0.0.2"})
-    views = Views()
-    disc = Discovery(settings(dns, registry), ENS)
-    async with running(disc, views):
-        await views.until(lambda v: v.source == "registry", 2)
+    async with on_registry(
+        dns, registry, {0: "10.0.0.1", 1: "10.0.0.2"},
+        {0: "10.0.0.1", 1: "10.0.0.2"},
+    ) as (disc, views):
         deadline = time.monotonic() + 5
         while disc.last_dns_view is None or disc.last_dns_view.pins.get(1) != "10.0.0.2":
             assert time.monotonic() < deadline, "DNS never learned slot 1"
