@@ -122,10 +122,6 @@ def _plain(obj: object) -> Obj:
     return dict(to_dict()) if callable(to_dict) else {}
 
 
-def _same(obj: Obj) -> Obj:
-    return obj
-
-
 class ListWatcher:
     """List and watch one kind in one namespace (or all), with fixed selectors."""
 
@@ -139,10 +135,8 @@ class ListWatcher:
         fields: Mapping[str, Any] | None = None,
         timeout_seconds: int = 290,
         idle_timeout: float | None = None,
-        view: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self._client = client
-        self._view: Callable[[Obj], Obj] = view if view is not None else _same
         self._res = resource
         self._ns = namespace
         self._labels = dict(labels) if labels else None
@@ -152,14 +146,13 @@ class ListWatcher:
         self.kind = resource.__name__
         self.scope = "all namespaces" if namespace == ALL_NS else f"namespace {namespace}"
 
-    async def list(self) -> tuple[list[Obj], str]:
+    async def list(self, view: Callable[[Obj], Obj]) -> tuple[list[Obj], str]:
         """Every object (through ``view``) and the list's resourceVersion (to watch from).
 
         Paged (``LIST_PAGE`` objects per call, as client-go's reflector does) and
         each object reduced to ``view`` as its page arrives: at 10,000 VMIs a single
         unpaged list held every full object at once, most of the agent's peak RSS.
         """
-        view = self._view
         try:
             it = self._client.list(
                 self._res, namespace=self._ns, labels=self._labels, fields=self._fields,

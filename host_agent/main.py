@@ -49,7 +49,7 @@ from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
 from host_agent.services import ENSEMBLE_LABEL
 from host_agent.settings import HostSettings
 from host_agent.state import State
-from host_agent.vmi_watch import Informer, cache_view
+from host_agent.vmi_watch import Informer
 
 if TYPE_CHECKING:
     from host_agent.hook_sidecar import HookServer
@@ -106,8 +106,7 @@ class HostAgent:
                 res: type, labels: Mapping[str, object], fields: Mapping[str, str] | None = None
             ) -> ListWatcher:
                 return ListWatcher(client, res, namespace=scope, labels=labels, fields=fields,  # noqa: B023
-                                   timeout_seconds=s.watch_timeout_seconds,
-                                   view=cache_view(res.__name__))
+                                   timeout_seconds=s.watch_timeout_seconds)
 
             self.informers += [
                 Informer("vmi" + suffix, watcher(VirtualMachineInstance, has_label, vmi_fields),

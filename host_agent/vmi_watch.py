@@ -225,7 +225,9 @@ class ListWatch(Protocol):
     kind: str
     scope: str
 
-    async def list(self) -> tuple[list[Obj], str]: ...
+    async def list(self, view: Callable[[Obj], Obj]) -> tuple[list[Obj], str]:
+        """Every object reduced by ``view`` (as it arrives), and the list's version."""
+        ...
 
     def watch(self, resource_version: str) -> AsyncIterator[tuple[str, Obj]]: ...
 
@@ -270,9 +272,8 @@ class Informer:
         while True:
             try:
                 if rv is None:
-                    items, rv = await self._source.list()
+                    items, rv = await self._source.list(self._view)
                     self._metrics.lists.labels(self.name).inc()
-                    items = [self._view(o) for o in items]
                     for old, new in self._store.replace(items, self._in_scope):
                         self._on_change(old, new)
                     self.resource_version = rv

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -33,11 +33,14 @@ class Script:
         self.watched_from: list[str] = []
         self.done = asyncio.Event()
 
-    async def list(self) -> tuple[list[dict[str, Any]], str]:
+    async def list(
+        self, view: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], str]:
         step = self.lists.pop(0)
         if isinstance(step, BaseException):
             raise step
-        return step  # type: ignore[no-any-return]
+        items, rv = step
+        return [view(o) for o in items], rv
 
     async def watch(self, resource_version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         self.watched_from.append(resource_version)
