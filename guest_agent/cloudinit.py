@@ -1,11 +1,13 @@
 """``imex-guest-agent cloudinit``: user-data that turns a fresh VM into an ensemble member.
 
 The output is ``#cloud-config`` that (in cloud-init's own module order):
-``write_files`` (init stage, before the network is up) writes the agent's
-config and token, IMEX's ``config.cfg`` and the first ``nodes_config.cfg``;
-``runcmd`` (final stage, network up) installs the agent into a venv, enables
-its unit (ordered before ``nvidia-imex.service``) and restarts IMEX once so it
-reads the files written above instead of whatever it found at image boot. In
+``bootcmd`` (every boot) re-arms the two modules below until their work is
+committed to disk (see :func:`render_setup_script`); ``write_files`` (init
+stage, before the network is up) writes the agent's config and token, IMEX's
+``config.cfg`` and the first ``nodes_config.cfg``; ``runcmd`` (final stage,
+network up) installs the agent into a venv, enables its unit (ordered before
+``nvidia-imex.service``), commits, starts the agent and restarts IMEX once so
+it reads the files written above instead of whatever it found at image boot. In
 names mode the nodes file is final from the first boot (it depends only on
 the ensemble); in ips mode it starts with every slot absent and the agent
 rewrites it.
@@ -64,6 +66,15 @@ DISTRIBUTION: Final = "imex-ensemble"
 IMEX_UNIT: Final = "nvidia-imex.service"
 DEFAULT_IMEX_CMD_PORT: Final = 50005
 SECRET_KEY: Final = "userdata"
+#: cloud-init's per-instance semaphores: ``config_<module>`` (module name, ``-`` as ``_``).
+CLOUD_INIT_SEM_DIR: Final = "/var/lib/cloud/instance/sem"
+#: The modules that carry the setup: write_files, runcmd (writes the script),
+#: scripts_user (runs it).
+SETUP_MODULES: Final = ("write_files", "runcmd", "scripts_user")
+#: Our own semaphore beside cloud-init's: ``<prefix><digest>`` exists once that setup is on
+#: disk. Per instance like theirs, and gone with them on ``cloud-init clean``.
+SETUP_SEM_PREFIX: Final = "imex_ensemble_setup_"
+SETUP_DIGEST_CHARS: Final = 16
 
 InstallKind = Literal["pip-index", "wheel", "find-links", "preinstalled"]
 _URL_KINDS: Final[dict[str, InstallKind]] = {
@@ -380,14 +391,18 @@ def trusted_host_flag(url: str) -> str:
     return f" --trusted-host {shlex.quote(parts.netloc.rpartition('@')[2])}"
 
 
-def render_setup_script(opts: Options) -> str:
-    """The runcmd shell script: install, enable the unit, restart IMEX once. Stops on error."""
+def _install_lines(opts: Options) -> list[str]:
+    """Install the agent from scratch and enable the units; nothing is started yet.
+
+    The venv is removed first: a re-run after a crash must not keep files that
+    pip considers installed but that never reached the disk."""
     q = shlex.quote
     pip = f"{VENV}/bin/pip install -q --disable-pip-version-check"
     req = q(package_requirement(opts))
     src = opts.install
     lines = ["set -eu"]
     if src.url is not None:
+        lines.append(f"rm -rf {VENV}")
         lines.append(f"python3 -m venv {VENV}")
         trust = trusted_host_flag(src.url)
         if src.kind == "pip-index":
@@ -398,7 +413,35 @@ def render_setup_script(opts: Options) -> str:
             # A direct reference names the project and extras, never a version.
             lines.append(f"{pip} {q(f'{requirement_name(opts)} @ {src.url}')}")
     lines.append("systemctl daemon-reload")
-    lines.append(f"systemctl enable --now {UNIT_NAME}")
+    lines.append(f"systemctl enable {UNIT_NAME}")
+    return lines
+
+
+def setup_digest(files: Sequence[WriteFile], install: Sequence[str]) -> str:
+    """Names one setup: the files cloud-init writes and the install commands."""
+    h = hashlib.sha256()
+    for line in [*render_write_files(files), *install]:
+        h.update(line.encode() + b"\n")
+    return h.hexdigest()[:SETUP_DIGEST_CHARS]
+
+
+def render_setup_script(opts: Options, unit: str | None) -> str:
+    """The runcmd shell script: install, commit, (re)start the agent, restart IMEX once.
+
+    Stops at the first failure. The commit is ``sync``, creating our semaphore
+    (:func:`setup_sem`), ``sync``: the semaphore is on disk only if everything
+    before it is. Until it is, the bootcmd (:func:`render_bootcmd`) has
+    cloud-init run the whole setup again at the next boot, which a guest killed
+    in its first minutes needs: cloud-init does not fsync, and ext4 can leave
+    just-written files empty after a crash (seen in tests/vm)."""
+    install = _install_lines(opts)
+    lines = [
+        *install,
+        f"sync; touch {setup_sem(opts, unit)}; sync",
+        # restart, not start: on a re-run an old agent may be running from the
+        # venv just replaced. Type=notify: this returns once the files are written.
+        f"systemctl restart {UNIT_NAME}",
+    ]
     if opts.restart_imex:
         # IMEX reads config.cfg and the nodes file only at start; it may have
         # started from the image before write_files ran.
@@ -409,18 +452,43 @@ def render_setup_script(opts: Options) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+def setup_sem(opts: Options, unit: str | None) -> str:
+    """The path of the semaphore that says this user-data's setup is on disk."""
+    digest = setup_digest(render_files(opts, unit), _install_lines(opts))
+    return f"{CLOUD_INIT_SEM_DIR}/{SETUP_SEM_PREFIX}{digest}"
+
+
+def render_bootcmd(opts: Options, unit: str | None) -> str:
+    """The bootcmd (every boot, read from the seed): re-arm the setup until it is on disk.
+
+    ``write_files`` and ``runcmd`` run once per instance, so a VM that comes
+    back (same disk, same instance-id) would keep a half-written install for
+    good. Removing their semaphores makes cloud-init run them again in this
+    boot. A no-op once our semaphore for this user-data exists, and on the
+    first boot (no semaphores yet); a changed user-data (new digest) is set up
+    again at the next boot."""
+    sems = " ".join(f"{CLOUD_INIT_SEM_DIR}/config_{m}" for m in SETUP_MODULES)
+    # Full paths, no cd: cloud-init runs every bootcmd item in one shell script.
+    return f"[ -e {setup_sem(opts, unit)} ] ||\n  rm -fv {sems}\n"
+
+
+def _literal_item(script: str) -> list[str]:
+    """A shell script as one list item in a literal block (our own text: no escaping)."""
+    return ["  - |", *(f"    {line}" for line in script[:-1].split("\n"))]
+
+
 def render_user_data(opts: Options, unit: str | None) -> str:
     """The whole ``#cloud-config`` document."""
     lines = [
         "#cloud-config",
         f"# imex-ensemble {opts.ens.key}; /etc/hosts is the agent's, not cloud-init's",
         "manage_etc_hosts: false",
+        "bootcmd:",
+        *_literal_item(render_bootcmd(opts, unit)),
     ]
     lines += render_write_files(render_files(opts, unit))
     lines.append("runcmd:")
-    script = render_setup_script(opts)
-    lines.append("  - |")
-    lines += [f"    {line}" for line in script[:-1].split("\n")]
+    lines += _literal_item(render_setup_script(opts, unit))
     return "\n".join(lines) + "\n"
 
 

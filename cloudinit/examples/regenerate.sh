@@ -9,8 +9,9 @@ gen() { file="$1"; shift; imex-guest-agent cloudinit "$@" > "$out/$file"; }
 registry=http://imex-host-agent.imex-system.svc.cluster.local:8080
 token=replace-me-with-the-output-of-openssl-rand-hex-32
 
-# Baked image: small enough for inline cloudInitNoCloud.userData.
-gen preinstalled.user-data.yaml --ensemble gb200 --namespace gpu-jobs \
+# Baked image. With the token it is a Secret (over 2048 bytes, and the token
+# belongs in one anyway); without --token it would fit inline.
+gen preinstalled.secret.yaml --ensemble gb200 --namespace gpu-jobs \
   --registry-url "$registry" --token "$token" --install preinstalled
 
 # Air-gapped wheelhouse (pip --no-index --find-links): over 2048 bytes, so a Secret.

@@ -7,7 +7,9 @@ agent's unit names in ExecStart). ``python3`` is the system Python, as in a
 Debian guest; the wheelhouse holds this repository's wheel, built here.
 ``systemctl`` is a recorder on PATH: there is no systemd to talk to, and what
 matters is which commands run in which order. The binary the unit starts
-must exist afterwards and run.
+must exist afterwards and run. cloud-init's semaphore directory is a scratch
+directory too (its path is swapped in the script's text); this machine has
+no ``/var/lib/cloud`` to bind over.
 """
 
 from __future__ import annotations
@@ -80,7 +82,11 @@ def test_install_script_installs_what_the_unit_starts(tmp_path: Path) -> None:
         install=ci.InstallSource("find-links", wheelhouse.as_uri()),
         package=f"imex-ensemble=={version('imex-ensemble')}",
     )
-    script = ci.render_setup_script(opts)
+    sem_dir = tmp_path / "sem"
+    sem_dir.mkdir()
+    script = ci.render_setup_script(opts, ci.load_unit()).replace(
+        ci.CLOUD_INIT_SEM_DIR, str(sem_dir)
+    )
     fakebin = tmp_path / "bin"
     fakebin.mkdir()
     (fakebin / "systemctl").write_text(RECORDER)
@@ -113,11 +119,15 @@ def test_install_script_installs_what_the_unit_starts(tmp_path: Path) -> None:
     assert installed.is_file() and os.access(installed, os.X_OK)
     assert log.read_text().splitlines() == [
         "daemon-reload",
-        "enable --now imex-guest-agent.service",
+        "enable imex-guest-agent.service",
+        "restart imex-guest-agent.service",
         "cat nvidia-imex.service",
         "enable nvidia-imex.service",
         "restart nvidia-imex.service",
     ]
+    # committed: the next boot's bootcmd leaves cloud-init's semaphores alone
+    sem = Path(ci.setup_sem(opts, ci.load_unit()))
+    assert [p.name for p in sem_dir.iterdir()] == [sem.name]
 
 
 def test_install_script_stops_at_the_first_failure(tmp_path: Path) -> None:
@@ -134,8 +144,11 @@ def test_install_script_stops_at_the_first_failure(tmp_path: Path) -> None:
         (fakebin / tool).write_text(RECORDER)  # python3 too: no real venv needed here
         (fakebin / tool).chmod(0o755)
     log = tmp_path / "calls.log"
+    sem_dir = tmp_path / "sem"
+    sem_dir.mkdir()
+    script = ci.render_setup_script(opts, None).replace(ci.CLOUD_INIT_SEM_DIR, str(sem_dir))
     proc = subprocess.run(
-        ["sh", "-c", ci.render_setup_script(opts)],
+        ["sh", "-c", script],
         env=dict(os.environ, PATH=f"{fakebin}:/usr/bin:/bin", SYSTEMCTL_LOG=str(log)),
         capture_output=True,
         text=True,
@@ -144,3 +157,44 @@ def test_install_script_stops_at_the_first_failure(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0  # /opt/imex-guest-agent/bin/pip does not exist
     assert log.read_text().splitlines() == ["-m venv /opt/imex-guest-agent"]
+    assert list(sem_dir.iterdir()) == []  # never committed: the next boot sets up again
+
+
+BOOT_SEMS = ("config_write_files", "config_runcmd", "config_scripts_user", "config_ssh")
+
+
+def run_bootcmd(bootcmd: str, sem_dir: Path) -> subprocess.CompletedProcess[str]:
+    """The bootcmd as cloud-init runs it (one sh script), against a scratch semaphore dir."""
+    return subprocess.run(
+        ["sh", "-c", bootcmd.replace(ci.CLOUD_INIT_SEM_DIR, str(sem_dir))],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("state", ["committed", "never committed", "other user-data"])
+def test_bootcmd_rearms_the_setup_until_it_is_committed(state: str, tmp_path: Path) -> None:
+    """A guest that died before the commit gets write_files and runcmd again; others do not."""
+    o = ci.Options(ensemble="gb200", namespace="gpu-jobs")
+    sem_dir = tmp_path / "sem"
+    sem_dir.mkdir()
+    for name in BOOT_SEMS:  # what cloud-init left from the first boot
+        (sem_dir / name).write_text("")
+    ours = Path(ci.setup_sem(o, None)).name
+    if state == "committed":
+        (sem_dir / ours).write_text("")
+    elif state == "other user-data":
+        (sem_dir / ci.setup_sem(ci.Options(ensemble="gb200", namespace="other"), None)
+         .rpartition("/")[2]).write_text("")
+    proc = run_bootcmd(ci.render_bootcmd(o, None), sem_dir)
+    assert proc.returncode == 0, proc.stderr
+    left = sorted(p.name for p in sem_dir.iterdir())
+    if state == "committed":
+        assert left == sorted([*BOOT_SEMS, ours])
+        assert proc.stdout == ""
+    else:
+        # only the three modules of the setup run again; ssh keys and the rest stay done
+        assert [n for n in left if n.startswith("config_")] == ["config_ssh"]
+        assert proc.stdout.count("removed") == 3

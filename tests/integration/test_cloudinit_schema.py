@@ -61,7 +61,7 @@ BASE = ("--ensemble", "gb200", "--namespace", "gpu-jobs")
 REG = ("--registry-url", "http://imex-host-agent.imex-system.svc.cluster.local:8080")
 VARIANTS = [
     Variant("preinstalled-minimal", BASE, False),
-    Variant("preinstalled-token", (*BASE, *REG, "--token", TOKEN), False),
+    Variant("preinstalled-token", (*BASE, *REG, "--token", TOKEN), True),
     Variant(
         "find-links",
         (*BASE, *REG, "--token", TOKEN, "--install", "find-links:http://wheels.internal/imex/"),
@@ -202,6 +202,48 @@ def test_cloud_init_writes_the_expected_files(variant: Variant, tmp_path: Path) 
         assert (root / "etc/imex-guest-agent/token").read_text() == opts.token
         assert settings.token_file == "/etc/imex-guest-agent/token"
     shutil.rmtree(root)
+
+
+SEMAPHORES = """
+import sys, yaml
+from cloudinit import helpers, settings
+cfg = yaml.safe_load(open("/etc/cloud/cloud.cfg"))
+stage = {m if isinstance(m, str) else m[0]: s
+         for s in ("cloud_init_modules", "cloud_config_modules", "cloud_final_modules")
+         for m in cfg[s]}
+order = [m if isinstance(m, str) else m[0] for m in cfg["cloud_init_modules"]]
+sems = helpers.FileSemaphores(sys.argv[1])
+for name in sys.argv[2:]:
+    # modules.py runs each module as "config-<name>" under a per-instance semaphore
+    key = helpers.canon_sem_name("config-" + name)
+    mod = name.replace("_", "-")
+    print(sems._get_path(key, settings.PER_INSTANCE), stage.get(mod) or stage.get(name))
+print("bootcmd-first", order.index("bootcmd") < order.index("write-files"))
+"""
+
+
+@pytest.mark.skipif(not Path("/etc/cloud/cloud.cfg").exists(), reason="cloud-init not installed")
+def test_bootcmd_names_the_semaphores_real_cloud_init_uses() -> None:
+    """The bootcmd removes cloud-init's own semaphore files, by path: check them against
+    the installed cloud-init (22.4, as in the Debian 12 guests), and that bootcmd runs
+    before write_files in the same stage, so a re-armed write_files runs in that boot."""
+    proc = subprocess.run(
+        [SYSTEM_PYTHON, "-c", SEMAPHORES, ci.CLOUD_INIT_SEM_DIR, *ci.SETUP_MODULES],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    got = proc.stdout.splitlines()
+    assert got == [
+        f"{ci.CLOUD_INIT_SEM_DIR}/config_write_files cloud_init_modules",
+        f"{ci.CLOUD_INIT_SEM_DIR}/config_runcmd cloud_config_modules",
+        f"{ci.CLOUD_INIT_SEM_DIR}/config_scripts_user cloud_final_modules",
+        "bootcmd-first True",
+    ]
+    bootcmd = ci.render_bootcmd(ci.Options(ensemble="gb200", namespace="gpu-jobs"), None)
+    for line in got[:3]:
+        assert line.split()[0] in bootcmd
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "cloudinit" / "examples"

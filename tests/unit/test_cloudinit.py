@@ -150,7 +150,9 @@ def test_ips_mode_starts_with_every_slot_absent() -> None:
 def test_hosts_and_resolv_conf_are_left_alone() -> None:
     doc = yaml.safe_load(ci.render_user_data(opts(token=TOKEN), UNIT))
     assert doc["manage_etc_hosts"] is False
-    assert not {"manage_resolv_conf", "resolv_conf", "bootcmd"} & set(doc)
+    assert not {"manage_resolv_conf", "resolv_conf"} & set(doc)
+    (bootcmd,) = doc["bootcmd"]
+    assert "hosts" not in bootcmd and "resolv" not in bootcmd
     paths = {f["path"] for f in doc["write_files"]}
     assert not {"/etc/hosts", "/etc/resolv.conf"} & paths
 
@@ -161,7 +163,7 @@ def test_hosts_and_resolv_conf_are_left_alone() -> None:
 def script_lines(o: ci.Options) -> list[list[str]]:
     doc = yaml.safe_load(ci.render_user_data(o, UNIT))
     (script,) = doc["runcmd"]
-    assert script == ci.render_setup_script(o)
+    assert script == ci.render_setup_script(o, UNIT)
     subprocess.run(["sh", "-n", "-c", script], check=True)  # the shell accepts it
     return [shlex.split(line) for line in script.splitlines()]
 
@@ -188,16 +190,19 @@ def test_install_sources(install: str, pip_args: list[str]) -> None:
     o = opts(install=ci.InstallSource.parse(install), package=None)
     lines = script_lines(o)
     assert lines[0] == ["set", "-eu"]
-    assert lines[1] == ["python3", "-m", "venv", "/opt/imex-guest-agent"]
-    pip = lines[2]
+    # from scratch: a re-run must not keep files pip thinks are installed
+    assert lines[1] == ["rm", "-rf", "/opt/imex-guest-agent"]
+    assert lines[2] == ["python3", "-m", "venv", "/opt/imex-guest-agent"]
+    pip = lines[3]
     assert pip[:2] == ["/opt/imex-guest-agent/bin/pip", "install"]
     tail = [a.split("==")[0] for a in pip[-len(pip_args) :]]
     assert tail == pip_args
-    # Installed before the unit is enabled; the unit before IMEX restarts.
+    # Installed, enabled, committed to disk, then started; IMEX restarts last.
     joined = [" ".join(line) for line in lines]
-    enable = joined.index("systemctl enable --now imex-guest-agent.service")
-    assert enable > 2
-    assert "systemctl restart nvidia-imex.service" in joined[enable + 1]
+    enable = joined.index("systemctl enable imex-guest-agent.service")
+    start = joined.index("systemctl restart imex-guest-agent.service")
+    assert 3 < enable < start
+    assert "systemctl restart nvidia-imex.service" in joined[start + 1]
 
 
 def test_version_pin_follows_the_generator() -> None:
@@ -213,29 +218,106 @@ def test_version_pin_follows_the_generator() -> None:
 def test_wheel_direct_reference_drops_the_version_spec() -> None:
     url = "https://files.internal/imex_ensemble-0.2.0-py3-none-any.whl"
     o = opts(install=ci.InstallSource.parse(f"wheel:{url}"), package="imex-ensemble[guest]>=0.2")
-    assert script_lines(o)[2][-1] == f"imex-ensemble[guest] @ {url}"
+    assert script_lines(o)[3][-1] == f"imex-ensemble[guest] @ {url}"
 
 
 def test_preinstalled_only_enables() -> None:
     lines = script_lines(opts())
     assert ["python3", "-m", "venv", "/opt/imex-guest-agent"] not in lines
-    assert ["systemctl", "enable", "--now", "imex-guest-agent.service"] in lines
+    assert not any(line[:2] == ["rm", "-rf"] for line in lines)  # the image's agent stays
+    assert ["systemctl", "enable", "imex-guest-agent.service"] in lines
+    assert ["systemctl", "restart", "imex-guest-agent.service"] in lines
 
 
 def test_no_restart_imex() -> None:
-    script = ci.render_setup_script(opts(restart_imex=False))
+    script = ci.render_setup_script(opts(restart_imex=False), UNIT)
     assert "nvidia-imex" not in script
+
+
+# --- crash safety: commit marker and the bootcmd that re-arms the setup ---------
+
+
+SEM_DIR = "/var/lib/cloud/instance/sem"
+
+
+def committed_sem(script: str) -> str:
+    """The semaphore the setup script creates between two syncs."""
+    (line,) = [x for x in script.splitlines() if x.startswith("sync; touch ")]
+    assert line.endswith("; sync")
+    return line.split()[2].rstrip(";")
+
+
+@pytest.mark.parametrize("install", ["preinstalled", "find-links:http://wheels.internal/"])
+def test_setup_is_committed_between_two_syncs_before_anything_starts(install: str) -> None:
+    o = opts(install=ci.InstallSource.parse(install))
+    joined = [" ".join(line) for line in script_lines(o)]
+    commit = next(i for i, x in enumerate(joined) if x.startswith("sync; touch "))
+    # every install and enable step before it, every (re)start after it
+    assert joined.index("systemctl daemon-reload") < commit
+    assert joined.index("systemctl enable imex-guest-agent.service") < commit
+    assert all("restart" not in x for x in joined[:commit])
+    assert joined[commit + 1] == "systemctl restart imex-guest-agent.service"
+
+
+def test_bootcmd_rearms_write_files_and_runcmd_unless_the_setup_is_committed() -> None:
+    o = opts(install=ci.InstallSource.parse("find-links:http://wheels.internal/"), token=TOKEN)
+    doc = yaml.safe_load(ci.render_user_data(o, UNIT))
+    sem = committed_sem(doc["runcmd"][0])
+    assert sem == ci.setup_sem(o, UNIT)
+    digest = sem.removeprefix(f"{SEM_DIR}/imex_ensemble_setup_")
+    assert len(digest) == ci.SETUP_DIGEST_CHARS and int(digest, 16) >= 0
+    (bootcmd,) = doc["bootcmd"]
+    assert bootcmd == ci.render_bootcmd(o, UNIT)
+    test, rm = bootcmd.splitlines()
+    assert test == f"[ -e {sem} ] ||"
+    assert rm.split() == [
+        "rm",
+        "-fv",
+        f"{SEM_DIR}/config_write_files",
+        f"{SEM_DIR}/config_runcmd",
+        f"{SEM_DIR}/config_scripts_user",
+    ]
+    subprocess.run(["sh", "-n", "-c", bootcmd], check=True)
+
+
+def test_digest_changes_with_any_file_or_install_step() -> None:
+    base = opts(install=ci.InstallSource.parse("find-links:http://wheels.internal/"))
+
+    def sem(o: ci.Options, unit: str | None = UNIT) -> str:
+        return committed_sem(ci.render_setup_script(o, unit))
+
+    same = sem(base)
+    assert sem(base) == same  # a pure function of the user-data
+    changed = [
+        sem(base, UNIT + "# edited\n"),  # the unit file
+        sem(base, None),  # no unit file written
+        sem(opts(install=base.install, token=TOKEN)),  # a token file
+        sem(opts(install=base.install, mode="ips")),  # the nodes file
+        sem(opts(install=ci.InstallSource.parse("find-links:http://other.internal/"))),
+        sem(opts(install=base.install, package="imex-ensemble[guest]==9.9")),
+    ]
+    assert same not in changed and len(set(changed)) == len(changed)
+    # what only the IMEX restart changes is not part of the setup on disk
+    assert sem(opts(install=base.install, restart_imex=False)) == same
 
 
 # --- inline or Secret -----------------------------------------------------
 
 
 def test_small_output_stays_inline() -> None:
-    out = ci.generate(opts(token=TOKEN, registry_url="http://r.example:8080"), None)
+    out = ci.generate(opts(), None)  # baked image, no registry: the smallest user-data
     assert not out.is_secret
     assert out.text == out.user_data
     assert len(out.text.encode()) <= ci.INLINE_USERDATA_LIMIT
     assert out.text.startswith("#cloud-config\n")
+
+
+def test_token_with_a_baked_image_is_over_the_inline_limit() -> None:
+    # the crash-safe setup (bootcmd, commit) took the common case over 2048 bytes,
+    # which is where a token belongs anyway
+    out = ci.generate(opts(token=TOKEN, registry_url="http://r.example:8080"), None)
+    assert out.is_secret
+    assert len(out.user_data.encode()) > ci.INLINE_USERDATA_LIMIT
     sha = hashlib.sha256(TOKEN.encode()).hexdigest()
     assert any(sha in n for n in out.notes)
 

@@ -87,7 +87,7 @@ def test_generated_install_trusts_a_plain_http_wheelhouse_only() -> None:
 
     def script(install: str) -> str:
         opts = ci.Options(ensemble="e", namespace="n", install=ci.InstallSource.parse(install))
-        return ci.render_setup_script(opts)
+        return ci.render_setup_script(opts, None)
 
     assert "--find-links http://10.77.0.1:8000/ --trusted-host 10.77.0.1:8000 " in script(
         "find-links:http://10.77.0.1:8000/")
