@@ -77,6 +77,8 @@ class Settings:
     ready_grace: float = 120.0
     dns_timeout: float = 2.0
     longpoll_timeout: float = 30.0
+    #: DNS pass interval while the registry answers (DNS views are not used then).
+    dns_standby_interval: float = 10.0
     source: str = field(default="<defaults>", compare=False)
 
 
@@ -228,6 +230,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "ready_grace": _seconds(0.0, 86400),
     "dns_timeout": _seconds(0.05, 60),
     "longpoll_timeout": _seconds(0.1, 60),
+    "dns_standby_interval": _seconds(0.05, 3600),
 }
 assert set(_CHECKS) == {f.name for f in fields(Settings)} - {"source"}
 

@@ -288,7 +288,35 @@ async def test_stalled_registry_hands_over_after_poll_plus_longpoll(
         dview = await views.until(lambda v: v.source == "dns", POLL + LONGPOLL + 2 * POLL + 0.5)
         elapsed = time.monotonic() - t0
         assert elapsed >= POLL + LONGPOLL - 0.1, "must not give up on a held long-poll early"
-        assert dview.pins == {0: "10.0.0.9"}
+        assert dview.pins[0] == "10.0.0.9"
+        # DNS was on standby, so slot 1 (not in DNS) has one absence at the hand-over; the
+        # next pass, one poll_interval later, is the second and unpins it
+        await views.until(lambda v: v.source == "dns" and v.pins == {0: "10.0.0.9"}, 2 * POLL + 0.5)
+
+
+async def test_dns_stands_by_while_the_registry_answers(
+    dns: DnsServer, registry: FakeRegistry
+) -> None:
+    """Slow DNS passes while the registry is in charge, poll_interval ones once it fails.
+
+    (The stalled-registry test above shows a standby sleep ends at the overdue time.)"""
+    srv = ENS.srv_name("cluster.local")
+    window = 8 * POLL
+    async with on_registry(
+        dns, registry, {0: "10.0.0.1"}, {0: "10.0.0.1"},
+        dns_standby_interval=4 * POLL, longpoll_timeout=10.0,
+    ) as (disc, views):
+        n0 = dns.query_count(srv, "SRV")
+        await asyncio.sleep(window)
+        standby = dns.query_count(srv, "SRV") - n0
+        assert disc.registry_healthy
+        assert 1 <= standby <= 3, f"{standby} SRV passes in {window}s at one per {4 * POLL}s"
+        await registry.go_down()
+        await views.until(lambda v: v.source == "dns", POLL + 0.5)
+        n1 = dns.query_count(srv, "SRV")
+        await asyncio.sleep(window)
+        active = dns.query_count(srv, "SRV") - n1
+        assert active >= 5, f"{active} SRV passes in {window}s at one per {POLL}s"
 
 
 async def test_both_down_keeps_last_known_good(dns: DnsServer, registry: FakeRegistry) -> None:
