@@ -11,12 +11,12 @@ Which source wins:
   among its members).
 * **DNS** is polled all the time, so its state (with the two-absences hysteresis of
   :mod:`guest_agent.dnsquery`) is warm when it is needed: every ``poll_interval`` while
-  it is in charge, every ``dns_standby_interval`` while the registry is (a pass every 2 s
-  was half of an idle guest's CPU). Its views are published only while the registry is
-  not healthy: the last registry request failed, or no answer came for ``poll_interval +
-  longpoll_timeout``. A registry failure wakes the DNS loop at once, and a standby sleep
-  never outlasts the moment the registry would be overdue, so failover takes one DNS
-  pass either way.
+  it is in charge, every ``dns_standby_interval`` while the registry is (a pass every
+  2 s was the largest part of an idle guest's CPU). Its views are published only while
+  the registry is not healthy: the last registry request failed, or no answer came for
+  ``poll_interval + longpoll_timeout``. A registry failure wakes the DNS loop at once,
+  and a standby sleep never outlasts the moment the registry would be overdue, so
+  failover takes one DNS pass either way.
   DNS views assert only what DNS said authoritatively; slots it knows nothing about are
   neither pinned nor absent and the daemon keeps what it had for them.
 * A DNS view is published only from a pass that learned something: when both the
