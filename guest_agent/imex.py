@@ -232,11 +232,14 @@ async def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str]:
         raise ImexError(f"cannot run {argv[0]}: {exc.strerror}") from exc
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError as exc:
+    except BaseException as exc:  # a timeout, or cancelled because the agent is stopping
+        # Never leave the child running, nor its transport for the GC to close later.
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
-        await proc.wait()
-        raise ImexTimeout(f"{' '.join(argv)}: no answer within {timeout:g}s") from exc
+        await asyncio.shield(proc.wait())
+        if isinstance(exc, TimeoutError):
+            raise ImexTimeout(f"{' '.join(argv)}: no answer within {timeout:g}s") from exc
+        raise
     assert proc.returncode is not None
     return proc.returncode, out.decode("utf-8", "replace").strip()
 

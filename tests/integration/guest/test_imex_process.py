@@ -27,6 +27,7 @@ from guest_agent.imex import (
     Supervisor,
     SystemdController,
     query_state,
+    run_argv,
 )
 from tests.guest_support.agent import FAKE_IMEX, READY_CTL, pid_alive, read_events
 
@@ -150,6 +151,21 @@ async def test_ctl_that_does_not_answer_is_not_counted_as_not_ready(tmp_path: Pa
         assert sup.stats.state == NO_ANSWER
         assert sup.told.not_ready_since is None
     assert await query_state(slow, 0.1) == NO_ANSWER
+
+
+@pytest.mark.parametrize("how", ["timed out", "cancelled"])
+async def test_a_ctl_query_given_up_leaves_no_child(tmp_path: Path, how: str) -> None:
+    """Timed out, or cancelled because the agent stops: the child is killed and reaped."""
+    pidfile = tmp_path / "pid"
+    argv = ["/bin/sh", "-c", f'echo $$ > "{pidfile}"; exec sleep 30']
+    task = asyncio.create_task(run_argv(argv, 0.5 if how == "timed out" else 30))
+    await until("the child", lambda: pidfile.exists() and pidfile.read_text().strip())
+    pid = int(pidfile.read_text())
+    if how == "cancelled":
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError if how == "cancelled" else ImexError):
+        await task
+    assert not pid_alive(pid), "the ctl child outlived the query"
 
 
 async def test_nothing_started_until_own_slot_pinned(tmp_path: Path) -> None:
