@@ -1,4 +1,5 @@
-"""Host agent at scale: 10,000 VMIs in 1,000 ensembles against the API double.
+"""Host agent at scale: 10,000 VMIs in 1,000 ensembles against the API double, and
+(``run_real``, benchmark ``host-real``) against a real kube-apiserver and etcd.
 
 Three processes, so none steals the others' interpreter: the API double
 (``kube_proc``, pre-seeded), the real ``imex-host-agent`` (production
@@ -27,11 +28,16 @@ loaded machine the CPU view is the one to trust.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
 import signal
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +55,12 @@ from tests.bench.common import (
     stop,
     wait_for,
 )
-from tests.bench.kube_proc import NAMESPACE, member_ip
-from tests.bench.loadgen import raise_nofile
+from tests.bench.kube_proc import NAMESPACE, fleet, member_ip
+from tests.bench.loadgen import raise_nofile, send_all
 from tests.bench.slicewatch import Pins, SliceWatch
+
+#: KubeVirt's API schema, for the VMI CRD of the real control plane (as tests/realk8s)
+REFERENCE_OPENAPI = REPO_ROOT.parent / "shared" / "reference" / "kubevirt-openapi.json"
 
 
 def expected_pins(ensembles: int, per: int, ips: dict[tuple[int, int], str]) -> Pins:
@@ -78,54 +87,143 @@ def _updates(ensembles: int, per: int, count: int, round_: int) -> list[tuple[in
     return out
 
 
-def _send(workdir: Path, api: str, token: str, updates: list[tuple[int, int, str]],
+def _send(workdir: Path, api: ApiTarget, updates: list[tuple[int, int, str]],
           seconds: float, ips: dict[tuple[int, int], str], log: Path) -> dict[str, Any]:
     """Send for at most ``seconds``; ``ips`` gets the updates that were sent."""
     path = workdir / "updates.json"
     path.write_text(json.dumps([(f"e{e}-{i}", ip) for e, i, ip in updates]))
-    gen = spawn([PY, "-m", "tests.bench.loadgen", "patch", "--api", api, "--token", token,
-                 "--updates", str(path), "--connections", "8", "--seconds", str(seconds)],
-                log=log, stdout_pipe=True)
+    argv = [PY, "-m", "tests.bench.loadgen", "patch", "--api", api.url, "--token", api.token,
+            "--updates", str(path), "--connections", "8", "--seconds", str(seconds)]
+    if api.ca is not None:
+        argv += ["--ca", api.ca]
+    gen = spawn(argv, log=log, stdout_pipe=True)
     try:
         line = read_line(gen, "{", timeout=seconds + 300)
     finally:
         stop(gen)
     out: dict[str, Any] = json.loads(line)
     if out["errors"]:
-        raise BenchError(f"the double refused {out['errors']} of {out['sent']} updates "
+        raise BenchError(f"the API refused {out['errors']} of {out['sent']} updates "
                          f"(see {log})")
     for e, i, ip in updates[: out["sent"]]:
         ips[(e, i)] = ip
     return out
 
 
+class NotBuilt(BenchError):
+    """tests/realk8s's binaries are not in the cache: the real-API run is skipped."""
+
+
+@dataclass(frozen=True)
+class ApiTarget:
+    """Where the fleet lives: URL, bearer token, kubeconfig for the agent, CA for https."""
+
+    url: str
+    token: str
+    kubeconfig: Path
+    ca: str | None = None
+
+
+@contextlib.contextmanager
+def api_double(work: Path, ensembles: int, per: int, log: Path) -> Iterator[ApiTarget]:
+    """The Python API double in its own process, pre-seeded (``kube_proc``)."""
+    kubeconfig = work / "kubeconfig"
+    proc = spawn([PY, "-m", "tests.bench.kube_proc", "--kubeconfig-out", str(kubeconfig),
+                  "--ensembles", str(ensembles), "--per", str(per)],
+                 log=log, stdout_pipe=True)
+    try:
+        ready = dict(kv.split("=", 1) for kv in
+                     read_line(proc, "kube-api ready", timeout=300).split()[2:])
+        yield ApiTarget(ready["url"], ready["token"], kubeconfig)
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def api_real(ensembles: int, per: int, results: Results) -> Iterator[ApiTarget]:
+    """etcd and kube-apiserver built by tests/realk8s (no audit log), the VMI CRD, and the
+    fleet written through the API as KubeVirt would (create, then the status subresource).
+
+    Needs the binaries already built (``bash tests/realk8s/build.sh``; a cold build takes
+    about 20 minutes, so the benchmark does not start one)."""
+    import subprocess
+
+    from tests.realk8s.harness import ControlPlane
+
+    check = subprocess.run(["bash", str(REPO_ROOT / "tests/realk8s/build.sh"), "--check"],
+                           capture_output=True, text=True, check=False)
+    if check.returncode != 0:
+        raise NotBuilt("the real control plane is not built: run "
+                       "'bash tests/realk8s/build.sh' once (about 20 min cold)")
+    bin_dir = Path(check.stdout.strip().splitlines()[-1])
+    openapi = Path(os.environ.get("REALK8S_KUBEVIRT_OPENAPI", REFERENCE_OPENAPI))
+    cp = ControlPlane(bin_dir=bin_dir, vmi_openapi=openapi, audit=False)
+    try:
+        cp.start(api_only=True)
+        target = ApiTarget(cp.server, cp.admin_token, cp.admin_kubeconfig, str(cp.ca))
+        t0 = time.monotonic()
+        errors: list[str] = []
+        for phase in fleet_requests(ensembles, per):
+            errors += asyncio.run(send_all(target.url, target.token, phase, connections=16,
+                                           ca=target.ca))
+        if errors:
+            raise BenchError(f"seeding the fleet: {len(errors)} errors, e.g. {errors[:2]}")
+        results.note("host_real_seed", f"{ensembles * per} VMIs and {ensembles} Services "
+                     f"written in {time.monotonic() - t0:.1f} s; kube-apiserver and etcd "
+                     f"from {bin_dir}")
+        yield target
+    finally:
+        cp.stop()
+
+
+def fleet_requests(ensembles: int, per: int) -> list[list[tuple[str, str, Any]]]:
+    """The fleet of ``kube_proc`` as API requests, in phases that must not overlap: the
+    namespace; Services and VMIs; the VMIs' status (a subresource: ignored on create)."""
+    vmis = f"/apis/kubevirt.io/v1/namespaces/{NAMESPACE}/virtualmachineinstances"
+    phases: list[list[tuple[str, str, Any]]] = [[], [], []]
+    for obj in fleet(ensembles, per):
+        obj["metadata"].pop("uid", None)  # the apiserver assigns it
+        kind = obj["kind"]
+        if kind == "Namespace":
+            phases[0].append(("POST", "/api/v1/namespaces", obj))
+        elif kind == "Service":
+            phases[1].append(("POST", f"/api/v1/namespaces/{NAMESPACE}/services", obj))
+        else:
+            status = obj.pop("status")
+            phases[1].append(("POST", vmis, obj))
+            phases[2].append(("PATCH", f"{vmis}/{obj['metadata']['name']}/status",
+                              {"status": status}))
+    return phases
+
+
 def run(results: Results, *, quick: bool = False, profile: str | None = None,
-        out_dir: Path = REPO_ROOT) -> None:
+        out_dir: Path = REPO_ROOT, api: str = "double") -> None:
+    """``api``: "double" (the goal figures) or "real" (keys ``host_real_*``)."""
     ensembles, per = (100, 10) if quick else (1000, 10)
     n_updates = 1000 if quick else 10_000
     send_s = 5.0 if quick else 30.0
+    prefix = "host_real_" if api == "real" else "host_"
+
+    def put(key: str, value: float | None) -> None:
+        results.set(prefix + key.removeprefix("host_"), value)
+
     raise_nofile(8192)
-    with tempfile.TemporaryDirectory(prefix="bench-host-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-host-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
-        kubeconfig = work / "kubeconfig"
         log = work / "bench.log"
-        api_proc = spawn([PY, "-m", "tests.bench.kube_proc", "--kubeconfig-out", str(kubeconfig),
-                          "--ensembles", str(ensembles), "--per", str(per)],
-                         log=log, stdout_pipe=True)
+        target = stack.enter_context(api_real(ensembles, per, results) if api == "real"
+                                     else api_double(work, ensembles, per, log))
         agent = None
         watch = None
-        prof_out = out_dir / "bench-profile-host.txt"
+        prof_out = out_dir / f"bench-profile-{prefix.rstrip('_')}.txt"
         session = work / "host.pyisession"
         pstats_path = work / "host.pstats"
         try:
-            ready = dict(kv.split("=", 1) for kv in
-                         read_line(api_proc, "kube-api ready", timeout=300).split()[2:])
-            api, token = ready["url"], ready["token"]
-            watch = SliceWatch(api, token, NAMESPACE).start()
+            watch = SliceWatch(target.url, target.token, NAMESPACE, target.ca).start()
             ips = {(e, i): member_ip(e, i) for e in range(ensembles) for i in range(per)}
             watch.expect(expected_pins(ensembles, per, ips))
             port = free_port()
-            argv = [PY, "-m", "host_agent.cli", "--kubeconfig", str(kubeconfig),
+            argv = [PY, "-m", "host_agent.cli", "--kubeconfig", str(target.kubeconfig),
                     "--listen", f"127.0.0.1:{port}", "--log-level", "WARNING"]
             if profile == "wall":
                 argv = [PY, "-m", "pyinstrument", "-r", "pyisession", "-o", str(session),
@@ -137,32 +235,31 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
             synced_at = watch.wait(f"{ensembles} slices", timeout=900)
             sync_s = synced_at - started
             cpu_synced = cpu_seconds(agent.pid)
-            results.set("host_sync_10k_s", sync_s)
-            results.set("host_sync_cpu_s", cpu_synced)
+            put("host_sync_10k_s", sync_s)
+            put("host_sync_cpu_s", cpu_synced)
             ready_at = wait_for("registry /readyz", lambda: _ready(port), timeout=60)
-            results.set("host_rss_after_sync_mb", rss_mb(agent.pid))
+            put("host_rss_after_sync_mb", rss_mb(agent.pid))
 
-            # Steady: updates as fast as the double accepts them.
+            # Steady: updates as fast as the API accepts them.
             cpu_before = cpu_seconds(agent.pid)
-            sent = _send(work, api, token, _updates(ensembles, per, n_updates, 0), send_s, ips,
-                         log)
+            sent = _send(work, target, _updates(ensembles, per, n_updates, 0), send_s, ips, log)
             n = sent["sent"]
             watch.expect(expected_pins(ensembles, per, ips))
             done = watch.wait("slices after updates", timeout=600)
             per_update = (cpu_seconds(agent.pid) - cpu_before) / n
-            results.set("host_update_cpu_ms", per_update * 1000)
-            results.set("host_updates_per_cpu_s", 1 / per_update if per_update else None)
-            results.set("host_updates_per_s", n / (done - sent["first"]))
-            results.set("host_updates_offered_per_s", n / (sent["last"] - sent["first"]))
-            results.set("host_updates_lag_ms", (done - sent["last"]) * 1000)
-            results.set("host_updates_sent", n)
+            put("host_update_cpu_ms", per_update * 1000)
+            put("host_updates_per_cpu_s", 1 / per_update if per_update else None)
+            put("host_updates_per_s", n / (done - sent["first"]))
+            put("host_updates_offered_per_s", n / (sent["last"] - sent["first"]))
+            put("host_updates_lag_ms", (done - sent["last"]) * 1000)
+            put("host_updates_sent", n)
 
-            results.set("host_rss_peak_before_backlog_mb", peak_rss_mb(agent.pid))
+            put("host_rss_peak_before_backlog_mb", peak_rss_mb(agent.pid))
 
             # Backlog: the same number of updates queued while the agent is stopped.
             agent.send_signal(signal.SIGSTOP)
             try:
-                n = _send(work, api, token, _updates(ensembles, per, n_updates, 3), send_s, ips,
+                n = _send(work, target, _updates(ensembles, per, n_updates, 3), send_s, ips,
                           log)["sent"]
                 watch.expect(expected_pins(ensembles, per, ips))
             finally:
@@ -170,24 +267,36 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
                 agent.send_signal(signal.SIGCONT)
             cpu_before = cpu_seconds(agent.pid)
             done = watch.wait("slices after the backlog", timeout=600)
-            results.set("host_backlog_update_cpu_ms",
-                        (cpu_seconds(agent.pid) - cpu_before) / n * 1000)
-            results.set("host_updates_backlog_per_s", n / (done - resumed))
-            results.set("host_rss_mb", peak_rss_mb(agent.pid))
-            results.note("host", f"{ensembles * per} VMIs / {ensembles} ensembles; sync "
-                         f"{sync_s:.2f} s (readyz at {ready_at - started:.2f} s)")
+            put("host_backlog_update_cpu_ms", (cpu_seconds(agent.pid) - cpu_before) / n * 1000)
+            put("host_updates_backlog_per_s", n / (done - resumed))
+            put("host_rss_mb", peak_rss_mb(agent.pid))
+            results.note(prefix.rstrip("_"), f"{ensembles * per} VMIs / {ensembles} ensembles "
+                         f"({api} API); sync {sync_s:.2f} s (readyz at "
+                         f"{ready_at - started:.2f} s)")
         finally:
             if watch is not None:
                 watch.close()
             if agent is not None:
                 stop(agent, timeout=60 if profile else 10)
-            stop(api_proc)
         if profile == "wall" and session.exists():
             write_profile(session, prof_out)
-            results.note("host_profile", str(prof_out))
+            results.note(f"{prefix}profile", str(prof_out))
         elif profile == "cpu" and pstats_path.exists():
             write_cpu_profile(pstats_path, prof_out)
-            results.note("host_profile", str(prof_out))
+            results.note(f"{prefix}profile", str(prof_out))
+
+
+def run_real(results: Results, *, quick: bool = False, profile: str | None = None,
+             out_dir: Path = REPO_ROOT) -> None:
+    """The same figures against a real kube-apiserver and etcd: ``host_real_*``.
+
+    Skipped, with a note, where tests/realk8s has not been built: the goals are judged on
+    the double's run, so this one is a comparison, not a gate."""
+    try:
+        run(results, quick=quick, profile=profile, out_dir=out_dir, api="real")
+    except NotBuilt as exc:
+        results.note("host_real", f"skipped: {exc}")
+        print(f"   skipped: {exc}", flush=True)
 
 
 def write_cpu_profile(pstats_path: Path, out: Path) -> None:

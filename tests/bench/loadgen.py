@@ -11,9 +11,10 @@
     ``--generation G`` an answer still at G (the registry's long-poll cap
     passed) is polled again on the same connection, as a guest would. CLOCK_MONOTONIC is
     system-wide on Linux, so the harness compares these times with its own.
-``python -m tests.bench.loadgen patch --api URL --token T --updates FILE``
+``python -m tests.bench.loadgen patch --api URL --token T --updates FILE [--ca CA]``
     sends VMI status merge-patches (as virt-handler would) read from FILE (JSON
-    list of ``[name, ip]``) on C connections as fast as the API accepts them,
+    list of ``[name, ip]``) on C connections as fast as the API accepts them
+    (the double over http, or a real kube-apiserver over https verified with CA),
     for at most ``--seconds``; prints ``{"sent", "errors", "first", "last"}``
     (monotonic times; the updates sent are the first ``sent`` of the list).
 
@@ -30,8 +31,10 @@ import asyncio
 import contextlib
 import json
 import resource
+import ssl
 import sys
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -51,12 +54,19 @@ def raise_nofile(want: int) -> int:
 
 def _target(url: str) -> tuple[str, int, str]:
     u = urlsplit(url)
-    if u.scheme != "http" or not u.hostname:
-        raise HttpError(f"only http://HOST:PORT/... URLs are supported, not {url!r}")
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise HttpError(f"only http(s)://HOST:PORT/... URLs are supported, not {url!r}")
     path = u.path or "/"
     if u.query:
         path += "?" + u.query
-    return u.hostname, u.port or 80, path
+    return u.hostname, u.port or (443 if u.scheme == "https" else 80), path
+
+
+def tls_context(url: str, ca: str | None) -> ssl.SSLContext | None:
+    """For an https URL (the real kube-apiserver): verify it against ``ca``."""
+    if urlsplit(url).scheme != "https":
+        return None
+    return ssl.create_default_context(cafile=ca)
 
 
 def request_bytes(method: str, host: str, port: int, path: str, *, body: bytes = b"",
@@ -191,12 +201,13 @@ async def run_longpoll(url: str, count: int, deadline: float, open_batch: int,
 
 
 async def run_patch(api: str, token: str, namespace: str, updates: list[tuple[str, str]],
-                    connections: int, seconds: float) -> dict[str, float]:
+                    connections: int, seconds: float, ca: str | None = None) -> dict[str, float]:
     """Send ``updates`` in order; stop taking new ones ``seconds`` after the first.
 
     The ones sent are always a prefix of the list (workers take them in order).
     """
     host, port, _ = _target(api)
+    tls = tls_context(api, ca)
     queue = list(reversed(updates))
     errors = 0
     sent = 0
@@ -210,7 +221,7 @@ async def run_patch(api: str, token: str, namespace: str, updates: list[tuple[st
 
     async def worker() -> None:
         nonlocal errors, first, last, sent
-        r, w = await asyncio.open_connection(host, port)
+        r, w = await asyncio.open_connection(host, port, ssl=tls)
         try:
             while queue and not (first and time.monotonic() - first > seconds):
                 name, ip = queue.pop()
@@ -235,6 +246,37 @@ async def run_patch(api: str, token: str, namespace: str, updates: list[tuple[st
     return {"sent": sent, "errors": errors, "first": first, "last": last}
 
 
+async def send_all(api: str, token: str, requests: list[tuple[str, str, Any]],
+                   connections: int = 16, ca: str | None = None) -> list[str]:
+    """Send ``(method, path, json_body)`` requests in order on ``connections`` keep-alive
+    connections (seeding a fleet); returns the errors (``"<status> <path>: <body>"``).
+
+    Bodies go as JSON; a PATCH as a merge patch."""
+    host, port, _ = _target(api)
+    tls = tls_context(api, ca)
+    queue = list(reversed(requests))
+    errors: list[str] = []
+
+    async def worker() -> None:
+        r, w = await asyncio.open_connection(host, port, ssl=tls)
+        try:
+            while queue:
+                method, path, obj = queue.pop()
+                kind = "merge-patch+json" if method == "PATCH" else "json"
+                w.write(request_bytes(method, host, port, path,
+                                      body=json.dumps(obj, separators=(",", ":")).encode(),
+                                      headers={"Authorization": f"Bearer {token}",
+                                               "Content-Type": f"application/{kind}"}))
+                status, text = await read_response(r)
+                if status >= 300:
+                    errors.append(f"{status} {path}: {text[:200]!r}")
+        finally:
+            w.close()
+
+    await asyncio.gather(*(worker() for _ in range(connections)))
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.bench.loadgen")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -257,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     pa.add_argument("--connections", type=int, default=16)
     pa.add_argument("--seconds", type=float, default=3600.0,
                     help="stop sending new updates this long after the first")
+    pa.add_argument("--ca", default=None, help="CA file for an https --api")
     args = p.parse_args(argv)
     if args.cmd == "get":
         out = asyncio.run(run_get(args.url, args.connections, args.seconds))
@@ -268,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.updates) as f:
             updates = [(str(n), str(ip)) for n, ip in json.load(f)]
         out = asyncio.run(run_patch(args.api, args.token, args.namespace, updates,
-                                    args.connections, args.seconds))
+                                    args.connections, args.seconds, args.ca))
     print(json.dumps(out), flush=True)
     return 0
 

@@ -1,4 +1,4 @@
-"""Follow the EndpointSlices at the API double from the harness (list, then watch).
+"""Follow the EndpointSlices at the API (the double, or a real apiserver) from the harness.
 
 Why a watch and not polling: checking 1,000 slices by listing them every few
 milliseconds would load the double (and so the measurement) far more than one
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import ssl
 import threading
 import time
 from typing import Any
@@ -38,9 +39,11 @@ def _pins_of(obj: dict[str, Any]) -> dict[str, str]:
 
 
 class SliceWatch:
-    def __init__(self, api_url: str, token: str, namespace: str) -> None:
+    def __init__(self, api_url: str, token: str, namespace: str, ca: str | None = None) -> None:
         u = urlsplit(api_url)
         self._host, self._port = u.hostname or "127.0.0.1", u.port or 80
+        #: https (a real kube-apiserver): verified against ``ca``
+        self._tls = ssl.create_default_context(cafile=ca) if u.scheme == "https" else None
         self._headers = {"Authorization": f"Bearer {token}"}
         self._path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
         self.pins: Pins = {}
@@ -55,7 +58,7 @@ class SliceWatch:
         self._thread = threading.Thread(target=self._run, name="slice-watch", daemon=True)
 
     def start(self) -> SliceWatch:
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=30)
+        conn = self._connect(timeout=30)
         conn.request("GET", self._path, headers=self._headers)
         resp = conn.getresponse()
         doc = json.loads(resp.read())
@@ -68,9 +71,15 @@ class SliceWatch:
         self._thread.start()
         return self
 
+    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self._tls is not None:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                               context=self._tls)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
     def _run(self) -> None:
         try:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=None)
+            conn = self._connect(timeout=None)
             self._conn = conn
             conn.request("GET", f"{self._path}?watch=true&resourceVersion={self._rv}"
                          "&timeoutSeconds=86400", headers=self._headers)
