@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import tempfile
 import time
@@ -58,9 +57,6 @@ from tests.bench.common import (
 from tests.bench.kube_proc import NAMESPACE, fleet, member_ip
 from tests.bench.loadgen import raise_nofile, send_all
 from tests.bench.slicewatch import Pins, SliceWatch
-
-#: KubeVirt's API schema, for the VMI CRD of the real control plane (as tests/realk8s)
-REFERENCE_OPENAPI = REPO_ROOT.parent / "shared" / "reference" / "kubevirt-openapi.json"
 
 
 def expected_pins(ensembles: int, per: int, ips: dict[tuple[int, int], str]) -> Pins:
@@ -148,6 +144,7 @@ def api_real(ensembles: int, per: int, results: Results) -> Iterator[ApiTarget]:
     about 20 minutes, so the benchmark does not start one)."""
     import subprocess
 
+    from tests.realk8s.crd import kubevirt_openapi
     from tests.realk8s.harness import ControlPlane
 
     check = subprocess.run(["bash", str(REPO_ROOT / "tests/realk8s/build.sh"), "--check"],
@@ -156,8 +153,7 @@ def api_real(ensembles: int, per: int, results: Results) -> Iterator[ApiTarget]:
         raise NotBuilt("the real control plane is not built: run "
                        "'bash tests/realk8s/build.sh' once (about 20 min cold)")
     bin_dir = Path(check.stdout.strip().splitlines()[-1])
-    openapi = Path(os.environ.get("REALK8S_KUBEVIRT_OPENAPI", REFERENCE_OPENAPI))
-    cp = ControlPlane(bin_dir=bin_dir, vmi_openapi=openapi, audit=False)
+    cp = ControlPlane(bin_dir=bin_dir, vmi_openapi=kubevirt_openapi(), audit=False)
     try:
         cp.start(api_only=True)
         target = ApiTarget(cp.server, cp.admin_token, cp.admin_kubeconfig, str(cp.ca))

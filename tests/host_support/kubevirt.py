@@ -2,7 +2,8 @@
 
 ``vmi(...)`` builds a VirtualMachineInstance the way KubeVirt reports one;
 ``validate_vmi`` checks it against ``v1.VirtualMachineInstance`` from
-KubeVirt's published OpenAPI document (shared/reference), resolving every
+KubeVirt's published OpenAPI document (shared/reference, or the vendored closure of
+the API double in a clean clone), resolving every
 ``$ref``, so no fixture describes a VMI that KubeVirt could not produce.
 """
 
@@ -11,27 +12,17 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 
-_SPEC_CANDIDATES = (
-    Path(__file__).resolve().parents[3] / "shared" / "reference" / "kubevirt-openapi.json",
-    Path("/work/shared/reference/kubevirt-openapi.json"),
-)
-
-
-def _spec_path() -> Path:
-    for p in _SPEC_CANDIDATES:
-        if p.exists():
-            return p
-    raise FileNotFoundError("kubevirt-openapi.json not found in shared/reference")
+from tests.sandbox.kube_api.validation import kubevirt_openapi_path
 
 
 @functools.cache
 def _validator() -> jsonschema.protocols.Validator:
-    doc = json.loads(_spec_path().read_text())
+    # the shared reference beside the repository, else the vendored closure (clean clones)
+    doc = json.loads(kubevirt_openapi_path().read_text())
     schema = {"$ref": "#/definitions/v1.VirtualMachineInstance", "definitions": doc["definitions"]}
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft4Validator)
     return cls(schema)  # type: ignore[no-any-return]

@@ -24,16 +24,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.realk8s.crd import kubevirt_openapi
 from tests.sandbox.kube_api.server import ThreadedKubeApi
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(600)]
-OPENAPI = Path(__file__).resolve().parents[3] / "shared" / "reference" / "kubevirt-openapi.json"
+OPENAPI = kubevirt_openapi()
 Body = dict[str, Any]
 Result = dict[str, Any]
 

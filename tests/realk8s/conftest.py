@@ -9,7 +9,6 @@ namespace. Teardown runs even when a test or the start itself fails.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import uuid
@@ -26,11 +25,10 @@ from tests.realk8s.agentproc import (
     HostAgentProc,
     apply_base_rbac,
 )
+from tests.realk8s.crd import kubevirt_openapi
 from tests.realk8s.harness import Api, ControlPlane, build_binaries, free_port
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
-OPENAPI = Path(os.environ.get("REALK8S_KUBEVIRT_OPENAPI",
-                              REFERENCE / "kubevirt-openapi.json"))
+OPENAPI = kubevirt_openapi()
 
 _BIN: dict[str, Path] = {}
 

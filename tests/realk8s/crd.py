@@ -24,6 +24,7 @@ changes and ``/status`` is the only way to set them.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,17 @@ def vmi_crd(openapi: Schema) -> Schema:
             ],
         },
     }
+
+
+def kubevirt_openapi() -> Path:
+    """Where KubeVirt's schema comes from: ``REALK8S_KUBEVIRT_OPENAPI``, else the shared
+    reference beside the repository, else the vendored VMI closure of the API double
+    (the same definitions, unchanged: the CRD built from either is identical). A clean
+    clone has no ``../shared``; CI must not depend on it."""
+    from tests.sandbox.kube_api.validation import kubevirt_openapi_path
+
+    override = os.environ.get("REALK8S_KUBEVIRT_OPENAPI")
+    return Path(override) if override else kubevirt_openapi_path()
 
 
 def load_vmi_crd(spec_path: Path) -> Schema:

@@ -65,6 +65,13 @@ def shared_kubevirt_openapi() -> Path:
     return repo.parent / "shared" / "reference" / "kubevirt-openapi.json"
 
 
+def kubevirt_openapi_path() -> Path:
+    """The shared reference when it is there, else the vendored VMI/VM/pool closure
+    (same definitions, unchanged). Either has ``definitions``."""
+    shared = shared_kubevirt_openapi()
+    return shared if shared.exists() else VENDORED_KUBEVIRT
+
+
 # ------------------------------------------------------------------ helpers
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
