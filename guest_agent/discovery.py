@@ -134,13 +134,18 @@ class Discovery:
         start of :meth:`run`: a registry that refuses connections fails over at once, one
         that hangs after ``poll_interval + longpoll_timeout``.
         """
+        overdue_at = self._registry_overdue_at()
+        return overdue_at is not None and time.monotonic() <= overdue_at
+
+    def _registry_overdue_at(self) -> float | None:
+        """When the registry stops being in charge unless it answers first (monotonic);
+        None when it is not in charge at all (none configured, failed, not started)."""
         if self.registry is None or self._registry_failing:
-            return False
+            return None
         ref = self._registry_ok_at if self._registry_ok_at is not None else self._started_at
         if ref is None:
-            return False
-        age = time.monotonic() - ref
-        return age <= self.settings.poll_interval + self.settings.longpoll_timeout
+            return None
+        return ref + self.settings.poll_interval + self.settings.longpoll_timeout
 
     @property
     def published(self) -> View | None:
@@ -308,13 +313,11 @@ class Discovery:
         noticed by no one else), so DNS takes over as fast as without standby.
         """
         interval = self.settings.poll_interval
-        standby = self.settings.dns_standby_interval
-        if standby <= interval or not self._registry_in_charge():
+        overdue_at = self._registry_overdue_at()
+        overdue_in = None if overdue_at is None else overdue_at - time.monotonic()
+        if overdue_in is None or overdue_in < 0:
             return interval
-        ref = self._registry_ok_at if self._registry_ok_at is not None else self._started_at
-        assert ref is not None  # _registry_in_charge() said so
-        overdue_in = ref + interval + self.settings.longpoll_timeout - time.monotonic()
-        return max(interval, min(standby, overdue_in + 0.05))
+        return max(interval, min(self.settings.dns_standby_interval, overdue_in + 0.05))
 
     # ------------------------------------------------------------------ helpers
 
