@@ -434,28 +434,12 @@ def render_setup_script(opts: Options, unit: str | None) -> str:
     cloud-init run the whole setup again at the next boot, which a guest killed
     in its first minutes needs: cloud-init does not fsync, and ext4 can leave
     just-written files empty after a crash (seen in tests/vm)."""
-    install = _install_lines(opts)
-    lines = [
-        *install,
-        f"sync; touch {setup_sem(opts, unit)}; sync",
-        # restart, not start: on a re-run an old agent may be running from the
-        # venv just replaced. Type=notify: this returns once the files are written.
-        f"systemctl restart {UNIT_NAME}",
-    ]
-    if opts.restart_imex:
-        # IMEX reads config.cfg and the nodes file only at start; it may have
-        # started from the image before write_files ran.
-        lines.append(
-            f"if systemctl cat {IMEX_UNIT} >/dev/null 2>&1; then "
-            f"systemctl enable {IMEX_UNIT}; systemctl restart {IMEX_UNIT}; fi"
-        )
-    return "".join(f"{line}\n" for line in lines)
+    return _Setup.of(opts, unit).script(opts)
 
 
 def setup_sem(opts: Options, unit: str | None) -> str:
     """The path of the semaphore that says this user-data's setup is on disk."""
-    digest = setup_digest(render_files(opts, unit), _install_lines(opts))
-    return f"{CLOUD_INIT_SEM_DIR}/{SETUP_SEM_PREFIX}{digest}"
+    return _Setup.of(opts, unit).sem
 
 
 def render_bootcmd(opts: Options, unit: str | None) -> str:
@@ -467,9 +451,44 @@ def render_bootcmd(opts: Options, unit: str | None) -> str:
     boot. A no-op once our semaphore for this user-data exists, and on the
     first boot (no semaphores yet); a changed user-data (new digest) is set up
     again at the next boot."""
-    sems = " ".join(f"{CLOUD_INIT_SEM_DIR}/config_{m}" for m in SETUP_MODULES)
-    # Full paths, no cd: cloud-init runs every bootcmd item in one shell script.
-    return f"[ -e {setup_sem(opts, unit)} ] ||\n  rm -fv {sems}\n"
+    return _Setup.of(opts, unit).bootcmd()
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """One user-data's setup, rendered once: its files, install lines and semaphore."""
+
+    files: list[WriteFile]
+    install: list[str]
+    sem: str
+
+    @classmethod
+    def of(cls, opts: Options, unit: str | None) -> _Setup:
+        files, install = render_files(opts, unit), _install_lines(opts)
+        return cls(files, install,
+                   f"{CLOUD_INIT_SEM_DIR}/{SETUP_SEM_PREFIX}{setup_digest(files, install)}")
+
+    def script(self, opts: Options) -> str:
+        lines = [
+            *self.install,
+            f"sync; touch {self.sem}; sync",
+            # restart, not start: on a re-run an old agent may be running from the
+            # venv just replaced. Type=notify: this returns once the files are written.
+            f"systemctl restart {UNIT_NAME}",
+        ]
+        if opts.restart_imex:
+            # IMEX reads config.cfg and the nodes file only at start; it may have
+            # started from the image before write_files ran.
+            lines.append(
+                f"if systemctl cat {IMEX_UNIT} >/dev/null 2>&1; then "
+                f"systemctl enable {IMEX_UNIT}; systemctl restart {IMEX_UNIT}; fi"
+            )
+        return "".join(f"{line}\n" for line in lines)
+
+    def bootcmd(self) -> str:
+        sems = " ".join(f"{CLOUD_INIT_SEM_DIR}/config_{m}" for m in SETUP_MODULES)
+        # Full paths, no cd: cloud-init runs every bootcmd item in one shell script.
+        return f"[ -e {self.sem} ] ||\n  rm -fv {sems}\n"
 
 
 def _literal_item(script: str) -> list[str]:
@@ -479,16 +498,17 @@ def _literal_item(script: str) -> list[str]:
 
 def render_user_data(opts: Options, unit: str | None) -> str:
     """The whole ``#cloud-config`` document."""
+    setup = _Setup.of(opts, unit)
     lines = [
         "#cloud-config",
         f"# imex-ensemble {opts.ens.key}; /etc/hosts is the agent's, not cloud-init's",
         "manage_etc_hosts: false",
         "bootcmd:",
-        *_literal_item(render_bootcmd(opts, unit)),
+        *_literal_item(setup.bootcmd()),
+        *render_write_files(setup.files),
+        "runcmd:",
+        *_literal_item(setup.script(opts)),
     ]
-    lines += render_write_files(render_files(opts, unit))
-    lines.append("runcmd:")
-    lines += _literal_item(render_setup_script(opts, unit))
     return "\n".join(lines) + "\n"
 
 
