@@ -161,7 +161,7 @@ def api_real(ensembles: int, per: int, results: Results) -> Iterator[ApiTarget]:
         errors: list[str] = []
         for phase in fleet_requests(ensembles, per):
             errors += asyncio.run(send_all(target.url, target.token, phase, connections=16,
-                                           ca=target.ca))
+                                           ca=target.ca)).errors
         if errors:
             raise BenchError(f"seeding the fleet: {len(errors)} errors, e.g. {errors[:2]}")
         results.note("host_real_seed", f"{ensembles * per} VMIs and {ensembles} Services "

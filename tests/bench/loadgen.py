@@ -34,6 +34,7 @@ import resource
 import ssl
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -52,7 +53,8 @@ def raise_nofile(want: int) -> int:
     return soft
 
 
-def _target(url: str) -> tuple[str, int, str]:
+def split_url(url: str) -> tuple[str, int, str]:
+    """(host, port, path with query) of an http(s) URL; HttpError for anything else."""
     u = urlsplit(url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise HttpError(f"only http(s)://HOST:PORT/... URLs are supported, not {url!r}")
@@ -110,7 +112,7 @@ async def read_response(r: asyncio.StreamReader) -> tuple[int, bytes]:
 
 
 async def run_get(url: str, connections: int, seconds: float) -> dict[str, float]:
-    host, port, path = _target(url)
+    host, port, path = split_url(url)
     req = request_bytes("GET", host, port, path)
     latencies: list[float] = []
     errors = 0
@@ -151,7 +153,7 @@ async def run_get(url: str, connections: int, seconds: float) -> dict[str, float
 
 async def run_longpoll(url: str, count: int, deadline: float, open_batch: int,
                        generation: int | None) -> dict[str, float]:
-    host, port, path = _target(url)
+    host, port, path = split_url(url)
     req = request_bytes("GET", host, port, path)
     arrivals: list[float] = []
     errors = 0
@@ -202,79 +204,68 @@ async def run_longpoll(url: str, count: int, deadline: float, open_batch: int,
 
 async def run_patch(api: str, token: str, namespace: str, updates: list[tuple[str, str]],
                     connections: int, seconds: float, ca: str | None = None) -> dict[str, float]:
-    """Send ``updates`` in order; stop taking new ones ``seconds`` after the first.
+    """Send ``updates`` (VMI status merge-patches) in order; stop taking new ones
+    ``seconds`` after the first. The ones sent are always a prefix of the list."""
+    vmis = f"/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances"
+    requests = [("PATCH", f"{vmis}/{name}/status", {"status": {"interfaces": [{
+        "name": "default", "ipAddress": ip, "ipAddresses": [ip], "mac": "02:00:00:00:00:01",
+        "infoSource": "domain, guest-agent", "podInterfaceName": "eth0"}]}})
+        for name, ip in updates]
+    out = await send_all(api, token, requests, connections, ca, seconds)
+    for err in out.errors[:2]:
+        print(f"patch: {err}", file=sys.stderr)
+    return {"sent": out.sent, "errors": len(out.errors), "first": out.first, "last": out.last}
 
-    The ones sent are always a prefix of the list (workers take them in order).
-    """
-    host, port, _ = _target(api)
-    tls = tls_context(api, ca)
-    queue = list(reversed(updates))
-    errors = 0
-    sent = 0
-    first = last = 0.0
 
-    def body(ip: str) -> bytes:
-        return json.dumps({"status": {"interfaces": [{
-            "name": "default", "ipAddress": ip, "ipAddresses": [ip],
-            "mac": "02:00:00:00:00:01", "infoSource": "domain, guest-agent",
-            "podInterfaceName": "eth0"}]}}, separators=(",", ":")).encode()
+@dataclass
+class Sent:
+    """What :func:`send_all` did: how many sent, the refusals, first and last send times."""
 
-    async def worker() -> None:
-        nonlocal errors, first, last, sent
-        r, w = await asyncio.open_connection(host, port, ssl=tls)
-        try:
-            while queue and not (first and time.monotonic() - first > seconds):
-                name, ip = queue.pop()
-                sent += 1
-                path = (f"/apis/kubevirt.io/v1/namespaces/{namespace}/"
-                        f"virtualmachineinstances/{name}/status")
-                w.write(request_bytes("PATCH", host, port, path, body=body(ip), headers={
-                    "Authorization": f"Bearer {token}",
-                    "Content-Type": "application/merge-patch+json"}))
-                if not first:
-                    first = time.monotonic()
-                status, text = await read_response(r)
-                last = time.monotonic()
-                if status != 200:
-                    errors += 1
-                    if errors < 3:
-                        print(f"patch {name}: {status} {text[:300]!r}", file=sys.stderr)
-        finally:
-            w.close()
-
-    await asyncio.gather(*(worker() for _ in range(connections)))
-    return {"sent": sent, "errors": errors, "first": first, "last": last}
+    sent: int = 0
+    errors: list[str] = field(default_factory=list)
+    first: float = 0.0
+    last: float = 0.0
 
 
 async def send_all(api: str, token: str, requests: list[tuple[str, str, Any]],
-                   connections: int = 16, ca: str | None = None) -> list[str]:
+                   connections: int = 16, ca: str | None = None,
+                   seconds: float | None = None) -> Sent:
     """Send ``(method, path, json_body)`` requests in order on ``connections`` keep-alive
-    connections (seeding a fleet); returns the errors (``"<status> <path>: <body>"``).
+    connections; with ``seconds``, stop taking new ones that long after the first.
 
-    Bodies go as JSON; a PATCH as a merge patch."""
-    host, port, _ = _target(api)
+    Bodies go as JSON; a PATCH as a merge patch. An answer of 300 or more is an error
+    (``"<status> <path>: <body>"``); the time of each answer is ``last``."""
+    host, port, _ = split_url(api)
     tls = tls_context(api, ca)
     queue = list(reversed(requests))
-    errors: list[str] = []
+    out = Sent()
+
+    def more() -> bool:
+        return bool(queue) and not (seconds is not None and out.first
+                                    and time.monotonic() - out.first > seconds)
 
     async def worker() -> None:
         r, w = await asyncio.open_connection(host, port, ssl=tls)
         try:
-            while queue:
+            while more():
                 method, path, obj = queue.pop()
+                out.sent += 1
                 kind = "merge-patch+json" if method == "PATCH" else "json"
                 w.write(request_bytes(method, host, port, path,
                                       body=json.dumps(obj, separators=(",", ":")).encode(),
                                       headers={"Authorization": f"Bearer {token}",
                                                "Content-Type": f"application/{kind}"}))
+                if not out.first:
+                    out.first = time.monotonic()
                 status, text = await read_response(r)
+                out.last = time.monotonic()
                 if status >= 300:
-                    errors.append(f"{status} {path}: {text[:200]!r}")
+                    out.errors.append(f"{status} {path}: {text[:300]!r}")
         finally:
             w.close()
 
     await asyncio.gather(*(worker() for _ in range(connections)))
-    return errors
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,13 +17,12 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import ssl
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from tests.bench.common import BenchError
+from tests.bench.loadgen import split_url, tls_context
 
 Pins = dict[str, dict[str, str]]
 
@@ -40,10 +39,9 @@ def _pins_of(obj: dict[str, Any]) -> dict[str, str]:
 
 class SliceWatch:
     def __init__(self, api_url: str, token: str, namespace: str, ca: str | None = None) -> None:
-        u = urlsplit(api_url)
-        self._host, self._port = u.hostname or "127.0.0.1", u.port or 80
+        self._host, self._port, _ = split_url(api_url)
         #: https (a real kube-apiserver): verified against ``ca``
-        self._tls = ssl.create_default_context(cafile=ca) if u.scheme == "https" else None
+        self._tls = tls_context(api_url, ca)
         self._headers = {"Authorization": f"Bearer {token}"}
         self._path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
         self.pins: Pins = {}

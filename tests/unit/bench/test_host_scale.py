@@ -8,7 +8,7 @@ import pytest
 
 from tests.bench.host_scale import fleet_requests
 from tests.bench.kube_proc import NAMESPACE, member_ip
-from tests.bench.loadgen import HttpError, _target, tls_context
+from tests.bench.loadgen import HttpError, split_url, tls_context
 
 
 def test_fleet_is_written_in_phases_that_must_not_overlap() -> None:
@@ -28,10 +28,10 @@ def test_fleet_is_written_in_phases_that_must_not_overlap() -> None:
 
 
 def test_https_targets_get_a_verifying_context_and_http_none() -> None:
-    assert _target("https://127.0.0.1:6443") == ("127.0.0.1", 6443, "/")
-    assert _target("https://api.internal/x?y=1") == ("api.internal", 443, "/x?y=1")
+    assert split_url("https://127.0.0.1:6443") == ("127.0.0.1", 6443, "/")
+    assert split_url("https://api.internal/x?y=1") == ("api.internal", 443, "/x?y=1")
     ctx = tls_context("https://127.0.0.1:6443", None)
     assert ctx is not None and ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     assert tls_context("http://127.0.0.1:8080", None) is None
     with pytest.raises(HttpError, match="only http"):
-        _target("ftp://127.0.0.1/")
+        split_url("ftp://127.0.0.1/")
