@@ -43,6 +43,13 @@ exit 0
 """
 
 
+def in_scratch_sems(script: str, tmp_path: Path) -> tuple[str, Path]:
+    """``script`` with cloud-init's semaphore directory swapped for a new scratch one."""
+    sem_dir = tmp_path / "sem"
+    sem_dir.mkdir()
+    return script.replace(ci.CLOUD_INIT_SEM_DIR, str(sem_dir)), sem_dir
+
+
 def exec_start(unit: str) -> list[str]:
     line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
     return line.removeprefix("ExecStart=").split()
@@ -82,11 +89,7 @@ def test_install_script_installs_what_the_unit_starts(tmp_path: Path) -> None:
         install=ci.InstallSource("find-links", wheelhouse.as_uri()),
         package=f"imex-ensemble=={version('imex-ensemble')}",
     )
-    sem_dir = tmp_path / "sem"
-    sem_dir.mkdir()
-    script = ci.render_setup_script(opts, ci.load_unit()).replace(
-        ci.CLOUD_INIT_SEM_DIR, str(sem_dir)
-    )
+    script, sem_dir = in_scratch_sems(ci.render_setup_script(opts, ci.load_unit()), tmp_path)
     fakebin = tmp_path / "bin"
     fakebin.mkdir()
     (fakebin / "systemctl").write_text(RECORDER)
@@ -144,9 +147,7 @@ def test_install_script_stops_at_the_first_failure(tmp_path: Path) -> None:
         (fakebin / tool).write_text(RECORDER)  # python3 too: no real venv needed here
         (fakebin / tool).chmod(0o755)
     log = tmp_path / "calls.log"
-    sem_dir = tmp_path / "sem"
-    sem_dir.mkdir()
-    script = ci.render_setup_script(opts, None).replace(ci.CLOUD_INIT_SEM_DIR, str(sem_dir))
+    script, sem_dir = in_scratch_sems(ci.render_setup_script(opts, None), tmp_path)
     proc = subprocess.run(
         ["sh", "-c", script],
         env=dict(os.environ, PATH=f"{fakebin}:/usr/bin:/bin", SYSTEMCTL_LOG=str(log)),
@@ -163,32 +164,22 @@ def test_install_script_stops_at_the_first_failure(tmp_path: Path) -> None:
 BOOT_SEMS = ("config_write_files", "config_runcmd", "config_scripts_user", "config_ssh")
 
 
-def run_bootcmd(bootcmd: str, sem_dir: Path) -> subprocess.CompletedProcess[str]:
-    """The bootcmd as cloud-init runs it (one sh script), against a scratch semaphore dir."""
-    return subprocess.run(
-        ["sh", "-c", bootcmd.replace(ci.CLOUD_INIT_SEM_DIR, str(sem_dir))],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=False,
-    )
-
-
 @pytest.mark.parametrize("state", ["committed", "never committed", "other user-data"])
 def test_bootcmd_rearms_the_setup_until_it_is_committed(state: str, tmp_path: Path) -> None:
     """A guest that died before the commit gets write_files and runcmd again; others do not."""
     o = ci.Options(ensemble="gb200", namespace="gpu-jobs")
-    sem_dir = tmp_path / "sem"
-    sem_dir.mkdir()
+    bootcmd, sem_dir = in_scratch_sems(ci.render_bootcmd(o, None), tmp_path)
     for name in BOOT_SEMS:  # what cloud-init left from the first boot
         (sem_dir / name).write_text("")
     ours = Path(ci.setup_sem(o, None)).name
     if state == "committed":
         (sem_dir / ours).write_text("")
     elif state == "other user-data":
-        (sem_dir / ci.setup_sem(ci.Options(ensemble="gb200", namespace="other"), None)
-         .rpartition("/")[2]).write_text("")
-    proc = run_bootcmd(ci.render_bootcmd(o, None), sem_dir)
+        other = ci.Options(ensemble="gb200", namespace="other")
+        (sem_dir / Path(ci.setup_sem(other, None)).name).write_text("")
+    # as cloud-init runs it: every bootcmd item in one sh script
+    proc = subprocess.run(["sh", "-c", bootcmd], capture_output=True, text=True, timeout=10,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     left = sorted(p.name for p in sem_dir.iterdir())
     if state == "committed":
