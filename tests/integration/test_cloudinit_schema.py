@@ -222,7 +222,8 @@ print("bootcmd-first", order.index("bootcmd") < order.index("write-files"))
 """
 
 
-@pytest.mark.skipif(not Path("/etc/cloud/cloud.cfg").exists(), reason="cloud-init not installed")
+@pytest.mark.skipif(not Path("/etc/cloud/cloud.cfg").exists(),
+                    reason="no /etc/cloud/cloud.cfg: cloud-init's module list is not here")
 def test_bootcmd_names_the_semaphores_real_cloud_init_uses() -> None:
     """The bootcmd removes cloud-init's own semaphore files, by path: check them against
     the installed cloud-init (22.4, as in the Debian 12 guests), and that bootcmd runs
