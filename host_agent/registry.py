@@ -33,14 +33,10 @@ peers, behind the back of ``trusted_proxies``.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import ipaddress
 import logging
-import re
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -53,29 +49,41 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from guest_agent.model import EnsembleId, ModelError
 from host_agent import views
-from host_agent.state import EnsembleSnapshot, EnsembleSpec, GuestReport, State
+from host_agent.asgi import BodyLimit, RequestMetrics
+from host_agent.registry_auth import (
+    AuthFailure,
+    IPNetwork,
+    RegistryError,
+    authenticate_member,
+    caller_address,
+    check_token,
+    validation_message,
+)
+from host_agent.state import EnsembleSnapshot, GuestReport, State
+
+__all__ = [
+    "BodyLimit",
+    "RegistryConfig",
+    "RegistryError",
+    "RegistryServer",
+    "RenderedJson",
+    "StatusReport",
+    "caller_address",
+    "check_token",
+    "create_app",
+    "server_config",
+]
 
 log = logging.getLogger(__name__)
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _TEXT = "text/plain; charset=utf-8"
 _GENERATION_HEADER = "X-Imex-Generation"
-#: Request methods counted by name; anything else is "other" (bounded label values).
-_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "PATCH", "DELETE", "OPTIONS"})
 
 
 @dataclass(frozen=True)
@@ -94,16 +102,6 @@ class RegistryConfig:
     max_body_bytes: int = 16384
     longpoll_cap: float = 60.0
     longpoll_default: float = 30.0
-
-
-class RegistryError(Exception):
-    """A request the registry refuses; ``message`` tells the caller what to do."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
 
 
 # -- metrics ------------------------------------------------------------------
@@ -227,196 +225,6 @@ _TEXT_200: dict[int | str, dict[str, Any]] = {
 }
 
 
-# -- pure request checks ----------------------------------------------------------
-
-
-def _unmapped(addr: IPAddress) -> IPAddress:
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped
-    return addr
-
-
-def _parse_addr(text: str, what: str) -> IPAddress:
-    raw = text.strip()
-    if raw.startswith("[") and "]" in raw:
-        raw = raw[1 : raw.index("]")]
-    try:
-        return _unmapped(ipaddress.ip_address(raw))
-    except ValueError as exc:
-        raise RegistryError(400, f"{what} {text.strip()!r} is not an IP address") from exc
-
-
-def caller_address(
-    peer: str | None, forwarded_for: list[str], trusted: tuple[IPNetwork, ...]
-) -> IPAddress:
-    """The caller's address: the direct peer, or, when the peer is a trusted
-    proxy, the rightmost ``X-Forwarded-For`` hop that is not a trusted proxy.
-    """
-    try:
-        addr = _parse_addr(peer or "", "peer address")
-    except RegistryError as exc:
-        raise RegistryError(
-            403,
-            f"cannot tell the caller's IP address (peer {peer!r}); reports must come from "
-            "the member's own address, directly or through a trusted proxy",
-        ) from exc
-    hops = [h for header in forwarded_for for h in header.split(",") if h.strip()]
-    if not hops or not any(addr in net for net in trusted):
-        return addr
-    for pos in range(len(hops) - 1, -1, -1):
-        addr = _parse_addr(hops[pos], "X-Forwarded-For entry")
-        if not any(addr in net for net in trusted):
-            return addr
-    return addr
-
-
-def check_token(spec: EnsembleSpec, authorization: str | None) -> str | None:
-    """None when the bearer token matches ``spec.token_sha256``, else the failure reason.
-
-    The comparison of the hex digests is constant-time (``hmac.compare_digest``).
-    """
-    expected = (spec.token_sha256 or "").strip().lower()
-    if not expected:
-        return "no_token_configured"
-    if not _SHA256_HEX.match(expected):
-        return "bad_token_annotation"
-    scheme, _, token = (authorization or "").strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return "missing_token"
-    got = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
-    if not hmac.compare_digest(got, expected):
-        return "wrong_token"
-    return None
-
-
-def _token_message(reason: str, ens: EnsembleId) -> str:
-    ann = "imex-ensemble.io/token-sha256"
-    return {
-        "no_token_configured": (
-            f"ensemble {ens.key} accepts no reports: its Service has no {ann} annotation "
-            f"(set it to the hex sha256 of the guests' token)"
-        ),
-        "bad_token_annotation": (
-            f"ensemble {ens.key} accepts no reports: its Service's {ann} annotation is not "
-            f"64 hex digits (set it to the hex sha256 of the guests' token)"
-        ),
-        "missing_token": (
-            "missing bearer token: send 'Authorization: Bearer <token>' with the token "
-            f"whose sha256 is the {ann} annotation of Service {ens.key}"
-        ),
-        "wrong_token": (
-            f"wrong token for ensemble {ens.key}: its sha256 does not match the {ann} "
-            "annotation (check the guest's token_file)"
-        ),
-    }[reason]
-
-
-def _validation_message(errors: list[dict[str, Any]] | Any) -> tuple[str, list[dict[str, Any]]]:
-    detail = [
-        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", ""))} for e in errors
-    ]
-    text = "; ".join(f"{'.'.join(d['loc']) or 'body'}: {d['msg']}" for d in detail)
-    return text or "invalid request", detail
-
-
-# -- ASGI middleware ----------------------------------------------------------------
-
-
-async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
-    response = JSONResponse(body, status_code=status)
-    await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
-    await send({"type": "http.response.body", "body": response.body})
-
-
-class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes with 413 before the app parses them.
-
-    A declared Content-Length over the limit is refused at once; a body
-    without one (chunked) is read up to the limit and refused as soon as it
-    exceeds it. A body within the limit is handed to the app unchanged.
-    """
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        if length is None and b"transfer-encoding" not in headers:
-            await self.app(scope, receive, send)
-            return
-        too_big = {"error": f"request body larger than {self.limit} bytes; reports are small"}
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await _send_json(send, 413, too_big)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await _send_json(send, 413, too_big)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
-class RequestMetrics:
-    """Count every response by route template, method and status code."""
-
-    def __init__(self, app: ASGIApp, metrics: RegistryMetrics, routes: Any) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.routes = routes
-
-    def _route(self, scope: Scope) -> str:
-        route = scope.get("route")
-        if route is not None and hasattr(route, "path"):
-            return str(route.path)
-        for candidate in self.routes:
-            match, _ = candidate.matches(scope)
-            if match == Match.FULL:
-                return str(candidate.path)
-        return "unmatched"
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-
-        async def counting_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, counting_send)
-        finally:
-            method = scope["method"] if scope["method"] in _METHODS else "other"
-            self.metrics.requests.labels(self._route(scope), method, str(status)).inc()
-
-
 Namespace = Annotated[
     str,
     Path(
@@ -525,7 +333,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(_: Request, exc: RequestValidationError) -> Response:
-        text, detail = _validation_message(exc.errors())
+        text, detail = validation_message(exc.errors())
         return JSONResponse({"error": text, "detail": detail}, status_code=422)
 
     @app.exception_handler(Exception)
@@ -673,46 +481,20 @@ def create_app(
     ) -> Response:
         ens = EnsembleId(ns, name)
         snap = lookup(ens)
-        reason = check_token(snap.spec, request.headers.get("authorization"))
-        if reason is not None:
-            metrics.auth_failures.labels(reason).inc()
-            log.warning("registry: report for %s member %d refused: %s", ens.key, index, reason)
-            raise RegistryError(
-                401, _token_message(reason, ens), headers={"WWW-Authenticate": "Bearer"}
+        try:
+            _, caller = authenticate_member(
+                snap, index, request.headers.get("authorization"),
+                request.client.host if request.client else None,
+                request.headers.getlist("x-forwarded-for"), config.trusted_proxies,
             )
-        pub = snap.member(index)
-        if pub is None:
-            published = ", ".join(str(p.index) for p in snap.members) or "none"
-            raise RegistryError(
-                404,
-                f"ensemble {ens.key} has no published member {index} (published: {published})",
-            )
-        caller = caller_address(
-            request.client.host if request.client else None,
-            request.headers.getlist("x-forwarded-for"),
-            config.trusted_proxies,
-        )
-        allowed = {_parse_addr(a, "member address") for a in {pub.member.ip, *pub.addresses}}
-        if caller not in allowed:
-            metrics.auth_failures.labels("wrong_address").inc()
-            log.warning(
-                "registry: report for %s member %d came from %s, not %s",
-                ens.key,
-                index,
-                caller,
-                pub.member.ip,
-            )
-            raise RegistryError(
-                403,
-                f"reports for {ens.key} member {index} must come from one of its VMI's "
-                f"addresses ({', '.join(sorted({pub.member.ip, *pub.addresses}))}), not {caller} "
-                f"(behind a proxy? start the host agent with "
-                f"--trusted-proxy <the proxy's CIDR>)",
-            )
+        except AuthFailure as exc:
+            metrics.auth_failures.labels(exc.reason).inc()
+            log.warning("registry: report for %s member %d refused: %s", ens.key, index, exc.reason)
+            raise
         try:
             report = StatusReport.model_validate_json(await request.body())
         except ValidationError as exc:
-            message, detail = _validation_message(exc.errors())
+            message, detail = validation_message(exc.errors())
             return JSONResponse({"error": message, "detail": detail}, status_code=422)
         received = now()
         state.report(ens, index, GuestReport(received, str(caller), report.model_dump()))
@@ -723,7 +505,7 @@ def create_app(
         )
 
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
-    app.add_middleware(RequestMetrics, metrics=metrics, routes=app.router.routes)
+    app.add_middleware(RequestMetrics, requests=metrics.requests, routes=app.router.routes)
     return app
 
 

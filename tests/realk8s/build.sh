@@ -37,8 +37,17 @@ DIR="$ROOT/$KEY"
 BIN="$DIR/bin"
 STAMP="$BIN/.complete"
 NICE=${REALK8S_NICE:-15}
+# kubectl is built at the apiserver's version: the machine's kubectl (1.27-1.33) is out of
+# the one-minor skew kubectl supports against 1.37 (printer columns, describe).
+BINARIES=(kube-apiserver kube-controller-manager kubectl etcd coredns)
 
-if [ -f "$STAMP" ]; then
+complete() {
+  [ -f "$STAMP" ] || return 1
+  local b
+  for b in "${BINARIES[@]}"; do [ -x "$BIN/$b" ] || return 1; done
+}
+
+if complete; then
   echo "$BIN"
   exit 0
 fi
@@ -54,7 +63,7 @@ log() { echo "realk8s-build: $*" >&2; }
 mkdir -p "$DIR/src" "$BIN"
 exec 9>"$DIR/.lock"
 flock 9
-if [ -f "$STAMP" ]; then
+if complete; then
   echo "$BIN"
   exit 0
 fi
@@ -94,7 +103,7 @@ k8s_ld="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
 k8s_ld+=" -X k8s.io/component-base/version.gitMajor=1"
 k8s_ld+=" -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
 k8s_ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
-for cmd in kube-apiserver kube-controller-manager; do
+for cmd in kube-apiserver kube-controller-manager kubectl; do
   [ -x "$BIN/$cmd" ] || build "$K8S_MOD" "$cmd" "k8s.io/kubernetes/cmd/$cmd" "$k8s_ld"
 done
 
