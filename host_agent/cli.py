@@ -18,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from guest_agent.model import ModelError, check_dns_label
-from host_agent.settings import DEFAULT_LISTEN, HostSettings, SettingsError, parse_listen
+from host_agent.settings import (
+    DEFAULT_LISTEN,
+    HostSettings,
+    SettingsError,
+    default_agent_namespace,
+    default_identity,
+    parse_listen,
+)
 
 ENV_PREFIX: Final = "IMEX_HOST_AGENT_"
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
@@ -61,6 +68,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--hook-socket", default=env("HOOK_SOCKET"), metavar="PATH",
                    help="KubeVirt hook sidecar: answer virt-launcher's hook Info call on this "
                    "unix socket (e.g. /var/run/kubevirt-hooks/imex-host-agent.sock)")
+    p.add_argument("--agent-namespace", default=None, metavar="NS",
+                   help="the agent's own namespace, for its Lease and its CA Secrets (env "
+                   "IMEX_AGENT_NAMESPACE; default: the service account's namespace, else "
+                   "imex-system)")
+    p.add_argument("--identity", default=env("IDENTITY"), metavar="NAME",
+                   help="this replica's name in Leases, Events and the User-Agent "
+                   "(default: POD_NAME, else the host name)")
     return p
 
 
@@ -126,7 +140,19 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
         except HookSidecarError as exc:
             raise SettingsError(f"--hook-socket: {exc}") from exc
 
+    agent_namespace = (args.agent_namespace or environ.get(ENV_PREFIX + "AGENT_NAMESPACE", "")
+                       or default_agent_namespace(environ))
+    try:
+        check_dns_label(agent_namespace, "--agent-namespace")
+    except ModelError as exc:
+        raise SettingsError(str(exc)) from exc
+    identity = (args.identity or "").strip() or default_identity(environ)
+    if not 0 < len(identity) <= 128 or not identity.isprintable() or " " in identity:
+        raise SettingsError(f"--identity {identity!r}: 1-128 printable characters, no spaces")
+
     return HostSettings(
+        agent_namespace=agent_namespace,
+        identity=identity,
         namespaces=tuple(dict.fromkeys(namespaces)),
         listen_host=host,
         listen_port=port,

@@ -107,11 +107,26 @@ def load_config(kubeconfig: str | None) -> KubeConfig:
 
 
 def make_client(settings: HostSettings) -> AsyncClient:
-    return AsyncClient(
+    client = AsyncClient(
         load_config(settings.kubeconfig),
         field_manager=settings.field_manager,
         timeout=httpx2.Timeout(10.0),
     )
+    set_user_agent(client, settings.user_agent)
+    return client
+
+
+def set_user_agent(client: AsyncClient, user_agent: str) -> None:
+    """Every request of ``client`` says who sent it (the audit log's userAgent).
+
+    lightkube has no parameter for it; its HTTP client is two levels down and
+    its headers are the per-client defaults every request starts from.
+    """
+    transport_client = getattr(getattr(client, "_client", None), "_client", None)
+    headers = getattr(transport_client, "headers", None)
+    if headers is None:
+        raise KubeConfigError("cannot set the User-Agent: lightkube's client layout changed")
+    headers["User-Agent"] = user_agent
 
 
 def _plain(obj: object) -> Obj:

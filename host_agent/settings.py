@@ -7,10 +7,24 @@ agent") gives it.
 
 from __future__ import annotations
 
+import importlib.metadata
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 DEFAULT_LISTEN: Final = "0.0.0.0:8080"
+DEFAULT_AGENT_NAMESPACE: Final = "imex-system"
+#: Where a pod's service account namespace is mounted (in-cluster).
+SA_NAMESPACE_FILE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def agent_version() -> str:
+    try:
+        return importlib.metadata.version("imex-ensemble")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 class SettingsError(ValueError):
@@ -49,6 +63,17 @@ class HostSettings:
     hook_socket: str | None = None
     #: After virt-launcher's Shutdown hook call, keep running this long (seconds), then stop.
     hook_shutdown_linger: float = 5.0
+    #: The agent's own namespace: its Lease (leader election) and its Secrets (the
+    #: per-ensemble CAs) live here, and only here (a Role, nothing cluster-wide).
+    agent_namespace: str = DEFAULT_AGENT_NAMESPACE
+    #: Who this replica is (Lease holder, Event reportingInstance, User-Agent).
+    identity: str = "imex-host-agent"
+
+    @property
+    def user_agent(self) -> str:
+        """Sent on every API call: replicas share one service account, and the
+        audit log must still tell them apart."""
+        return f"imex-host-agent/{agent_version()} ({self.identity})"
 
     @property
     def listen(self) -> str:
@@ -58,6 +83,25 @@ class HostSettings:
     @property
     def all_namespaces(self) -> bool:
         return not self.namespaces
+
+
+def default_agent_namespace(
+    environ: Mapping[str, str], sa_file: Path = SA_NAMESPACE_FILE
+) -> str:
+    """``IMEX_AGENT_NAMESPACE``, else the service account's namespace file, else imex-system."""
+    value = environ.get("IMEX_AGENT_NAMESPACE", "").strip()
+    if value:
+        return value
+    try:
+        value = sa_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        value = ""
+    return value or DEFAULT_AGENT_NAMESPACE
+
+
+def default_identity(environ: Mapping[str, str]) -> str:
+    """``POD_NAME`` (the downward API), else the host name."""
+    return environ.get("POD_NAME", "").strip() or socket.gethostname()
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -5,17 +5,20 @@ from __future__ import annotations
 import io
 import json
 import logging
+import socket
+from pathlib import Path
 
 import pytest
 
 from host_agent.cli import build_settings, main
 from host_agent.logs import setup_logging
-from host_agent.settings import HostSettings, SettingsError
+from host_agent.settings import HostSettings, SettingsError, default_agent_namespace
 
 
 def test_defaults() -> None:
     s = build_settings([], {})
-    assert s == HostSettings()
+    assert s == HostSettings(identity=socket.gethostname())
+    assert s.agent_namespace == "imex-system"
     assert (s.listen_host, s.listen_port, s.namespaces, s.kubeconfig, s.vmi) == (
         "0.0.0.0", 8080, (), None, None)
     assert s.listen == "0.0.0.0:8080"
@@ -107,3 +110,30 @@ def test_json_and_text_logs_carry_extras() -> None:
         handler = handler2
     finally:
         logging.getLogger().removeHandler(handler)
+
+
+def test_agent_namespace_and_identity(tmp_path: Path) -> None:
+    s = build_settings([], {"IMEX_AGENT_NAMESPACE": "ops", "POD_NAME": "imex-host-agent-7d9-x2"})
+    assert (s.agent_namespace, s.identity) == ("ops", "imex-host-agent-7d9-x2")
+    assert s.user_agent.startswith("imex-host-agent/")
+    assert s.user_agent.endswith(" (imex-host-agent-7d9-x2)")
+    s = build_settings(["--agent-namespace", "kube-imex", "--identity", "r1"],
+                       {"IMEX_AGENT_NAMESPACE": "ops", "POD_NAME": "p"})
+    assert (s.agent_namespace, s.identity) == ("kube-imex", "r1")
+    s = build_settings([], {"IMEX_HOST_AGENT_IDENTITY": "r2"})
+    assert s.identity == "r2"
+    sa = tmp_path / "namespace"
+    sa.write_text("imex-prod\n")
+    assert default_agent_namespace({}, sa) == "imex-prod"
+    assert default_agent_namespace({"IMEX_AGENT_NAMESPACE": "x"}, sa) == "x"
+    assert default_agent_namespace({}, tmp_path / "missing") == "imex-system"
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--agent-namespace", "Bad_NS"], "--agent-namespace"),
+    (["--identity", "has space"], "--identity"),
+    (["--identity", "x" * 129], "--identity"),
+])
+def test_bad_agent_namespace_or_identity(argv: list[str], needle: str) -> None:
+    with pytest.raises(SettingsError, match=needle):
+        build_settings(argv, {})
