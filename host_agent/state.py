@@ -5,8 +5,10 @@ an ensemble, level-triggered); the EndpointSlice publisher and the registry
 read the same immutable ``EnsembleSnapshot``. So the slice, the JSON and the
 text views can never disagree about who is in an ensemble.
 
-Generation rule (DESIGN.md "Registry HTTP API"): one number per ensemble that
-grows by one on every change of the published slot->IP map, never otherwise;
+Generation rule (DESIGN.md "Registry HTTP API", widened in docs/design.md
+"Changes"): one number per ensemble that grows by one on every change of
+``GuestView``, everything any guest would write (today the published slot->IP
+map), never otherwise;
 the first value is the agent's start time in milliseconds (or the moment the
 ensemble first appears, if later), so a restarted agent never reissues a
 number a guest holds.
@@ -75,6 +77,25 @@ class GuestReport:
     received_at: float
     from_ip: str
     fields: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class GuestView:
+    """What any guest of the ensemble would write, and nothing else.
+
+    The generation moves exactly when this changes, so a guest long-polling
+    with ``wait=G`` is woken for every change it must act on and for no other.
+    Anything a guest renders from the registry (pins, and what later decides
+    which peers a guest pins) belongs here; phases, node names and reports do
+    not.
+    """
+
+    #: (index, IP) of every published member, by index.
+    pins: tuple[tuple[int, str], ...] = ()
+
+    @classmethod
+    def of(cls, members: Iterable[PublishedMember]) -> GuestView:
+        return cls(pins=tuple((p.member.index, p.member.ip) for p in members))
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +189,7 @@ class State:
             )
             for m in ordered
         )
-        changed = {m.index: m.ip for m in ordered} != old.pins()
+        changed = GuestView.of(published) != GuestView.of(old.members)
         reports = {i: r for i, r in old.reports.items() if any(m.index == i for m in ordered)}
         snap = EnsembleSnapshot(
             spec,
