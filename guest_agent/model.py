@@ -25,7 +25,14 @@ ABSENT_IP: Final = "127.0.0.2"
 
 #: One IMEX domain on an NVL72 rack holds at most 18 nodes (one per tray).
 DEFAULT_MAX_MEMBERS: Final = 18
+#: The one bound on an ensemble's size, everywhere (the ImexEnsemble CRD, the
+#: Service annotation, the guest config): an EndpointSlice holds at most 1000
+#: endpoints, and a nodes file longer than that is a typo, not a rack.
+MAX_MEMBERS_LIMIT: Final = 1000
 DEFAULT_PORT: Final = 50000
+#: nodes_config.cfg modes: slot names (IMEX 570.158.01+) or the members' IPs.
+MODES: Final = ("names", "ips")
+DEFAULT_MODE: Final = "names"
 DEFAULT_ZONE: Final = "cluster.local"
 
 #: Addresses a masquerade-bound guest reports about itself. They are the same

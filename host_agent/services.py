@@ -22,7 +22,13 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from guest_agent.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, EnsembleId, ModelError
+from guest_agent.model import (
+    DEFAULT_MAX_MEMBERS,
+    DEFAULT_PORT,
+    MAX_MEMBERS_LIMIT,
+    EnsembleId,
+    ModelError,
+)
 from host_agent.state import EnsembleSpec
 
 PREFIX: Final = "imex-ensemble.io/"
@@ -32,10 +38,6 @@ MAX_MEMBERS_ANNOTATION: Final = PREFIX + "max-members"
 NETWORK_ANNOTATION: Final = PREFIX + "network"
 PORT_ANNOTATION: Final = PREFIX + "port"
 TOKEN_ANNOTATION: Final = PREFIX + "token-sha256"
-
-#: An EndpointSlice holds at most 1000 endpoints (the API refuses more), and a
-#: nodes file that long is a typo, not a rack.
-MAX_MEMBERS_LIMIT: Final = 1000
 
 _SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 # KubeVirt network names (spec.networks[].name) are DNS-label-like; be a bit
