@@ -4,13 +4,18 @@ Pure: no I/O, no clock. The reconciler calls it on every pass with the
 Service as the informer last saw it.
 
 Failure rules (DESIGN.md "Names"):
-- ``imex-ensemble.io/max-members`` decides how many lines every guest's
-  nodes file has. Guessing it wrong could split a domain, so a malformed
-  value is a **refusal** (``spec`` is None); the reconciler then keeps the
-  last valid spec it had, if any.
-- ``port``, ``network`` and ``token-sha256`` have safe fallbacks: the default
-  port, the default network choice, and no token (guest reports refused).
-  Each fallback is reported as a problem naming the annotation and the value.
+- ``imex-ensemble.io/max-members``, ``mode`` and ``auth-encryption`` shape the
+  domain itself (how many lines every guest's nodes file has, what is in
+  them, whether peers speak TLS). Guessing one wrong could split a domain, so
+  a malformed value is a **refusal** (``spec`` is None); the reconciler then
+  keeps the last valid spec it had, if any. So is ``auth-encryption: "true"``
+  with ``mode: ips``: IMEX checks a peer's certificate against the name it
+  dialled, and in ips mode there are no names (the ImexEnsemble CRD refuses
+  the same pair with a CEL rule; ``check_spec`` is the agent's copy of it).
+- ``port``, ``network``, ``token-sha256`` and ``ca-rotation`` have safe
+  fallbacks: the default port, the default network choice, no token (guest
+  reports refused), no rotation. Each fallback is reported as a problem
+  naming the annotation and the value.
 - A Service not labelled ``imex-ensemble.io/ensemble=<its own name>`` is not
   an ensemble (refusal). One that has a selector or a cluster IP still
   publishes, with a problem: DNS then serves it wrongly or twice.
@@ -29,6 +34,8 @@ from guest_agent.model import (
     EnsembleId,
     ModelError,
 )
+from guest_agent.ensemble_crd import SPEC_FIELDS
+from guest_agent.render import MODES, Mode
 from host_agent.state import EnsembleSpec
 
 PREFIX: Final = "imex-ensemble.io/"
@@ -38,6 +45,12 @@ MAX_MEMBERS_ANNOTATION: Final = PREFIX + "max-members"
 NETWORK_ANNOTATION: Final = PREFIX + "network"
 PORT_ANNOTATION: Final = PREFIX + "port"
 TOKEN_ANNOTATION: Final = PREFIX + "token-sha256"
+MODE_ANNOTATION: Final = PREFIX + "mode"
+AUTH_ENCRYPTION_ANNOTATION: Final = PREFIX + "auth-encryption"
+CA_ROTATION_ANNOTATION: Final = PREFIX + "ca-rotation"
+#: ``ca-rotation`` is an opaque trigger (a date, a counter); the CRD's bound, so that
+#: a Service and an ImexEnsemble accept the same values.
+CA_ROTATION_MAX: Final[int] = SPEC_FIELDS["caRotation"]["max_length"]
 
 _SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 # KubeVirt network names (spec.networks[].name) are DNS-label-like; be a bit
@@ -107,6 +120,31 @@ def parse_ensemble_service(service: Mapping[str, object]) -> tuple[EnsembleSpec 
             ]
         max_members = value
 
+    mode: Mode = "names"
+    raw = annotations.get(MODE_ANNOTATION)
+    if raw is not None:
+        if raw.strip() not in MODES:
+            return None, [
+                f"{what}: annotation {MODE_ANNOTATION}={raw!r} is not 'names' or 'ips'; "
+                "refusing to guess what every guest's nodes file holds"
+            ]
+        mode = "ips" if raw.strip() == "ips" else "names"
+
+    auth_encryption = False
+    raw = annotations.get(AUTH_ENCRYPTION_ANNOTATION)
+    if raw is not None:
+        flag = parse_bool(raw)
+        if flag is None:
+            return None, [
+                f"{what}: annotation {AUTH_ENCRYPTION_ANNOTATION}={raw!r} is not 'true' or "
+                "'false'; refusing to guess whether the peers speak TLS"
+            ]
+        auth_encryption = flag
+
+    clash = check_spec(mode, auth_encryption)
+    if clash is not None:
+        return None, [f"{what}: {clash}"]
+
     port = DEFAULT_PORT
     raw = annotations.get(PORT_ANNOTATION)
     if raw is not None:
@@ -141,6 +179,17 @@ def parse_ensemble_service(service: Mapping[str, object]) -> tuple[EnsembleSpec 
                 "guest status reports are refused until it is fixed"
             )
 
+    ca_rotation: str | None = None
+    raw = annotations.get(CA_ROTATION_ANNOTATION)
+    if raw is not None:
+        if not raw.strip() or len(raw) > CA_ROTATION_MAX or not raw.isprintable():
+            problems.append(
+                f"{what}: annotation {CA_ROTATION_ANNOTATION} must be 1-{CA_ROTATION_MAX} "
+                "printable characters; no CA rotation is started until it is fixed"
+            )
+        else:
+            ca_rotation = raw.strip()
+
     if spec_json.get("selector"):
         problems.append(
             f"{what} has a selector; an ensemble Service must be selector-less, or "
@@ -161,5 +210,52 @@ def parse_ensemble_service(service: Mapping[str, object]) -> tuple[EnsembleSpec 
         network=network,
         token_sha256=token,
         uid=uid if isinstance(uid, str) and uid else None,
+        mode=mode,
+        auth_encryption=auth_encryption,
+        ca_rotation=ca_rotation,
+        source="service",
     )
     return spec, problems
+
+
+def parse_bool(text: str) -> bool | None:
+    """``true`` / ``false`` (any case, surrounding blanks ignored); None for anything else."""
+    value = text.strip().lower()
+    return True if value == "true" else False if value == "false" else None
+
+
+def check_spec(mode: Mode, auth_encryption: bool) -> str | None:
+    """Why settings that each parse cannot go together (None when they can).
+
+    The ImexEnsemble CRD has the same rule in CEL; Service-only ensembles get it here.
+    """
+    if auth_encryption and mode == "ips":
+        return (
+            "authEncryption needs mode names: IMEX checks peer certificates against "
+            "host names, which mode ips does not write"
+        )
+    return None
+
+
+def service_annotations(spec: EnsembleSpec) -> dict[str, str]:
+    """The annotations that declare ``spec`` on a Service (``parse_ensemble_service``'s inverse).
+
+    An ImexEnsemble's own Service carries them too, so the Service alone says what the
+    ensemble is: ``kubectl get svc -o yaml`` shows it, and a CR deleted with
+    ``--cascade=orphan`` leaves a Service-only ensemble with the same settings (no
+    nodes file changes, no IMEX restart). ``memberSelector`` has no annotation: an
+    orphaned Service takes every VMI labelled with its name.
+    """
+    out = {
+        MAX_MEMBERS_ANNOTATION: str(spec.max_members),
+        PORT_ANNOTATION: str(spec.port),
+        MODE_ANNOTATION: spec.mode,
+        AUTH_ENCRYPTION_ANNOTATION: "true" if spec.auth_encryption else "false",
+    }
+    if spec.network is not None:
+        out[NETWORK_ANNOTATION] = spec.network
+    if spec.token_sha256 is not None:
+        out[TOKEN_ANNOTATION] = spec.token_sha256
+    if spec.ca_rotation is not None:
+        out[CA_ROTATION_ANNOTATION] = spec.ca_rotation
+    return out

@@ -33,22 +33,46 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from guest_agent.model import EnsembleId, Member
+from guest_agent.render import Mode
+from host_agent.selectors import LabelSelector
 
 _BUCKET_S = 0.1
 
 
+Source = Literal["cr", "service"]
+
+
 @dataclass(frozen=True, slots=True)
 class EnsembleSpec:
-    """What the ensemble's Service says (labels and annotations, parsed)."""
+    """What the ensemble's declaration says, parsed; the same value for both sources.
+
+    An ensemble is declared by an ImexEnsemble (``source="cr"``, host_agent/ensembles.py)
+    or by a hand-made Service (``source="service"``, host_agent/services.py). Both parse
+    into this, and everything after parsing (members, slices, registry, status, events)
+    reads only this, so the two forms cannot drift apart.
+    """
 
     ens: EnsembleId
     max_members: int
     port: int
     network: str | None = None
     token_sha256: str | None = None
+    #: The Service's uid: the EndpointSlices' owner (None until the Service exists).
     uid: str | None = None
+    #: What the guests write into nodes_config: slot names, or IPs (IMEX < 570.158.01).
+    mode: Mode = "names"
+    #: IMEX_ENABLE_AUTH_ENCRYPTION (never with mode ips: certificates name slots).
+    auth_encryption: bool = False
+    #: Any change of this value starts a CA rotation (issue 19).
+    ca_rotation: str | None = None
+    #: ANDed with ``imex-ensemble.io/ensemble=<name>`` (CR only; None: every labelled VMI).
+    member_selector: LabelSelector | None = None
+    source: Source = "service"
+    #: The ImexEnsemble's uid (source "cr"): the owned Service's controller reference.
+    owner_uid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from guest_agent.model import EnsembleId
-from host_agent.services import parse_ensemble_service
+from host_agent.services import parse_ensemble_service, service_annotations
 from tests.host_support.kubevirt import service
 
 TOKEN = "ab" * 32
@@ -124,3 +124,77 @@ def test_garbage_never_raises(obj: dict[str, Any]) -> None:
         assert problems
     else:
         assert spec.max_members == 18
+
+
+def test_mode_auth_encryption_and_ca_rotation() -> None:
+    spec, problems = parse_ensemble_service(
+        service(annotations={
+            "imex-ensemble.io/mode": "ips",
+            "imex-ensemble.io/auth-encryption": "False",
+            "imex-ensemble.io/ca-rotation": " 2026-12-01 ",
+        })
+    )
+    assert problems == []
+    assert spec is not None
+    assert (spec.mode, spec.auth_encryption, spec.ca_rotation, spec.source) == (
+        "ips", False, "2026-12-01", "service")
+    plain, _ = parse_ensemble_service(service())
+    assert plain is not None
+    assert (plain.mode, plain.auth_encryption, plain.ca_rotation) == ("names", False, None)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "message"),
+    [
+        ({"imex-ensemble.io/mode": "names,ips"},
+         "annotation imex-ensemble.io/mode='names,ips' is not 'names' or 'ips'; refusing to "
+         "guess what every guest's nodes file holds"),
+        ({"imex-ensemble.io/auth-encryption": "yes"},
+         "annotation imex-ensemble.io/auth-encryption='yes' is not 'true' or 'false'; "
+         "refusing to guess whether the peers speak TLS"),
+        ({"imex-ensemble.io/auth-encryption": "true", "imex-ensemble.io/mode": "ips"},
+         "authEncryption needs mode names: IMEX checks peer certificates against host names, "
+         "which mode ips does not write"),
+    ],
+)
+def test_domain_shaping_annotations_are_refusals(annotations: dict[str, str], message: str) -> None:
+    spec, problems = parse_ensemble_service(service(annotations=annotations))
+    assert spec is None
+    assert problems == [f"Service rack1/gb200: {message}"]
+
+
+def test_auth_encryption_with_names_is_fine() -> None:
+    spec, problems = parse_ensemble_service(
+        service(annotations={"imex-ensemble.io/auth-encryption": "TRUE"}))
+    assert problems == [] and spec is not None and spec.auth_encryption is True
+
+
+@pytest.mark.parametrize("value", ["", "   ", "x" * 64, "line\nbreak"])
+def test_bad_ca_rotation_falls_back_to_no_rotation(value: str) -> None:
+    spec, problems = parse_ensemble_service(
+        service(annotations={"imex-ensemble.io/ca-rotation": value}))
+    assert spec is not None and spec.ca_rotation is None
+    assert problems == [
+        "Service rack1/gb200: annotation imex-ensemble.io/ca-rotation must be 1-63 printable "
+        "characters; no CA rotation is started until it is fixed"
+    ]
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {},
+        {"imex-ensemble.io/max-members": "4", "imex-ensemble.io/port": "50123",
+         "imex-ensemble.io/network": "imex-net", "imex-ensemble.io/token-sha256": TOKEN,
+         "imex-ensemble.io/mode": "ips", "imex-ensemble.io/ca-rotation": "r2"},
+        {"imex-ensemble.io/auth-encryption": "true"},
+    ],
+)
+def test_service_annotations_round_trip(annotations: dict[str, str]) -> None:
+    """What the agent writes on an ImexEnsemble's Service parses back to the same spec."""
+    spec, _ = parse_ensemble_service(service(annotations=annotations))
+    assert spec is not None
+    rendered = service_annotations(spec)
+    again, problems = parse_ensemble_service(service(annotations=rendered))
+    assert problems == [] and again == spec
+    assert set(annotations.items()) <= set(rendered.items())
