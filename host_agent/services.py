@@ -27,6 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
+from guest_agent.ensemble_crd import SPEC_FIELDS
 from guest_agent.model import (
     DEFAULT_MAX_MEMBERS,
     DEFAULT_PORT,
@@ -34,7 +35,6 @@ from guest_agent.model import (
     EnsembleId,
     ModelError,
 )
-from guest_agent.ensemble_crd import SPEC_FIELDS
 from guest_agent.render import MODES, Mode
 from host_agent.state import EnsembleSpec
 
