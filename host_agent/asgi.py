@@ -6,7 +6,8 @@ errors included, is counted by its route template (bounded label values).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+import re
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Final, Protocol
 
 from fastapi.responses import JSONResponse
@@ -35,16 +36,26 @@ async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
 
 
 class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes with 413 before the app parses them.
+    """Refuse request bodies over the path's limit with 413 before the app parses them.
 
-    A declared Content-Length over the limit is refused at once; a body
-    without one (chunked) is read up to the limit and refused as soon as it
-    exceeds it. A body within the limit is handed to the app unchanged.
+    ``limit`` applies to every path but those matching a regex of ``per_path``
+    (first match wins), which get their own limit. A declared Content-Length
+    over the limit is refused at once; a body without one (chunked) is read up
+    to the limit and refused as soon as it exceeds it. A body within the limit
+    is handed to the app unchanged.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int,
+                 per_path: Sequence[tuple[str, int]] = ()) -> None:
         self.app = app
         self.limit = limit
+        self.per_path = tuple((re.compile(rx), n) for rx, n in per_path)
+
+    def limit_for(self, path: str) -> int:
+        for rx, n in self.per_path:
+            if rx.match(path):
+                return n
+        return self.limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -55,8 +66,10 @@ class BodyLimit:
         if length is None and b"transfer-encoding" not in headers:
             await self.app(scope, receive, send)
             return
-        too_big = {"error": f"request body larger than {self.limit} bytes; reports are small"}
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
+        limit = self.limit_for(str(scope.get("path", "")))
+        too_big = {"error": f"request body larger than {limit} bytes; "
+                   "refused before it was read"}
+        if length is not None and (not length.isdigit() or int(length) > limit):
             await send_json(send, 413, too_big)
             return
         chunks: list[bytes] = []
@@ -67,7 +80,7 @@ class BodyLimit:
                 return  # the client went away
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.limit:
+            if size > limit:
                 await send_json(send, 413, too_big)
                 return
             chunks.append(chunk)

@@ -62,6 +62,13 @@ from host_agent.registry_auth import (
     check_token,
     validation_message,
 )
+from host_agent.registry_certs import (
+    CERT_BODY_LIMIT,
+    CERT_PATH_PATTERN,
+    CaSource,
+    CertConfig,
+    add_certificate_routes,
+)
 from host_agent.state import EnsembleSnapshot, GuestReport, State
 
 __all__ = [
@@ -293,9 +300,17 @@ class RenderedJson:
 
 
 def create_app(
-    state: State, config: RegistryConfig, metrics_registry: prometheus_client.CollectorRegistry
+    state: State,
+    config: RegistryConfig,
+    metrics_registry: prometheus_client.CollectorRegistry,
+    *,
+    ca_source: CaSource | None = None,
+    cert_config: CertConfig | None = None,
 ) -> FastAPI:
-    """The registry's ASGI app: reads ``state``, registers metrics on ``metrics_registry``."""
+    """The registry's ASGI app: reads ``state``, registers metrics on ``metrics_registry``.
+
+    ``ca_source`` (the per-ensemble CAs) enables certificate issuing (registry_certs.py).
+    """
     metrics = RegistryMetrics(metrics_registry)
 
     @asynccontextmanager
@@ -504,7 +519,10 @@ def create_app(
             {"generation": current_snap.generation, "received_at": views.rfc3339(received)}
         )
 
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    add_certificate_routes(app, state, ca_source, metrics_registry, config.trusted_proxies,
+                           cert_config)
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes,
+                       per_path=((CERT_PATH_PATTERN, CERT_BODY_LIMIT),))
     app.add_middleware(RequestMetrics, requests=metrics.requests, routes=app.router.routes)
     return app
 

@@ -116,10 +116,32 @@ class GuestView:
 
     #: (index, IP) of every published member, by index.
     pins: tuple[tuple[int, str], ...] = ()
+    #: sha256 of the CA bundle guests trust (authEncryption): a new bundle (a rotation
+    #: starting or its overlap ending) must reach every guest at once, so it renews.
+    ca_bundle_sha256: str | None = None
 
     @classmethod
-    def of(cls, members: Iterable[PublishedMember]) -> GuestView:
-        return cls(pins=tuple((p.member.index, p.member.ip) for p in members))
+    def of(
+        cls, members: Iterable[PublishedMember], ca: CaPublished | None = None
+    ) -> GuestView:
+        return cls(
+            pins=tuple((p.member.index, p.member.ip) for p in members),
+            ca_bundle_sha256=ca.bundle_sha256 if ca is not None else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CaPublished:
+    """What guests learn about the ensemble's CA from the registry (fingerprints only).
+
+    Guests never trust a CA for coming from the registry: they check the bundle
+    against the fingerprint pinned in their user-data (issue 19, "Trust bootstrap").
+    """
+
+    #: hex sha256 of the current CA certificate's DER (``status.caSHA256``).
+    sha256: str
+    #: hex sha256 of the PEM bundle the certificate endpoint answers with.
+    bundle_sha256: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +152,8 @@ class EnsembleSnapshot:
     problems: tuple[str, ...]
     changed_at: float
     reports: Mapping[int, GuestReport] = field(default_factory=dict)
+    #: the ensemble's CA (authEncryption on and the CA exists), else None.
+    ca: CaPublished | None = None
 
     @property
     def ens(self) -> EnsembleId:
@@ -181,12 +205,14 @@ class State:
         members: Iterable[Member],
         problems: Iterable[str],
         addresses: Mapping[int, frozenset[str]] | None = None,
+        ca: CaPublished | None = None,
     ) -> tuple[EnsembleSnapshot, bool]:
         """Replace an ensemble's whole state; returns (snapshot, map_changed).
 
-        The generation grows by one only when the slot->IP map changed.
-        ``addresses`` (index -> every address of the member's VMI) only feeds
-        the registry's check of where a guest's report may come from.
+        The generation grows by one only when ``GuestView`` changed (the
+        slot->IP map, the CA bundle). ``addresses`` (index -> every address of
+        the member's VMI) only feeds the registry's check of where a guest's
+        report may come from.
         """
         now = self._clock()
         extra = addresses or {}
@@ -198,7 +224,7 @@ class State:
             published = tuple(
                 PublishedMember(m, now, extra.get(m.index, frozenset())) for m in ordered
             )
-            snap = EnsembleSnapshot(spec, generation, published, problems_t, now)
+            snap = EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca)
             self._entries[spec.ens] = _Entry(snap)
             return snap, True
         old = entry.snapshot
@@ -213,7 +239,7 @@ class State:
             )
             for m in ordered
         )
-        changed = GuestView.of(published) != GuestView.of(old.members)
+        changed = GuestView.of(published, ca) != GuestView.of(old.members, old.ca)
         reports = {i: r for i, r in old.reports.items() if any(m.index == i for m in ordered)}
         snap = EnsembleSnapshot(
             spec,
@@ -222,6 +248,7 @@ class State:
             problems_t,
             now if changed else old.changed_at,
             reports,
+            ca,
         )
         entry.snapshot = snap
         if changed:

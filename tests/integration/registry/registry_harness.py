@@ -14,6 +14,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import prometheus_client
 import pytest
@@ -67,10 +68,11 @@ def seeded_state() -> State:
 
 @asynccontextmanager
 async def serve(
-    state: State, config: RegistryConfig | None = None, host: str = "127.0.0.1"
+    state: State, config: RegistryConfig | None = None, host: str = "127.0.0.1",
+    **app_kwargs: Any,
 ) -> AsyncIterator[Running]:
     metrics = prometheus_client.CollectorRegistry()
-    app = create_app(state, config or RegistryConfig(), metrics)
+    app = create_app(state, config or RegistryConfig(), metrics, **app_kwargs)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,0 +1,499 @@
+"""The per-ensemble CA: keys, certificates, CSR checks, rotation, the Secret's bytes (pure).
+
+No I/O and no clock of its own: every function takes ``now``. Everything
+X.509 goes through ``cryptography``; nothing here builds ASN.1 by hand.
+
+Profiles (issue 19, "X.509 profile"):
+- the CA: ECDSA P-256, self-signed, ``CA:TRUE`` with pathLen 0 (it signs
+  leaves only), KU keyCertSign + cRLSign, SKI; ten years, from 5 minutes
+  before its creation;
+- a leaf: CN and exactly one DNS SAN, both the member's slot name; EKU
+  serverAuth + clientAuth (one certificate is IMEX's server and its client
+  certificate), KU digitalSignature, ``CA:FALSE``, SKI and AKI; valid from 5
+  minutes before issue (clock skew) for ``lifetime`` (7 days by default).
+
+Rotation: a new CA key and self-signed certificate, plus the new CA's
+certificate cross-signed by the **old** key (same subject and key as the new
+CA, issuer the old CA). A guest that pins the old CA's fingerprint verifies
+the cross-signature with the old CA's key, and from it the new CA, before it
+trusts it. During the overlap every bundle holds the new CA, the old CA and
+the cross certificate; after it only the new CA. The old key is not kept:
+nothing is signed with it after the rotation.
+
+The Secret (``imex-ca-<namespace>.<name>``) holds ``ca.crt`` and ``ca.key``
+(PEM), and during an overlap ``previous.crt`` and ``cross.crt``;
+annotations record the rotation value that produced the current CA and when
+the overlap ends. A Secret that does not parse into exactly that is an
+error (``CaSecretError``), never a reason to mint a new CA: a second CA
+would split the domain.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import hashlib
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Final
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from guest_agent.model import EnsembleId
+
+CA_LIFETIME: Final = dt.timedelta(days=3650)
+LEAF_LIFETIME: Final = dt.timedelta(days=7)
+#: Certificates are valid from this long before they are made (clock skew).
+BACKDATE: Final = dt.timedelta(minutes=5)
+MIN_RSA_BITS: Final = 2048
+
+SECRET_PREFIX: Final = "imex-ca-"
+CA_CERT_KEY: Final = "ca.crt"
+CA_KEY_KEY: Final = "ca.key"
+PREVIOUS_CERT_KEY: Final = "previous.crt"
+CROSS_CERT_KEY: Final = "cross.crt"
+ROTATION_ANNOTATION: Final = "imex-ensemble.io/ca-rotation"
+OVERLAP_ANNOTATION: Final = "imex-ensemble.io/ca-overlap-until"
+ENSEMBLE_ANNOTATION: Final = "imex-ensemble.io/ensemble"
+
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+class CsrError(ValueError):
+    """A CSR that does not parse, has a bad signature or a wrong key (HTTP 422)."""
+
+
+class CsrNameError(ValueError):
+    """A CSR that parses but names anything other than exactly its own slot (HTTP 403)."""
+
+
+class CaSecretError(ValueError):
+    """The CA Secret exists but does not hold a usable CA; the message says what is wrong."""
+
+
+def secret_name(ens: EnsembleId) -> str:
+    """``imex-ca-<namespace>.<name>``: unique per ensemble (a '.' is in no label)."""
+    return f"{SECRET_PREFIX}{ens.namespace}.{ens.name}"
+
+
+def fingerprint(cert: x509.Certificate) -> str:
+    """Hex sha256 of the certificate's DER (what ``status.caSHA256`` publishes)."""
+    return cert.fingerprint(hashes.SHA256()).hex()
+
+
+def cert_pem(cert: x509.Certificate) -> str:
+    return cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+
+def _key_pem(key: SigningKey) -> str:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode("ascii")
+
+
+def _serial() -> int:
+    return secrets.randbits(159) | 1  # positive, at most 20 octets, never 0
+
+
+def _utc(now: dt.datetime) -> dt.datetime:
+    return now.astimezone(dt.UTC) if now.tzinfo else now.replace(tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class CaKeyPair:
+    """One CA: its key and its self-signed certificate."""
+
+    key: SigningKey
+    cert: x509.Certificate
+
+    @property
+    def sha256(self) -> str:
+        return fingerprint(self.cert)
+
+
+@dataclass(frozen=True, slots=True)
+class CaState:
+    """What the Secret holds: the current CA and, during an overlap, the previous one."""
+
+    current: CaKeyPair
+    #: the previous CA's certificate, trusted until ``overlap_until``.
+    previous: x509.Certificate | None = None
+    #: the current CA's certificate signed by the previous CA's key.
+    cross: x509.Certificate | None = None
+    #: the rotation value (``spec.caRotation`` / annotation) that made ``current``.
+    rotation: str = ""
+    overlap_until: dt.datetime | None = None
+
+    @property
+    def sha256(self) -> str:
+        return self.current.sha256
+
+    def bundle(self) -> tuple[x509.Certificate, ...]:
+        """The CA certificates guests get: new first, then the old one and the cross one."""
+        if self.previous is None:
+            return (self.current.cert,)
+        extra = (self.previous,) + ((self.cross,) if self.cross is not None else ())
+        return (self.current.cert, *extra)
+
+    def bundle_pem(self) -> str:
+        return "".join(cert_pem(c) for c in self.bundle())
+
+    def bundle_sha256(self) -> str:
+        """Changes exactly when the bundle does (it feeds the guests' generation)."""
+        return hashlib.sha256(self.bundle_pem().encode("ascii")).hexdigest()
+
+
+def _ca_name(ens: EnsembleId, rotation: str) -> x509.Name:
+    # The subject differs per rotation so a verifier never confuses two CAs of one
+    # ensemble by name; the rotation value itself may be any string, so it is hashed.
+    tag = hashlib.sha256(rotation.encode()).hexdigest()[:8] if rotation else "0"
+    return x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "imex-ensemble"),
+        x509.NameAttribute(NameOID.COMMON_NAME, f"imex-ca {ens.key} {ens.domain_id}-{tag}"),
+    ])
+
+
+def _ca_extensions(builder: x509.CertificateBuilder, public: ec.EllipticCurvePublicKey
+                   ) -> x509.CertificateBuilder:
+    return (
+        builder.add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=True, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+    )
+
+
+def new_ca(ens: EnsembleId, now: dt.datetime, rotation: str = "") -> CaKeyPair:
+    """A fresh ECDSA P-256 CA for ``ens`` (self-signed)."""
+    now = _utc(now)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _ca_name(ens, rotation)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(_serial())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + CA_LIFETIME)
+    )
+    cert = _ca_extensions(builder, key.public_key()).sign(key, hashes.SHA256())
+    return CaKeyPair(key, cert)
+
+
+def cross_sign(new: CaKeyPair, old: CaKeyPair, now: dt.datetime) -> x509.Certificate:
+    """The new CA's certificate issued by the old CA's key (same subject, key, SKI)."""
+    now = _utc(now)
+    public = new.cert.public_key()
+    assert isinstance(public, ec.EllipticCurvePublicKey)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(new.cert.subject)
+        .issuer_name(old.cert.subject)
+        .public_key(public)
+        .serial_number(_serial())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(min(new.cert.not_valid_after_utc, old.cert.not_valid_after_utc))
+        .add_extension(_aki(old.cert), critical=False)
+    )
+    return _ca_extensions(builder, public).sign(old.key, hashes.SHA256())
+
+
+def first_state(ens: EnsembleId, now: dt.datetime, rotation: str = "") -> CaState:
+    """The CA an ensemble gets on first need."""
+    return CaState(new_ca(ens, now, rotation), rotation=rotation)
+
+
+def rotate(state: CaState, ens: EnsembleId, rotation: str, now: dt.datetime,
+           overlap: dt.timedelta) -> CaState:
+    """A new CA, cross-signed by the current one, with the current one kept for ``overlap``."""
+    new = new_ca(ens, now, rotation)
+    return CaState(
+        current=new,
+        previous=state.current.cert,
+        cross=cross_sign(new, state.current, now),
+        rotation=rotation,
+        overlap_until=_utc(now) + overlap,
+    )
+
+
+def end_overlap(state: CaState, now: dt.datetime) -> CaState:
+    """Drop the previous CA once its overlap is over (same state otherwise)."""
+    if state.previous is None or state.overlap_until is None or _utc(now) < state.overlap_until:
+        return state
+    return replace(state, previous=None, cross=None, overlap_until=None)
+
+
+# -- leaves ---------------------------------------------------------------------------
+
+
+def _aki(issuer: x509.Certificate) -> x509.AuthorityKeyIdentifier:
+    try:
+        ski = issuer.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+    except x509.ExtensionNotFound:
+        public = issuer.public_key()
+        assert isinstance(public, ec.EllipticCurvePublicKey | rsa.RSAPublicKey)
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(public)
+
+
+def load_csr(pem: str) -> x509.CertificateSigningRequest:
+    """Parse and check a CSR's signature and key (``CsrError``: 422)."""
+    try:
+        csr = x509.load_pem_x509_csr(pem.encode("utf-8", "surrogateescape"))
+    except (ValueError, UnsupportedAlgorithm, TypeError) as exc:
+        raise CsrError(f"the CSR does not parse as a PEM certificate request: {exc}") from exc
+    try:
+        valid = csr.is_signature_valid
+    except (ValueError, UnsupportedAlgorithm, InvalidSignature) as exc:
+        raise CsrError(f"the CSR's signature cannot be checked: {exc}") from exc
+    if not valid:
+        raise CsrError("the CSR's signature does not match its public key")
+    try:
+        public = csr.public_key()
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise CsrError(f"the CSR's public key is not usable: {exc}") from exc
+    if isinstance(public, ec.EllipticCurvePublicKey):
+        if not isinstance(public.curve, ec.SECP256R1):
+            raise CsrError(f"the CSR's key is ECDSA on {public.curve.name}; use P-256 "
+                           "(secp256r1) or RSA of at least 2048 bits")
+    elif isinstance(public, rsa.RSAPublicKey):
+        if public.key_size < MIN_RSA_BITS:
+            raise CsrError(f"the CSR's key is RSA {public.key_size}; at least {MIN_RSA_BITS} "
+                           "bits, or ECDSA P-256")
+    else:
+        raise CsrError(f"the CSR's key is {type(public).__name__}; use ECDSA P-256 or RSA "
+                       f"of at least {MIN_RSA_BITS} bits")
+    return csr
+
+
+def check_csr_names(csr: x509.CertificateSigningRequest, slot: str) -> None:
+    """The subject is exactly CN=<slot> and the only SAN is DNS:<slot> (``CsrNameError``: 403)."""
+    attrs = list(csr.subject)
+    if len(attrs) != 1 or attrs[0].oid != NameOID.COMMON_NAME or attrs[0].value != slot:
+        raise CsrNameError(
+            f"the CSR's subject must be exactly CN={slot} (this member's slot), not "
+            f"{csr.subject.rfc4514_string() or 'empty'}"
+        )
+    try:
+        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        raise CsrNameError(
+            f"the CSR has no subjectAltName; it needs exactly one, DNS:{slot}"
+        ) from None
+    except ValueError as exc:  # duplicated or malformed extensions
+        raise CsrNameError(f"the CSR's extensions are malformed: {exc}") from exc
+    names = list(san)
+    if len(names) != 1 or not isinstance(names[0], x509.DNSName) or names[0].value != slot:
+        shown = ", ".join(_general_name(n) for n in names[:5])
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        raise CsrNameError(
+            f"the CSR's subjectAltName must be exactly DNS:{slot}, not {shown}{more}"
+        )
+
+
+def _general_name(name: x509.GeneralName) -> str:
+    kind = {x509.DNSName: "DNS", x509.IPAddress: "IP", x509.RFC822Name: "email",
+            x509.UniformResourceIdentifier: "URI"}.get(type(name), type(name).__name__)
+    return f"{kind}:{name.value}"
+
+
+def issue_leaf(ca: CaKeyPair, csr: x509.CertificateSigningRequest, slot: str,
+               now: dt.datetime, lifetime: dt.timedelta = LEAF_LIFETIME) -> x509.Certificate:
+    """The member's certificate for a checked CSR (see the module docstring's profile)."""
+    now = _utc(now)
+    public = csr.public_key()
+    assert isinstance(public, ec.EllipticCurvePublicKey | rsa.RSAPublicKey)
+    not_after = min(now + lifetime, ca.cert.not_valid_after_utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, slot)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(public)
+        .serial_number(_serial())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                crl_sign=False, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                   ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(slot)]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(_aki(ca.cert), critical=False)
+    )
+    return builder.sign(ca.key, hashes.SHA256())
+
+
+# -- the Secret -------------------------------------------------------------------------
+
+
+def secret_data(state: CaState) -> dict[str, str]:
+    """The Secret's ``data`` (base64 of PEM), the whole of it."""
+    raw = {CA_CERT_KEY: cert_pem(state.current.cert), CA_KEY_KEY: _key_pem(state.current.key)}
+    if state.previous is not None:
+        raw[PREVIOUS_CERT_KEY] = cert_pem(state.previous)
+    if state.cross is not None:
+        raw[CROSS_CERT_KEY] = cert_pem(state.cross)
+    return {k: base64.b64encode(v.encode("ascii")).decode("ascii") for k, v in raw.items()}
+
+
+def secret_annotations(state: CaState, ens: EnsembleId) -> dict[str, str]:
+    out = {ROTATION_ANNOTATION: state.rotation, ENSEMBLE_ANNOTATION: ens.key}
+    if state.overlap_until is not None:
+        out[OVERLAP_ANNOTATION] = state.overlap_until.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return out
+
+
+def _field(data: Mapping[str, object], key: str, where: str) -> bytes | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise CaSecretError(f"{where}: data[{key!r}] is not a string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise CaSecretError(f"{where}: data[{key!r}] is not base64") from exc
+
+
+def _load_cert(raw: bytes, key: str, where: str) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(raw)
+    except ValueError as exc:
+        raise CaSecretError(f"{where}: {key} is not a PEM certificate ({exc})") from exc
+
+
+def _check_ca_cert(cert: x509.Certificate, key: str, where: str, now: dt.datetime) -> None:
+    try:
+        bc = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except (x509.ExtensionNotFound, ValueError):
+        bc = None
+    if bc is None or not bc.ca:
+        raise CaSecretError(f"{where}: {key} is not a CA certificate (basicConstraints CA:TRUE)")
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise CaSecretError(
+            f"{where}: {key} is valid {cert.not_valid_before_utc:%Y-%m-%d} to "
+            f"{cert.not_valid_after_utc:%Y-%m-%d}, not now; rotate the CA"
+        )
+
+
+def _public_der(public: object) -> bytes:
+    assert isinstance(public, ec.EllipticCurvePublicKey | rsa.RSAPublicKey)
+    return public.public_bytes(serialization.Encoding.DER,
+                               serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def verify_signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """Whether ``issuer``'s key signed ``cert`` (and the names chain)."""
+    if cert.issuer != issuer.subject:
+        return False
+    public = issuer.public_key()
+    try:
+        if isinstance(public, ec.EllipticCurvePublicKey):
+            assert cert.signature_hash_algorithm is not None
+            public.verify(cert.signature, cert.tbs_certificate_bytes,
+                          ec.ECDSA(cert.signature_hash_algorithm))
+        elif isinstance(public, rsa.RSAPublicKey):
+            assert cert.signature_hash_algorithm is not None
+            public.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(),
+                          cert.signature_hash_algorithm)
+        else:
+            return False
+    except (InvalidSignature, AssertionError, ValueError):
+        return False
+    return True
+
+
+def parse_secret(obj: Mapping[str, object], now: dt.datetime) -> CaState:
+    """The CA a Secret holds, or ``CaSecretError`` saying exactly what is wrong with it.
+
+    A site's own CA may be put here before first use: ``ca.crt`` (a CA
+    certificate) and ``ca.key`` (its key, PKCS#8 or traditional PEM, ECDSA
+    P-256 or RSA >= 2048, unencrypted); the annotations may be absent.
+    """
+    now = _utc(now)
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    where = f"Secret {meta.get('namespace', '?')}/{meta.get('name', '?')}"
+    data = obj.get("data")
+    data = data if isinstance(data, Mapping) else {}
+    raw_cert = _field(data, CA_CERT_KEY, where)
+    raw_key = _field(data, CA_KEY_KEY, where)
+    if raw_cert is None or raw_key is None:
+        missing = [k for k, v in ((CA_CERT_KEY, raw_cert), (CA_KEY_KEY, raw_key)) if v is None]
+        raise CaSecretError(f"{where}: missing {' and '.join(missing)}")
+    cert = _load_cert(raw_cert, CA_CERT_KEY, where)
+    try:
+        key = serialization.load_pem_private_key(raw_key, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise CaSecretError(f"{where}: {CA_KEY_KEY} is not an unencrypted PEM private key "
+                            f"({exc})") from exc
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        if not isinstance(key.curve, ec.SECP256R1):
+            raise CaSecretError(f"{where}: {CA_KEY_KEY} is ECDSA on {key.curve.name}, not P-256")
+    elif isinstance(key, rsa.RSAPrivateKey):
+        if key.key_size < MIN_RSA_BITS:
+            raise CaSecretError(f"{where}: {CA_KEY_KEY} is RSA {key.key_size} (< {MIN_RSA_BITS})")
+    else:
+        raise CaSecretError(f"{where}: {CA_KEY_KEY} is {type(key).__name__}; "
+                            "ECDSA P-256 or RSA only")
+    if _public_der(key.public_key()) != _public_der(cert.public_key()):
+        raise CaSecretError(f"{where}: {CA_KEY_KEY} is not the key of {CA_CERT_KEY}")
+    _check_ca_cert(cert, CA_CERT_KEY, where, now)
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    rotation = annotations.get(ROTATION_ANNOTATION, "")
+    rotation = rotation if isinstance(rotation, str) else ""
+    previous = cross = None
+    overlap_until: dt.datetime | None = None
+    raw_prev = _field(data, PREVIOUS_CERT_KEY, where)
+    raw_cross = _field(data, CROSS_CERT_KEY, where)
+    if raw_prev is not None:
+        previous = _load_cert(raw_prev, PREVIOUS_CERT_KEY, where)
+        text = annotations.get(OVERLAP_ANNOTATION)
+        try:
+            overlap_until = dt.datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(
+                tzinfo=dt.UTC)
+        except ValueError:
+            raise CaSecretError(
+                f"{where}: {PREVIOUS_CERT_KEY} is present but annotation "
+                f"{OVERLAP_ANNOTATION} is not an RFC 3339 UTC time ({text!r})"
+            ) from None
+        if raw_cross is not None:
+            cross = _load_cert(raw_cross, CROSS_CERT_KEY, where)
+            if not verify_signed_by(cross, previous) or _public_der(
+                    cross.public_key()) != _public_der(cert.public_key()):
+                raise CaSecretError(f"{where}: {CROSS_CERT_KEY} is not {CA_CERT_KEY}'s key "
+                                    f"signed by {PREVIOUS_CERT_KEY}")
+    return CaState(CaKeyPair(key, cert), previous, cross, rotation, overlap_until)
+
+
+def is_sha256_hex(text: str) -> bool:
+    return bool(_SHA256_HEX.match(text))
