@@ -54,6 +54,7 @@ from guest_agent.status import Status, StatusError, format_table, load_status, w
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
     from guest_agent.discovery import Discovery
     from guest_agent.reporter import Reporter
+    from guest_agent.tls import CertKeeper, TlsStatus
 
 log = logging.getLogger("guest_agent")
 
@@ -89,6 +90,9 @@ class ViewT(Protocol):
 
     @property
     def members(self) -> tuple[Member, ...]: ...
+
+    @property
+    def ca_bundle_sha256(self) -> str | None: ...
 
 
 # --- logging -------------------------------------------------------------------
@@ -168,6 +172,36 @@ def make_discovery(settings: Settings) -> Discovery:
         log.warning("registry requests without a token: %s", exc)
         token = None
     return Discovery(settings, EnsembleId(settings.namespace, settings.ensemble), token=token)
+
+
+def make_keeper(settings: Settings, on_renewed: Any, on_status: Any) -> CertKeeper:
+    """The TLS keeper; ``cryptography`` is imported here, only when auth is on."""
+    from guest_agent.reporter import ReportError, read_token
+    from guest_agent.tls import CertKeeper, ensure_imex_config
+
+    assert settings.registry_url is not None
+    base = f"{settings.registry_url}/v1/ensembles/{settings.namespace}/{settings.ensemble}"
+
+    def token() -> str | None:
+        try:
+            return read_token(settings.token_file)
+        except ReportError as exc:
+            log.warning("certificate request without a token: %s", exc)
+            return None
+
+    try:
+        if ensure_imex_config(settings.imex_config, settings.tls_dir):
+            log.info("wrote the TLS keys into %s", settings.imex_config)
+    except OSError as exc:
+        log.error("cannot put the TLS keys into %s: %s", settings.imex_config, exc)
+    return CertKeeper(
+        tls_dir=settings.tls_dir,
+        ca_sha256=settings.ca_sha256,
+        url_for=lambda index: f"{base}/members/{index}/certificate",
+        token=token,
+        on_renewed=on_renewed,
+        on_status=on_status,
+    )
 
 
 # --- shutdown watchdog -----------------------------------------------------------------
@@ -274,6 +308,25 @@ class Agent:
             self.reporter = Reporter(settings, on_error=self._report_error)
         self.discovery: Discovery | None = None
         self._watchdog: threading.Timer | None = None
+        self.keeper: CertKeeper | None = None
+        if settings.auth_encryption:
+            self.keeper = make_keeper(settings, self._on_creds, self._on_tls)
+
+    # -- TLS (authEncryption)
+
+    def _on_creds(self) -> None:
+        """The keeper wrote new credentials: IMEX reloads them on its next SIGUSR1."""
+        if self.keeper is not None:
+            self.supervisor.update_creds(self.keeper.creds_digest())
+        if not self.notified and self.first_apply.is_set():
+            self.notified = sd_notify("READY=1")
+
+    def _on_tls(self, tls: TlsStatus) -> None:
+        doc = dict(vars(tls))
+        if doc != self.status.tls:
+            self.status.tls = doc
+            self.write_status()
+            self.report()
 
     # -- errors and status
 
@@ -320,6 +373,8 @@ class Agent:
                 "signals": s.signals,
                 "restarts": s.restarts,
                 "agent_version": AGENT_VERSION,
+                **({"cert_not_after": (s.tls or {}).get("cert_not_after")}
+                   if self.keeper is not None else {}),
             },
         )
 
@@ -338,6 +393,8 @@ class Agent:
         self.source = view.source
         if view.generation is not None:
             self.generation = view.generation
+        if self.keeper is not None and view.source == "registry":
+            self.keeper.set_registry_bundle(view.ca_bundle_sha256)
         log.info(
             "view from %s: %d pinned, %d absent, generation %s",
             view.source,
@@ -375,7 +432,13 @@ class Agent:
                                              "hosts": result.hosts_written})
         if result.reasserted:
             self._count_reassert("apply")
-        self.supervisor.update(pins, result.nodes_sha256, own.pin_ip is not None, own.pin_ip)
+        creds = None
+        if self.keeper is not None:
+            self.keeper.set_slot(own.index, self.ens.slot(own.index)
+                                 if own.index is not None else None)
+            creds = self.keeper.creds_digest()
+        self.supervisor.update(pins, result.nodes_sha256, own.pin_ip is not None, own.pin_ip,
+                               creds=creds, creds_needed=self.keeper is not None)
         s = self.status
         s.applies += 1
         s.own_index = own.index
@@ -395,7 +458,8 @@ class Agent:
         self.report()
         if not self.first_apply.is_set():
             self.first_apply.set()
-            self.notified = sd_notify("READY=1")
+            if self.keeper is None or self.keeper.ready.is_set():
+                self.notified = sd_notify("READY=1")
         return result
 
     def on_files(self, reason: str) -> None:
@@ -470,6 +534,21 @@ class Agent:
             if not self.notified:
                 self.notified = sd_notify("READY=1")
                 log.warning("nothing learned within 30 s; keeping the files as they are")
+            return
+        if self.keeper is None or self.notified:
+            return
+        # nvidia-imex.service is ordered after us: hold it back until its credentials
+        # exist, but not forever (and below the unit's TimeoutStartSec of 60 s).
+        wait = self.settings.cert_wait
+        try:
+            await asyncio.wait_for(self.keeper.ready.wait(), wait)
+        except TimeoutError:
+            why = self.keeper.status.last_error or self.keeper.status.waiting or "no answer"
+            self.record_error(f"tls: no certificate within {wait:g} s ({why}); IMEX starts "
+                              "without credentials and cannot reach its peers until one comes")
+            log.error("no IMEX certificate within %g s: %s", wait, why)
+        if not self.notified:
+            self.notified = sd_notify("READY=1")
 
     def _on_stop_signal(self, sig: signal.Signals) -> None:
         if not self.stop.is_set():
@@ -497,6 +576,8 @@ class Agent:
                 tasks.append(tg.create_task(self._startup_notify(), name="notify"))
                 if self.reporter is not None:
                     tasks.append(tg.create_task(self.reporter.run(), name="reporter"))
+                if self.keeper is not None:
+                    tasks.append(tg.create_task(self.keeper.run(), name="tls"))
                 await self.stop.wait()
                 await cancel_all(tasks)
         except* Exception as group:

@@ -80,6 +80,19 @@ class Settings:
     longpoll_timeout: float = 30.0
     #: DNS pass interval while the registry answers (DNS views are not used then).
     dns_standby_interval: float = 10.0
+    #: Mutual TLS between the IMEX daemons (issue 19): a key made here, a certificate
+    #: from the registry, IMEX's config pointing at them. Needs registry_url,
+    #: token_file and ca_sha256; names mode only.
+    auth_encryption: bool = False
+    #: hex sha256 of the ensemble CA's certificate (status.caSHA256): the trust anchor.
+    ca_sha256: str | None = None
+    #: where the key, the certificate and the CA bundle live (docs/guest-agent.md).
+    tls_dir: str = "/etc/imex-guest-agent/tls"
+    #: how long the first start of IMEX waits for the first certificate (systemd's
+    #: TimeoutStartSec of the agent's unit is 60 s, so this stays below it).
+    cert_wait: float = 45.0
+    #: IMEX's config.cfg: with auth_encryption the agent makes sure its TLS keys are set.
+    imex_config: str = "/etc/nvidia-imex/config.cfg"
     source: str = field(default="<defaults>", compare=False)
 
 
@@ -128,6 +141,19 @@ def _seconds(lo: float, hi: float) -> Callable[[str, object], float]:
         return float(v)
 
     return check
+
+
+def _bool(key: str, v: object) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}: expected true or false, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _sha256(key: str, v: object) -> str:
+    s = _str(key, v).strip().lower()
+    if len(s) != 64 or any(c not in "0123456789abcdef" for c in s):
+        raise ConfigError(f"{key}: must be 64 hex digits (a sha256 fingerprint), not {s!r}")
+    return s
 
 
 def _argv(key: str, v: object) -> tuple[str, ...]:
@@ -232,6 +258,11 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "dns_timeout": _seconds(0.05, 60),
     "longpoll_timeout": _seconds(0.1, 60),
     "dns_standby_interval": _seconds(0.05, 3600),
+    "auth_encryption": _bool,
+    "ca_sha256": _sha256,
+    "tls_dir": _path,
+    "cert_wait": _seconds(0.0, 55.0),
+    "imex_config": _path,
 }
 assert set(_CHECKS) == {f.name for f in fields(Settings)} - {"source"}
 
@@ -265,6 +296,19 @@ def settings_from_mapping(raw: Mapping[str, object], source: str = "<mapping>") 
             f'{source}: own_slot: "local" cannot work in mode "ips" (the nodes file must be '
             "identical on every member); use bridge binding"
         )
+    if settings.auth_encryption:
+        missing = [k for k in ("registry_url", "token_file", "ca_sha256")
+                   if getattr(settings, k) is None]
+        if missing:
+            raise ConfigError(
+                f"{source}: auth_encryption: needs {', '.join(missing)} (certificates come "
+                "from the registry and are checked against the pinned CA fingerprint)"
+            )
+        if settings.mode == "ips":
+            raise ConfigError(
+                f'{source}: auth_encryption: cannot work in mode "ips" (IMEX dials IP '
+                "addresses, which a slot-named certificate does not match)"
+            )
     return settings
 
 

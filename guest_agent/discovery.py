@@ -67,6 +67,8 @@ class View:
     generation: int | None
     #: registry: with vmi/node/phase/ready; DNS: index and ip only
     members: tuple[Member, ...]
+    #: registry: sha256 of the ensemble's CA bundle (authEncryption), else None
+    ca_bundle_sha256: str | None = None
 
 
 def registry_view(snap: RegistrySnapshot, max_members: int) -> View:
@@ -78,6 +80,7 @@ def registry_view(snap: RegistrySnapshot, max_members: int) -> View:
         absent=frozenset(range(max_members)) - frozenset(pins),
         generation=snap.generation,
         members=snap.members,
+        ca_bundle_sha256=snap.ca_bundle_sha256,
     )
 
 

@@ -352,3 +352,28 @@ async def put_json(
         max_body=max_body,
     )
     return _checked("PUT", url, resp)
+
+
+async def post_json(
+    url: str,
+    body: object,
+    *,
+    token: str | None = None,
+    connect_timeout: float = 5.0,
+    read_timeout: float = 10.0,
+    max_body: int = DEFAULT_MAX_BODY,
+) -> object:
+    """POST ``body`` as JSON and return the JSON answer; non-2xx raises HttpStatusError."""
+    resp = await request(
+        "POST",
+        url,
+        json_body=body,
+        token=token,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_body=max_body,
+    )
+    try:
+        return _checked("POST", url, resp).json()
+    except HttpJsonError as exc:
+        raise HttpJsonError(f"POST {url}: {exc}") from exc

@@ -104,6 +104,10 @@ class Want:
     changed_at: float
     #: the address our own slot is pinned to (what IMEX binds to at start).
     own_ip: str | None = None
+    #: digest of the TLS files IMEX reads (authEncryption), None when there are none.
+    creds: str | None = None
+    #: authEncryption: IMEX must not start before ``creds`` exist.
+    creds_needed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +126,8 @@ class Told:
     hold_until: float = 0.0
     #: the own address IMEX bound to at its start (None: unknown, e.g. adopted).
     own_ip: str | None = None
+    #: the TLS files' digest IMEX loaded (at start or the last acted-on SIGUSR1).
+    creds: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,8 @@ def decide(told: Told, want: Want, policy: Policy, now: float) -> Decision:
     if not want.own_pinned:
         return Decision(Action.NOTHING, "own slot is not pinned yet: IMEX could not bind")
     if not told.running:
+        if want.creds_needed and want.creds is None:
+            return Decision(Action.NOTHING, "waiting for the IMEX certificate (authEncryption)")
         if now < told.hold_until:
             return Decision(Action.NOTHING, "IMEX is down, backing off", told.hold_until)
         if told.nodes_sha is None:
@@ -163,11 +171,17 @@ def decide(told: Told, want: Want, policy: Policy, now: float) -> Decision:
     )
     if grace_at is not None and now >= grace_at:
         return Decision(Action.RESTART, f"IMEX not READY for {policy.ready_grace:g}s")
-    if told.pins != want.pins:
-        if policy.on_change == "restart" or policy.mode == "ips":
-            if now < settle_at:
-                return Decision(Action.NOTHING, "peers changed, waiting to settle", settle_at)
-            return Decision(Action.RESTART, "peers changed (on_change = restart)")
+    pins_changed = told.pins != want.pins
+    # SIGUSR1 reloads IMEX's TLS credentials too: a renewal rides the same window as a
+    # membership change, so both together cost one signal, and neither is dropped.
+    creds_changed = want.creds is not None and told.creds != want.creds
+    if pins_changed and (policy.on_change == "restart" or policy.mode == "ips"):
+        if now < settle_at:
+            return Decision(Action.NOTHING, "peers changed, waiting to settle", settle_at)
+        return Decision(Action.RESTART, "peers changed (on_change = restart)")
+    if pins_changed or creds_changed:
+        what = " and ".join(w for w, c in (("peers changed", pins_changed),
+                                            ("credentials renewed", creds_changed)) if c)
         window = (
             told.last_signal_at + policy.signal_interval + policy.signal_slack
             if told.last_signal_at is not None
@@ -175,21 +189,22 @@ def decide(told: Told, want: Want, policy: Policy, now: float) -> Decision:
         )
         if window is not None and now < window:
             return Decision(
-                Action.NOTHING, "peers changed inside the SIGUSR1 window, holding", window
+                Action.NOTHING, f"{what} inside the SIGUSR1 window, holding", window
             )
-        return Decision(Action.SIGNAL, "peers changed")
+        return Decision(Action.SIGNAL, what)
     return Decision(Action.NOTHING, "IMEX is up to date", grace_at)
 
 
 def after(told: Told, want: Want, action: Action, now: float) -> Told:
     """Our record of the daemon once ``action`` has been carried out."""
     if action is Action.SIGNAL:
-        return replace(told, pins=want.pins, last_signal_at=now)
+        return replace(told, pins=want.pins, creds=want.creds, last_signal_at=now)
     if action in (Action.START, Action.RESTART):
         return replace(
             told,
             running=True,
             pins=want.pins,
+            creds=want.creds,
             nodes_sha=want.nodes_sha,
             last_signal_at=now,
             not_ready_since=now,
@@ -514,6 +529,8 @@ class Supervisor:
         nodes_sha: str,
         own_pinned: bool,
         own_ip: str | None = None,
+        creds: str | None = None,
+        creds_needed: bool = False,
     ) -> None:
         """New desired state (the files were just written)."""
         frozen = freeze_pins(pins)
@@ -523,8 +540,14 @@ class Supervisor:
             changed_at = now
         else:
             changed_at = old.changed_at
-        self.want = Want(frozen, nodes_sha, own_pinned, changed_at, own_ip)
+        self.want = Want(frozen, nodes_sha, own_pinned, changed_at, own_ip, creds, creds_needed)
         self._news.set()
+
+    def update_creds(self, creds: str | None) -> None:
+        """The TLS files changed (a renewal): same pins, new credentials."""
+        if self.want is not None and self.want.creds != creds:
+            self.want = replace(self.want, creds=creds)
+            self._news.set()
 
     def _publish(self) -> None:
         if self.on_stats is not None:

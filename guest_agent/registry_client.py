@@ -59,6 +59,8 @@ class RegistrySnapshot:
     members: tuple[Member, ...]  # sorted by index, unique indices, validated
     max_members: int | None = None  # what the registry said (informational)
     port: int | None = None
+    #: sha256 of the ensemble's CA bundle (authEncryption); a change means renew now.
+    ca_bundle_sha256: str | None = None
 
     @property
     def pins(self) -> dict[int, str]:
@@ -149,7 +151,16 @@ def parse_ensemble(
         members=tuple(by_index[i] for i in sorted(by_index)),
         max_members=their_size,
         port=_opt_int(data, "port"),
+        ca_bundle_sha256=_ca_bundle(data),
     )
+
+
+def _ca_bundle(data: Mapping[str, object]) -> str | None:
+    tls = data.get("tls")
+    value = tls.get("ca_bundle_sha256") if isinstance(tls, dict) else None
+    if isinstance(value, str) and len(value) == 64:
+        return value
+    return None
 
 
 class RegistryClient:

@@ -56,6 +56,8 @@ class Status:
     applies: int = 0
     last_error: str | None = None
     last_error_at: float | None = None
+    #: authEncryption: the certificate's state (guest_agent/tls.py ``TlsStatus``)
+    tls: dict[str, Any] | None = None
     schema: int = SCHEMA
 
     def to_json(self) -> dict[str, Any]:

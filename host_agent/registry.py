@@ -161,6 +161,10 @@ class StatusReport(BaseModel):
     signals: _Count
     restarts: _Count
     agent_version: Annotated[str | None, Field(default=None, max_length=64)]
+    #: authEncryption: when the guest's certificate expires (RFC 3339 UTC).
+    cert_not_after: Annotated[
+        str | None, Field(default=None, pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    ]
 
 
 class ErrorOut(BaseModel):
@@ -175,6 +179,7 @@ class GuestOut(BaseModel):
     signals: int | None
     restarts: int | None
     agent_version: str | None
+    cert_not_after: str | None = None
     received_at: str
     from_ip: str
     age_s: float
@@ -202,6 +207,13 @@ class EnsembleOut(BaseModel):
     port: int
     members: list[MemberOut]
     problems: list[str]
+    tls: TlsOut | None = Field(description="authEncryption: the CA's fingerprints; else null")
+
+
+class TlsOut(BaseModel):
+    auth_encryption: bool
+    ca_sha256: str | None = Field(description="sha256 of the CA certificate (status.caSHA256)")
+    ca_bundle_sha256: str | None = Field(description="changes when the CA bundle does")
 
 
 class SummaryOut(BaseModel):

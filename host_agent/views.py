@@ -31,6 +31,7 @@ REPORT_FIELDS: tuple[str, ...] = (
     "signals",
     "restarts",
     "agent_version",
+    "cert_not_after",
 )
 
 
@@ -90,6 +91,22 @@ def ensemble_json(snap: EnsembleSnapshot, now: float, stale_after: float) -> dic
         "port": spec.port,
         "members": [member_json(snap, p, now, stale_after) for p in snap.members],
         "problems": list(snap.problems),
+        "tls": tls_json(snap),
+    }
+
+
+def tls_json(snap: EnsembleSnapshot) -> dict[str, Any] | None:
+    """authEncryption: the CA's fingerprints (never the CA itself); None when off.
+
+    ``ca_bundle_sha256`` changes when a rotation starts or its overlap ends: a
+    guest whose bundle differs asks for a new certificate at once.
+    """
+    if not snap.spec.auth_encryption:
+        return None
+    return {
+        "auth_encryption": True,
+        "ca_sha256": snap.ca.sha256 if snap.ca is not None else None,
+        "ca_bundle_sha256": snap.ca.bundle_sha256 if snap.ca is not None else None,
     }
 
 

@@ -77,7 +77,9 @@ async def test_ensemble_json_has_exactly_the_contract_fields(registry: Running) 
         "port",
         "members",
         "problems",
+        "tls",
     ]
+    assert body["tls"] is None  # authEncryption off
     assert body["domain_id"] == ENS.domain_id
     assert body["generation"] == snap.generation
     assert response.headers["x-imex-generation"] == str(snap.generation)
@@ -205,6 +207,7 @@ async def test_docs_and_openapi(registry: Running) -> None:
         "signals",
         "restarts",
         "agent_version",
+        "cert_not_after",
     }
     assert {"401", "403", "404", "413", "422"} <= set(status["responses"])
 

@@ -83,8 +83,10 @@ def test_report_schema() -> None:
         "signals": 0,
         "restarts": 0,
         "agent_version": None,
+        "cert_not_after": None,
     }
     for bad in (
+        '{"imex_state": "READY", "cert_not_after": "tomorrow"}',
         "{}",  # imex_state missing
         '{"imex_state": "READY", "extra": 1}',
         '{"imex_state": "READY", "signals": -1}',

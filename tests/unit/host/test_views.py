@@ -76,6 +76,7 @@ def test_ensemble_json_follows_the_contract() -> None:
             },
         ],
         "problems": ["dup index 1"],
+        "tls": None,
     }
 
 
@@ -92,6 +93,7 @@ def test_guest_report_fresh_stale_and_missing_fields() -> None:
         "signals": 3,
         "restarts": None,
         "agent_version": None,
+        "cert_not_after": None,
         "received_at": "2027-01-15T07:59:50.000Z",
         "from_ip": "10.0.0.10",
         "age_s": 10.0,

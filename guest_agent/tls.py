@@ -1,0 +1,454 @@
+"""The guest's IMEX credentials: a local key, a CSR, a certificate from the registry, renewal.
+
+Imported only when ``auth_encryption`` is on (it needs ``cryptography``, which a guest
+without auth never loads).
+
+Trust (issue 19, "Trust bootstrap"): the registry is reached over plain HTTP on the
+very network this feature distrusts, so nothing it sends is trusted for coming from
+it. Every CA bundle is checked against the pinned fingerprints (``ca_sha256`` from
+the user-data, plus the one pinned locally after a rotation): a CA certificate of
+the bundle is trusted when its sha256 is pinned, or when a cross certificate in the
+same bundle, signed by a trusted CA's key, carries its subject and key. A bundle
+with anything else in it is refused and reported; the current files stay. Once the
+bundle's current CA (its first certificate) is trusted through a cross-signature,
+its fingerprint is pinned locally (``pinned-ca.sha256``), so the guest keeps trusting
+it after the old CA is dropped. The issued certificate must be signed by the
+bundle's current CA, carry our own public key and name exactly our slot.
+
+Files (docs/guest-agent.md "TLS files"), all in ``tls_dir`` and written with the
+safe writer: ``imex.key`` (0600, made here, never sent anywhere), ``imex.crt``,
+``ca.crt`` (the trusted CA certificates only) and ``pinned-ca.sha256`` (0644). The
+key is written before the certificate that needs it, the CA file before the
+certificate (a peer's new certificate verifies as soon as ours does).
+
+Renewal (``CertKeeper``): at two thirds of the certificate's lifetime, or at once
+when the registry's CA bundle digest differs from ours (a rotation began or its
+overlap ended). A failed request keeps the current files and is retried with
+exponential backoff and jitter (2 s doubling to 5 min). ``on_renewed`` tells the
+agent that the files changed; the IMEX supervisor then sends one SIGUSR1, in the
+same window as membership signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+import os
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+from guest_agent import http
+from guest_agent.safewrite import FileWriteError, read_bytes, write_file
+from guest_agent.tlsconfig import CA_FILE, CERT_FILE, KEY_FILE, PIN_FILE, ensure_imex_config
+
+log = logging.getLogger(__name__)
+
+#: Expiry closer than this is a warning in the status (and GuestCertExpiring on the CR).
+EXPIRY_WARNING: Final = dt.timedelta(hours=24)
+BACKOFF_FIRST: Final = 2.0
+BACKOFF_MAX: Final = 300.0
+
+
+__all__ = ["CertKeeper", "TlsError", "TlsStatus", "ensure_imex_config", "verify_bundle"]
+
+
+class TlsError(RuntimeError):
+    """Credentials could not be obtained or were refused; the message says why."""
+
+
+class BundleRefused(TlsError):
+    """A CA bundle (or a certificate) that does not chain to the pinned fingerprint."""
+
+
+def sha256_hex(cert: x509.Certificate) -> str:
+    return cert.fingerprint(hashes.SHA256()).hex()
+
+
+def _public_der(cert_or_key: x509.Certificate | ec.EllipticCurvePrivateKey) -> bytes:
+    public = (cert_or_key.public_key())
+    assert isinstance(public, ec.EllipticCurvePublicKey | rsa.RSAPublicKey)
+    return public.public_bytes(serialization.Encoding.DER,
+                               serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """Whether ``issuer``'s key made ``cert``'s signature (names must chain too)."""
+    if cert.issuer != issuer.subject:
+        return False
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _is_ca(cert: x509.Certificate) -> bool:
+    try:
+        return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except (x509.ExtensionNotFound, ValueError):
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedBundle:
+    """A bundle that passed the pin check."""
+
+    #: the self-signed CA certificates to trust (what ``ca.crt`` holds), current first.
+    cas: tuple[x509.Certificate, ...]
+    #: the bundle's current CA (its first certificate): leaves are signed by it.
+    current: x509.Certificate
+    #: set when ``current`` was trusted through a cross-signature: pin it locally.
+    new_pin: str | None
+    #: sha256 of the bundle as the registry sent it (compared with the registry's digest).
+    bundle_sha256: str
+
+    def ca_pem(self) -> bytes:
+        return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in self.cas)
+
+
+def verify_bundle(bundle_pem: str, pins: Iterable[str]) -> TrustedBundle:
+    """Check a registry bundle against the pinned fingerprints (see the module docstring)."""
+    pinned = {p.lower() for p in pins if p}
+    if not pinned:
+        raise BundleRefused("no CA fingerprint is pinned (config key ca_sha256)")
+    try:
+        certs = x509.load_pem_x509_certificates(bundle_pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise BundleRefused(f"the CA bundle does not parse: {exc}") from exc
+    if not certs:
+        raise BundleRefused("the CA bundle is empty")
+    trusted = [c for c in certs if sha256_hex(c) in pinned]
+    if not trusted:
+        shown = ", ".join(sha256_hex(c)[:16] for c in certs)
+        raise BundleRefused(
+            f"no CA in the bundle ({shown}) has a pinned fingerprint "
+            f"({', '.join(sorted(p[:16] for p in pinned))}); refusing it"
+        )
+    vouched: list[x509.Certificate] = []
+    rest = [c for c in certs if c not in trusted]
+    crosses = [c for c in rest if any(signed_by(c, t) for t in trusted) and _is_ca(c)]
+    for cand in rest:
+        if cand in crosses or not signed_by(cand, cand):
+            continue
+        if any(x.subject == cand.subject and _public_der(x) == _public_der(cand)
+               for x in crosses):
+            vouched.append(cand)
+    unexplained = [c for c in rest if c not in crosses and c not in vouched]
+    if unexplained:
+        raise BundleRefused(
+            "the CA bundle holds certificates that do not chain to the pinned CA: "
+            + ", ".join(c.subject.rfc4514_string() for c in unexplained)
+        )
+    current = certs[0]
+    if current in crosses:
+        raise BundleRefused("the bundle's first certificate is a cross certificate")
+    cas = tuple(c for c in certs if c in trusted or c in vouched)
+    new_pin = sha256_hex(current) if current in vouched else None
+    digest = hashlib.sha256(bundle_pem.encode("ascii")).hexdigest()
+    return TrustedBundle(cas, current, new_pin, digest)
+
+
+def check_leaf(cert_pem: str, key: ec.EllipticCurvePrivateKey, slot: str,
+               bundle: TrustedBundle) -> x509.Certificate:
+    """The issued certificate, if it is ours: our key, our slot, signed by the current CA."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise BundleRefused(f"the issued certificate does not parse: {exc}") from exc
+    if _public_der(cert) != _public_der(key):
+        raise BundleRefused("the issued certificate does not carry this guest's key")
+    if not signed_by(cert, bundle.current):
+        raise BundleRefused("the issued certificate is not signed by the bundle's current CA")
+    cns = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    try:
+        sans = cert.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    except x509.ExtensionNotFound:
+        sans = []
+    if cns != [slot] or sans != [slot]:
+        raise BundleRefused(f"the issued certificate names {cns}/{sans}, not {slot}")
+    return cert
+
+
+def make_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def make_csr(key: ec.EllipticCurvePrivateKey, slot: str) -> str:
+    """CN and the one DNS SAN are the slot name: exactly what the registry signs."""
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, slot)]))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(slot)]), critical=False)
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+        .decode("ascii")
+    )
+
+
+def renew_at(cert: x509.Certificate) -> dt.datetime:
+    """Two thirds into the certificate's lifetime."""
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    return start + (end - start) * 2 / 3
+
+
+def expiring(cert: x509.Certificate | None, now: dt.datetime) -> bool:
+    return cert is not None and cert.not_valid_after_utc - now <= EXPIRY_WARNING
+
+
+@dataclass
+class TlsPaths:
+    directory: Path
+
+    @property
+    def key(self) -> Path:
+        return self.directory / KEY_FILE
+
+    @property
+    def cert(self) -> Path:
+        return self.directory / CERT_FILE
+
+    @property
+    def ca(self) -> Path:
+        return self.directory / CA_FILE
+
+    @property
+    def pin(self) -> Path:
+        return self.directory / PIN_FILE
+
+
+def load_or_make_key(paths: TlsPaths) -> ec.EllipticCurvePrivateKey:
+    """The guest's key: from ``imex.key`` if it is a usable P-256 key, else a new one (0600)."""
+    raw = read_bytes(paths.key)
+    if raw is not None:
+        try:
+            key = serialization.load_pem_private_key(raw, password=None)
+        except (ValueError, TypeError) as exc:
+            log.warning("%s is not a usable key (%s); making a new one", paths.key, exc)
+        else:
+            if isinstance(key, ec.EllipticCurvePrivateKey) and isinstance(key.curve,
+                                                                          ec.SECP256R1):
+                os.chmod(paths.key, 0o600)
+                return key
+            log.warning("%s is not an ECDSA P-256 key; making a new one", paths.key)
+    paths.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = make_key()
+    write_file(paths.key, key_pem(key), default_mode=0o600)
+    os.chmod(paths.key, 0o600)  # an existing file keeps its mode in the safe writer
+    return key
+
+
+def load_cert(paths: TlsPaths) -> x509.Certificate | None:
+    raw = read_bytes(paths.cert)
+    if raw is None:
+        return None
+    try:
+        return x509.load_pem_x509_certificate(raw)
+    except ValueError:
+        return None
+
+
+def load_pins(paths: TlsPaths, configured: str | None) -> set[str]:
+    pins = {configured.lower()} if configured else set()
+    raw = read_bytes(paths.pin)
+    if raw is not None:
+        text = raw.decode("ascii", "replace").strip().lower()
+        if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+            pins.add(text)
+    return pins
+
+
+@dataclass
+class TlsStatus:
+    """What the status file says about the credentials (``tls`` in status.json)."""
+
+    cert_not_after: str | None = None
+    renew_at: str | None = None
+    ca_sha256: str | None = None
+    bundle_sha256: str | None = None
+    pinned: list[str] = field(default_factory=list)
+    renewals: int = 0
+    failures: int = 0
+    expiring: bool = False
+    last_error: str | None = None
+    waiting: str | None = None
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class CertKeeper:
+    """One task: get the first certificate, then renew it; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        tls_dir: str,
+        ca_sha256: str | None,
+        url_for: Callable[[int], str],
+        token: Callable[[], str | None],
+        on_renewed: Callable[[], None],
+        on_status: Callable[[TlsStatus], None] | None = None,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        timeout: float = 10.0,
+    ) -> None:
+        self.paths = TlsPaths(Path(tls_dir))
+        self.configured_pin = ca_sha256
+        self.url_for = url_for
+        self.token = token
+        self.on_renewed = on_renewed
+        self.on_status = on_status
+        self.clock = clock
+        self.timeout = timeout
+        self.key = load_or_make_key(self.paths)
+        self.cert = load_cert(self.paths)
+        if self.cert is not None and _public_der(self.cert) != _public_der(self.key):
+            self.cert = None  # a certificate for another key is no credential
+        self.status = TlsStatus()
+        self.index: int | None = None
+        self.slot: str | None = None
+        self.registry_bundle: str | None = None
+        self._news = asyncio.Event()
+        self.ready = asyncio.Event()
+        if self.cert is not None and self.paths.ca.exists() and \
+                self.cert.not_valid_after_utc > self.clock():
+            self.ready.set()
+        self._publish()
+
+    # -- inputs
+
+    def set_slot(self, index: int | None, slot: str | None) -> None:
+        if (index, slot) != (self.index, self.slot):
+            self.index, self.slot = index, slot
+            self._news.set()
+
+    def set_registry_bundle(self, digest: str | None) -> None:
+        """The bundle digest the registry publishes; a change means renew now."""
+        if digest != self.registry_bundle:
+            self.registry_bundle = digest
+            self._news.set()
+
+    def creds_digest(self) -> str | None:
+        """Changes whenever the files IMEX reads change (what the supervisor compares)."""
+        cert, ca = read_bytes(self.paths.cert), read_bytes(self.paths.ca)
+        if cert is None or ca is None:
+            return None
+        return hashlib.sha256(cert + b"\0" + ca).hexdigest()
+
+    # -- decisions
+
+    def due(self, now: dt.datetime) -> str | None:
+        """Why a request is needed now (None: not yet)."""
+        if self.slot is None or self.index is None:
+            return None
+        if self.cert is None:
+            return "no certificate yet"
+        cns = [a.value for a in self.cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+        if cns != [self.slot]:
+            return f"the certificate names {cns}, this guest is {self.slot}"
+        if self.registry_bundle is not None and self.registry_bundle != \
+                self.status.bundle_sha256:
+            return "the registry's CA bundle changed (rotation)"
+        if now >= renew_at(self.cert):
+            return "two thirds of its lifetime have passed"
+        return None
+
+    # -- the request
+
+    async def request(self) -> None:
+        assert self.slot is not None and self.index is not None
+        csr = make_csr(self.key, self.slot)
+        try:
+            answer = await http.post_json(
+                self.url_for(self.index), {"csr": csr}, token=self.token(),
+                connect_timeout=min(5.0, self.timeout), read_timeout=self.timeout,
+            )
+        except http.HttpError as exc:
+            raise TlsError(f"certificate request failed: {exc}") from exc
+        if not isinstance(answer, dict) or not all(
+                isinstance(answer.get(k), str) for k in ("certificate", "ca")):
+            raise TlsError("the registry's certificate answer lacks certificate/ca")
+        bundle = verify_bundle(str(answer["ca"]), load_pins(self.paths, self.configured_pin))
+        cert = check_leaf(str(answer["certificate"]), self.key, self.slot, bundle)
+        try:
+            if bundle.new_pin is not None:
+                write_file(self.paths.pin, (bundle.new_pin + "\n").encode())
+            write_file(self.paths.ca, bundle.ca_pem())
+            write_file(self.paths.cert, cert.public_bytes(serialization.Encoding.PEM))
+        except FileWriteError as exc:
+            raise TlsError(f"cannot write the credentials: {exc}") from exc
+        if bundle.new_pin is not None:
+            log.info("CA rotation: pinned the new CA %s (vouched for by the pinned CA)",
+                     bundle.new_pin[:16])
+        self.cert = cert
+        self.status.bundle_sha256 = bundle.bundle_sha256
+        self.status.ca_sha256 = sha256_hex(bundle.current)
+        self.status.renewals += 1
+        self.status.last_error = None
+        log.info("certificate for %s renewed: not after %s, CA %s", self.slot,
+                 _iso(cert.not_valid_after_utc), self.status.ca_sha256[:16])
+        self.ready.set()
+        self.on_renewed()
+
+    def _publish(self) -> None:
+        s = self.status
+        now = self.clock()
+        if self.cert is not None:
+            s.cert_not_after = _iso(self.cert.not_valid_after_utc)
+            s.renew_at = _iso(renew_at(self.cert))
+        s.expiring = expiring(self.cert, now)
+        s.pinned = sorted(p[:16] for p in load_pins(self.paths, self.configured_pin))
+        if self.on_status is not None:
+            self.on_status(s)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._news.wait(), max(0.0, seconds))
+
+    async def run(self) -> None:
+        """Forever: request when due, back off on failure, sleep until due or news."""
+        delay = BACKOFF_FIRST
+        while True:
+            self._news.clear()
+            now = self.clock()
+            reason = self.due(now)
+            if reason is None:
+                self.status.waiting = None if self.slot else "own slot not known yet"
+                self._publish()
+                wake = (renew_at(self.cert) - now).total_seconds() if self.cert else 3600.0
+                # re-check the expiry warning at least hourly
+                await self._sleep(min(wake, 3600.0))
+                continue
+            log.info("requesting a certificate for %s: %s", self.slot, reason)
+            try:
+                await self.request()
+            except TlsError as exc:
+                self.status.failures += 1
+                self.status.last_error = str(exc)
+                self.status.waiting = f"retrying in {delay:.0f} s"
+                log.warning("%s; keeping the current credentials, retrying in %.0f s",
+                            exc, delay)
+                self._publish()
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, BACKOFF_MAX)
+                continue
+            delay = BACKOFF_FIRST
+            self._publish()

@@ -1,0 +1,181 @@
+"""The guest's credentials against a real registry: first certificate, file modes, the pin
+check (direct, via the cross-signature, refused), renewal on a rotation, backoff.
+
+The registry is the real app under uvicorn on loopback with a CA from host_agent.ca;
+the keeper is guest_agent.tls.CertKeeper writing real files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from guest_agent import tls
+from guest_agent.model import EnsembleId, Member
+from guest_agent.tlsconfig import merge_imex_config
+from host_agent import ca as ca_mod
+from host_agent.registry_certs import CaUnavailable
+from host_agent.state import EnsembleSpec, State
+from tests.integration.registry.registry_harness import SPEC, TOKEN, serve
+
+ENS = EnsembleId("gpu", "tls")
+
+
+class MutableCa:
+    def __init__(self, state: ca_mod.CaState | None) -> None:
+        self.state = state
+        self.calls = 0
+
+    async def load(self, ens: EnsembleId) -> ca_mod.CaState:
+        self.calls += 1
+        if self.state is None:
+            raise CaUnavailable("not yet")
+        return self.state
+
+
+def registry_state() -> State:
+    state = State()
+    spec = EnsembleSpec(ENS, 4, 50000, token_sha256=SPEC.token_sha256, auth_encryption=True)
+    state.set(spec, [Member(0, "10.213.0.10")], [], {0: frozenset({"10.213.0.10", "127.0.0.1"})})
+    state.mark_synced()
+    return state
+
+
+def keeper(url: str, tls_dir: Path, pin: str, renewed: list[int]) -> tls.CertKeeper:
+    base = f"{url}/v1/ensembles/gpu/tls"
+    k = tls.CertKeeper(tls_dir=str(tls_dir), ca_sha256=pin,
+                       url_for=lambda i: f"{base}/members/{i}/certificate",
+                       token=lambda: TOKEN, on_renewed=lambda: renewed.append(1))
+    k.set_slot(0, ENS.slot(0))
+    return k
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+async def until(cond: object, within: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while not cond():  # type: ignore[operator]
+        assert loop.time() < end, "not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_first_certificate_files_modes_and_rotation(tmp_path: Path) -> None:
+    now = dt.datetime.now(dt.UTC)
+    first = ca_mod.first_state(ENS, now)
+    source = MutableCa(first)
+    tls_dir = tmp_path / "tls"
+    renewed: list[int] = []
+    async with serve(registry_state(), ca_source=source) as reg:
+        k = keeper(reg.url, tls_dir, first.sha256, renewed)
+        # the key exists (0600) before anything was asked
+        assert mode(tls_dir / "imex.key") == 0o600
+        key_bytes = (tls_dir / "imex.key").read_bytes()
+        task = asyncio.create_task(k.run())
+        try:
+            await until(lambda: renewed)
+            assert k.ready.is_set()
+            assert mode(tls_dir / "imex.key") == 0o600
+            assert mode(tls_dir / "imex.crt") == 0o644 and mode(tls_dir / "ca.crt") == 0o644
+            assert (tls_dir / "imex.key").read_bytes() == key_bytes  # the key never changes
+            cert = x509.load_pem_x509_certificate((tls_dir / "imex.crt").read_bytes())
+            assert cert.issuer == first.current.cert.subject
+            assert k.status.ca_sha256 == first.sha256 and k.status.renewals == 1
+            assert k.due(dt.datetime.now(dt.UTC)) is None
+            assert tls.renew_at(cert) == cert.not_valid_before_utc + (
+                cert.not_valid_after_utc - cert.not_valid_before_utc) * 2 / 3
+            assert k.due(tls.renew_at(cert)) == "two thirds of its lifetime have passed"
+            before = k.creds_digest()
+            # a rotation: the registry publishes a new bundle digest, the guest renews at once
+            rotated = ca_mod.rotate(first, ENS, "r1", now, dt.timedelta(hours=1))
+            source.state = rotated
+            k.set_registry_bundle(rotated.bundle_sha256())
+            await until(lambda: len(renewed) == 2)
+            cert2 = x509.load_pem_x509_certificate((tls_dir / "imex.crt").read_bytes())
+            assert cert2.issuer == rotated.current.cert.subject
+            trusted = x509.load_pem_x509_certificates((tls_dir / "ca.crt").read_bytes())
+            assert [c.subject for c in trusted] == [rotated.current.cert.subject,
+                                                    first.current.cert.subject]
+            assert (tls_dir / "pinned-ca.sha256").read_text().strip() == rotated.sha256
+            assert k.creds_digest() != before
+            # the overlap ends: the old CA leaves the bundle; the local pin carries trust
+            done = ca_mod.end_overlap(rotated, now + dt.timedelta(hours=2))
+            source.state = done
+            k.set_registry_bundle(done.bundle_sha256())
+            await until(lambda: len(renewed) == 3)
+            trusted = x509.load_pem_x509_certificates((tls_dir / "ca.crt").read_bytes())
+            assert [c.subject for c in trusted] == [rotated.current.cert.subject]
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_bundle_from_another_ca_is_refused_and_the_files_stay(tmp_path: Path) -> None:
+    now = dt.datetime.now(dt.UTC)
+    first = ca_mod.first_state(ENS, now)
+    source = MutableCa(first)
+    tls_dir = tmp_path / "tls"
+    renewed: list[int] = []
+    async with serve(registry_state(), ca_source=source) as reg:
+        k = keeper(reg.url, tls_dir, first.sha256, renewed)
+        await k.request()
+        kept = {n: (tls_dir / n).read_bytes() for n in ("imex.key", "imex.crt", "ca.crt")}
+        # someone swaps the CA (a Secret replaced by hand, a registry impostor)
+        impostor = ca_mod.first_state(ENS, now)
+        source.state = impostor
+        with pytest.raises(tls.BundleRefused, match="pinned fingerprint"):
+            await k.request()
+        # a "rotation" whose cross certificate was signed by a stranger is refused too
+        stranger = ca_mod.first_state(EnsembleId("x", "y"), now)
+        forged = ca_mod.rotate(stranger, ENS, "r1", now, dt.timedelta(hours=1))
+        source.state = ca_mod.CaState(forged.current, first.current.cert, forged.cross, "r1",
+                                      forged.overlap_until)
+        with pytest.raises(tls.BundleRefused, match="do not chain"):
+            await k.request()
+    assert {n: (tls_dir / n).read_bytes() for n in kept} == kept
+    assert not (tls_dir / "pinned-ca.sha256").exists()
+    assert len(renewed) == 1
+
+
+async def test_registry_unreachable_keeps_the_certificate_and_backs_off(tmp_path: Path) -> None:
+    now = dt.datetime.now(dt.UTC)
+    first = ca_mod.first_state(ENS, now)
+    renewed: list[int] = []
+    async with serve(registry_state(), ca_source=MutableCa(first)) as reg:
+        url = reg.url
+        k = keeper(url, tmp_path / "tls", first.sha256, renewed)
+        await k.request()
+    cert = (tmp_path / "tls" / "imex.crt").read_bytes()
+    # the registry is gone; force a renewal and watch it fail, keep the file, and retry
+    k.cert = x509.load_pem_x509_certificate(cert)
+    k.set_registry_bundle("0" * 64)
+    task = asyncio.create_task(k.run())
+    try:
+        await until(lambda: k.status.failures >= 1)
+        assert "certificate request failed" in (k.status.last_error or "")
+        assert k.status.waiting == "retrying in 2 s"
+        assert (tmp_path / "tls" / "imex.crt").read_bytes() == cert
+        assert len(renewed) == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def test_csr_names_exactly_the_slot_and_the_config_merge_keeps_other_lines() -> None:
+    key = tls.make_key()
+    csr = x509.load_pem_x509_csr(tls.make_csr(key, ENS.slot(3)).encode())
+    ca_mod.check_csr_names(csr, ENS.slot(3))  # what the registry accepts
+    text = "SERVER_PORT=50000\n# comment\nIMEX_ENABLE_AUTH_ENCRYPTION=0\nDAEMONIZE=1\n"
+    merged = merge_imex_config(text, [("IMEX_ENABLE_AUTH_ENCRYPTION", "1"),
+                                      ("IMEX_AUTH_SOURCE", "FILE")])
+    assert merged == ("SERVER_PORT=50000\n# comment\nIMEX_ENABLE_AUTH_ENCRYPTION=1\n"
+                      "DAEMONIZE=1\nIMEX_AUTH_SOURCE=FILE\n")
+    assert merge_imex_config(merged, [("IMEX_AUTH_SOURCE", "FILE")]) == merged
