@@ -75,7 +75,21 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--identity", default=env("IDENTITY"), metavar="NAME",
                    help="this replica's name in Leases, Events and the User-Agent "
                    "(default: POD_NAME, else the host name)")
+    p.add_argument("--cert-lifetime", default=env("CERT_LIFETIME", "604800"), metavar="SECONDS",
+                   help="authEncryption: validity of issued member certificates (7 days)")
+    p.add_argument("--ca-overlap", default=env("CA_OVERLAP", "3600"), metavar="SECONDS",
+                   help="authEncryption: how long the old CA stays trusted after a rotation")
     return p
+
+
+def _seconds_flag(flag: str, text: str, lo: float, hi: float) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise SettingsError(f"{flag} {text!r} is not a number of seconds") from exc
+    if not lo <= value <= hi:
+        raise SettingsError(f"{flag} {value:g}: must be between {lo:g} and {hi:g} seconds")
+    return value
 
 
 def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> HostSettings:
@@ -150,7 +164,12 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
     if not 0 < len(identity) <= 128 or not identity.isprintable() or " " in identity:
         raise SettingsError(f"--identity {identity!r}: 1-128 printable characters, no spaces")
 
+    cert_lifetime = _seconds_flag("--cert-lifetime", args.cert_lifetime, 60, 366 * 86400)
+    ca_overlap = _seconds_flag("--ca-overlap", args.ca_overlap, 1, 366 * 86400)
+
     return HostSettings(
+        cert_lifetime_seconds=cert_lifetime,
+        ca_overlap_seconds=ca_overlap,
         agent_namespace=agent_namespace,
         identity=identity,
         namespaces=tuple(dict.fromkeys(namespaces)),

@@ -25,13 +25,14 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import httpx2
 from lightkube import ALL_NS, ApiError, AsyncClient, KubeConfig
 from lightkube.core.exceptions import ConfigError
 from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Secret
 from lightkube.resources.core_v1 import Service as Service
 from lightkube.types import PatchType, on_error_raise
 
@@ -250,3 +251,42 @@ class SliceWriter:
             if _status_of(exc) == 404:
                 return
             raise translate(exc, f"delete EndpointSlice {namespace}/{name}") from exc
+
+
+class SecretWriter:
+    """The CA Secrets: GET by name, create, replace (host_agent/ca_store.py decides when).
+
+    The typed lightkube model round-trips the API's JSON (``data`` stays base64).
+    A replace carries the resourceVersion it was given: a stale writer gets 409.
+    """
+
+    def __init__(self, client: AsyncClient, field_manager: str) -> None:
+        self._client = client
+        self._field_manager = field_manager
+
+    async def get_secret(self, namespace: str, name: str) -> Obj | None:
+        try:
+            obj = await self._client.get(Secret, name, namespace=namespace)
+        except Exception as exc:
+            if _status_of(exc) == 404:
+                return None
+            raise translate(exc, f"get Secret {namespace}/{name}") from exc
+        return _plain(obj)
+
+    async def create_secret(self, body: Obj) -> Obj:
+        meta = body["metadata"]
+        try:
+            secret = cast(Secret, Secret.from_dict(body))
+            obj = await self._client.create(secret, field_manager=self._field_manager)
+        except Exception as exc:
+            raise translate(exc, f"create Secret {meta['namespace']}/{meta['name']}") from exc
+        return _plain(obj)
+
+    async def replace_secret(self, body: Obj) -> Obj:
+        meta = body["metadata"]
+        try:
+            secret = cast(Secret, Secret.from_dict(body))
+            obj = await self._client.replace(secret, field_manager=self._field_manager)
+        except Exception as exc:
+            raise translate(exc, f"update Secret {meta['namespace']}/{meta['name']}") from exc
+        return _plain(obj)

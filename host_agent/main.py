@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import ipaddress
 import logging
 import signal
@@ -34,18 +35,22 @@ from lightkube import AsyncClient, operators
 from prometheus_client import CollectorRegistry
 
 from host_agent import registry as registry_mod
+from host_agent.ca_store import CaManager
 from host_agent.endpoints import SliceApplier
 from host_agent.kube import (
     ALL_NAMESPACES,
     EndpointSlice,
     ListWatcher,
+    SecretWriter,
     Service,
     SliceWriter,
     VirtualMachineInstance,
     make_client,
 )
+from host_agent.leadership import ALWAYS, WriteGate
 from host_agent.metrics import HostMetrics
 from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
+from host_agent.registry_certs import CertConfig
 from host_agent.services import ENSEMBLE_LABEL
 from host_agent.settings import HostSettings
 from host_agent.state import State
@@ -87,13 +92,19 @@ class HostAgent:
         self.informers: list[Informer] = []
         self.address: tuple[str, int] | None = None
         self.serving = asyncio.Event()
+        #: who may write (ha replaces ALWAYS with the leader election's gate)
+        self.gate: WriteGate = ALWAYS
+        self.cas: CaManager | None = None
 
     def _build(self, client: AsyncClient) -> None:
         s = self.settings
         writer = SliceWriter(client, s.field_manager)
         applier = SliceApplier(writer, self.slices.get)
+        self.cas = CaManager(SecretWriter(client, s.field_manager), s.agent_namespace,
+                             self.gate, overlap=dt.timedelta(seconds=s.ca_overlap_seconds))
         self.reconciler = rec = Reconciler(
-            s, self.state, self.vmis, self.services, self.slices, applier, self.metrics
+            s, self.state, self.vmis, self.services, self.slices, applier, self.metrics,
+            self.cas,
         )
         namespaces: list[str | None] = list(s.namespaces) or [None]
         vmi_fields = {"metadata.name": s.vmi} if s.vmi else None
@@ -124,7 +135,11 @@ class HostAgent:
             ),
             report_stale_after=self.settings.report_stale_after,
         )
-        return registry_mod.create_app(self.state, config, self.metrics_registry)
+        return registry_mod.create_app(
+            self.state, config, self.metrics_registry, ca_source=self.cas,
+            cert_config=CertConfig(lifetime=dt.timedelta(
+                seconds=self.settings.cert_lifetime_seconds)),
+        )
 
     async def run(self, stop: asyncio.Event, sock: socket.socket | None = None) -> None:
         s = self.settings

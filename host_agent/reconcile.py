@@ -22,12 +22,14 @@ pass over every ensemble known at that point.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from guest_agent.model import EnsembleId, ModelError
+from host_agent.ca_store import CaManager
 from host_agent.endpoints import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -39,7 +41,7 @@ from host_agent.members import ExamineMemo, derive_members, vmi_addresses, vmi_n
 from host_agent.metrics import HostMetrics
 from host_agent.services import ENSEMBLE_LABEL, parse_ensemble_service
 from host_agent.settings import HostSettings
-from host_agent.state import EnsembleSpec, State
+from host_agent.state import CaPublished, EnsembleSpec, State
 from host_agent.vmi_watch import Key, Obj, Store, backoff_delay, object_key
 
 log = logging.getLogger("imex.host.reconcile")
@@ -67,6 +69,20 @@ def slice_ensemble(obj: Obj) -> Key | None:
     return (object_key(obj)[0], value)
 
 
+def keep_auth_encryption(previous: EnsembleSpec | None, spec: EnsembleSpec,
+                         problems: list[str]) -> tuple[EnsembleSpec, list[str]]:
+    """authEncryption is immutable: IMEX reads its config only at start, so flipping a
+    live ensemble would partition it. A change keeps the old value, with a problem."""
+    if previous is None or previous.auth_encryption == spec.auth_encryption:
+        return spec, problems
+    return dataclasses.replace(spec, auth_encryption=previous.auth_encryption), [
+        *problems,
+        f"{spec.ens.key}: authEncryption cannot change on a live ensemble (IMEX reads its "
+        f"config only at start); keeping {str(previous.auth_encryption).lower()}; recreate "
+        "the ensemble to change it",
+    ]
+
+
 def new_stores() -> tuple[Store, Store, Store]:
     """(vmis indexed by ensemble, services, slices)."""
     return Store("vmi", vmi_ensemble), Store("service"), Store("endpointslice")
@@ -82,7 +98,10 @@ class Reconciler:
         slices: Store,
         applier: SliceApplier,
         metrics: HostMetrics,
+        cas: CaManager | None = None,
     ) -> None:
+        #: the per-ensemble CAs (authEncryption); None: no Secrets are touched at all.
+        self._cas = cas
         self._settings = settings
         self._state = state
         self._vmis = vmis
@@ -252,13 +271,15 @@ class Reconciler:
             problems = [*problems, f"Service {ident}: still using its last valid settings "
                         f"(max-members {previous.max_members})"]
         else:
+            spec, problems = keep_auth_encryption(self._last_good.get(key), spec, problems)
             self._last_good[key] = spec
+        ca_problems, ca = await self._reconcile_ca(key, spec)
         vmis = list(self._vmis.by_index(key))
         members, member_problems = derive_members(spec, vmis, self._examine)
-        all_problems = [*problems, *member_problems]
+        all_problems = [*problems, *ca_problems, *member_problems]
         by_name = {vmi_name(v): v for v in vmis}
         addresses = {m.index: vmi_addresses(by_name[m.vmi]) for m in members if m.vmi in by_name}
-        snap, changed = self._state.set(spec, members, all_problems, addresses)
+        snap, changed = self._state.set(spec, members, all_problems, addresses, ca=ca)
         if changed:
             log.info(
                 "%s: %d members published, generation %d",
@@ -274,6 +295,23 @@ class Reconciler:
             self._metrics.applies.labels(op).inc()
             log.info("%s: %s EndpointSlice %s", ident, "applied" if op == "apply" else "deleted",
                      slice_name, extra={"ensemble": ident})
+
+    async def _reconcile_ca(self, key: Key, spec: EnsembleSpec
+                            ) -> tuple[list[str], CaPublished | None]:
+        """authEncryption: the CA's Secret made right (leader) and its fingerprints.
+
+        A pass also comes back on its own: when the rotation overlap ends, and every
+        ``RECHECK_SECONDS`` (the Secret is not watched: RBAC grants no list/watch).
+        """
+        if not spec.auth_encryption:
+            return [], None
+        if self._cas is None:
+            return [f"{spec.ens.key}: authEncryption is on, but this agent issues no "
+                    "certificates (started without CA support)"], None
+        outcome = await self._cas.reconcile(spec)
+        if outcome.recheck_after is not None:
+            asyncio.get_running_loop().call_later(outcome.recheck_after, self.enqueue, key)
+        return list(outcome.problems), outcome.published
 
     async def _sync_slices(self, namespace: str, desired: Mapping[str, Any]) -> list[str]:
         try:

@@ -68,6 +68,10 @@ class HostSettings:
     agent_namespace: str = DEFAULT_AGENT_NAMESPACE
     #: Who this replica is (Lease holder, Event reportingInstance, User-Agent).
     identity: str = "imex-host-agent"
+    #: authEncryption: how long an issued member certificate is valid (7 days).
+    cert_lifetime_seconds: float = 7 * 86400.0
+    #: authEncryption: how long the old CA stays trusted after a rotation.
+    ca_overlap_seconds: float = 3600.0
 
     @property
     def user_agent(self) -> str:

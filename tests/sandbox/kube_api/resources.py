@@ -69,6 +69,7 @@ SERVICE = ResourceType("", "v1", "Service", "services", "service", True, ("svc",
                        returns_deleted=True)
 POD = ResourceType("", "v1", "Pod", "pods", "pod", True, ("po",), True, returns_deleted=True)
 CONFIGMAP = ResourceType("", "v1", "ConfigMap", "configmaps", "configmap", True, ("cm",))
+SECRET = ResourceType("", "v1", "Secret", "secrets", "secret", True)
 EVENT = ResourceType("", "v1", "Event", "events", "event", True, ("ev",))
 ENDPOINTSLICE = ResourceType(
     "discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", "endpointslice", True
@@ -87,7 +88,7 @@ VMPOOL = ResourceType(
 )
 
 ALL_TYPES: tuple[ResourceType, ...] = (
-    NAMESPACE, SERVICE, POD, CONFIGMAP, EVENT, ENDPOINTSLICE, VMI, VM, VMPOOL,
+    NAMESPACE, SERVICE, POD, CONFIGMAP, SECRET, EVENT, ENDPOINTSLICE, VMI, VM, VMPOOL,
 )
 
 # Discovery: the version each group prefers (only one version per group here).

@@ -1,0 +1,189 @@
+"""The CA Secrets (``imex-ca-<namespace>.<name>`` in the agent's own namespace): I/O and policy.
+
+The agent reads Secrets here and nowhere else, and only these: RBAC grants get,
+create and update on Secrets in its own namespace (a Role; nothing
+cluster-wide, no list or watch). So the Secret is read with a GET by name, on
+every reconcile pass of an authEncryption ensemble and, for signing, at most
+every ``cache_seconds`` per ensemble.
+
+Who writes (issue 19 "With several replicas"): only the leader creates,
+rotates or ends an overlap, each write preceded by ``gate.ensure()``; an update
+carries the resourceVersion it read (a stale leader gets 409, never overwrites).
+Every replica signs with the CA it reads from that one Secret.
+
+Failure rules: a missing Secret is created (leader) or waited for (others). A
+Secret that exists but does not parse is a **problem** reported on the
+ensemble (Degraded) and in the log, never replaced: a new CA would split the
+domain (old-CA members would refuse new-CA members). A new CA comes only from
+a rotation, which needs the old key for its cross-signature, so a broken Secret
+must be fixed by hand (or deleted, which starts a new CA that every guest's
+pinned fingerprint refuses: they need user-data with the new ``caSHA256``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from guest_agent.model import EnsembleId
+from host_agent import ca as ca_mod
+from host_agent.leadership import WriteGate
+from host_agent.registry_certs import CaUnavailable
+from host_agent.state import CaPublished, EnsembleSpec
+
+log = logging.getLogger("imex.host.ca")
+
+Obj = dict[str, Any]
+
+#: How often an authEncryption ensemble is looked at without any event (a hand edit
+#: of its Secret is noticed within this; an overlap end is scheduled exactly).
+RECHECK_SECONDS = 60.0
+
+
+class SecretApi(Protocol):
+    """GET/POST/PUT of one Secret by name (host_agent/kube.py ``SecretWriter``)."""
+
+    async def get_secret(self, namespace: str, name: str) -> Obj | None: ...
+
+    async def create_secret(self, body: Obj) -> Obj: ...
+
+    async def replace_secret(self, body: Obj) -> Obj: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CaOutcome:
+    """One pass's view of an ensemble's CA."""
+
+    published: CaPublished | None
+    problems: tuple[str, ...] = ()
+    #: seconds until the pass must run again (overlap end, periodic re-check).
+    recheck_after: float | None = None
+
+
+def published(state: ca_mod.CaState) -> CaPublished:
+    return CaPublished(state.sha256, state.bundle_sha256())
+
+
+def secret_body(state: ca_mod.CaState, ens: EnsembleId, namespace: str,
+                resource_version: str | None = None) -> Obj:
+    meta: Obj = {
+        "name": ca_mod.secret_name(ens),
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/managed-by": "imex-host-agent",
+                   "imex-ensemble.io/ca": "true"},
+        "annotations": ca_mod.secret_annotations(state, ens),
+    }
+    if resource_version is not None:
+        meta["resourceVersion"] = resource_version
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+            "data": ca_mod.secret_data(state)}
+
+
+def _rv(obj: Obj) -> str | None:
+    rv = obj.get("metadata", {}).get("resourceVersion")
+    return rv if isinstance(rv, str) else None
+
+
+class CaManager:
+    """Creates, rotates and reads the per-ensemble CAs (see the module docstring)."""
+
+    def __init__(
+        self,
+        api: SecretApi,
+        namespace: str,
+        gate: WriteGate,
+        *,
+        overlap: dt.timedelta = dt.timedelta(hours=1),
+        cache_seconds: float = 2.0,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.gate = gate
+        self.overlap = overlap
+        self.cache_seconds = cache_seconds
+        self.clock = clock
+        self.monotonic = monotonic
+        self._cache: dict[EnsembleId, tuple[float, ca_mod.CaState]] = {}
+
+    def _where(self, ens: EnsembleId) -> str:
+        return f"Secret {self.namespace}/{ca_mod.secret_name(ens)}"
+
+    async def _read(self, ens: EnsembleId) -> tuple[ca_mod.CaState | None, str | None]:
+        obj = await self.api.get_secret(self.namespace, ca_mod.secret_name(ens))
+        if obj is None:
+            return None, None
+        state = ca_mod.parse_secret(obj, self.clock())  # CaSecretError propagates
+        self._cache[ens] = (self.monotonic(), state)
+        return state, _rv(obj)
+
+    async def load(self, ens: EnsembleId) -> ca_mod.CaState:
+        """``CaSource`` for the registry: the CA as its Secret holds it (cached briefly)."""
+        hit = self._cache.get(ens)
+        if hit is not None and self.monotonic() - hit[0] < self.cache_seconds:
+            return hit[1]
+        try:
+            state, _ = await self._read(ens)
+        except ca_mod.CaSecretError as exc:
+            raise CaUnavailable(str(exc)) from exc
+        except Exception as exc:  # the API is unreachable: the caller retries
+            raise CaUnavailable(f"cannot read {self._where(ens)}: {exc}") from exc
+        if state is None:
+            raise CaUnavailable(f"{self._where(ens)} does not exist yet (the leader creates it)")
+        return state
+
+    def forget(self, ens: EnsembleId) -> None:
+        self._cache.pop(ens, None)
+
+    async def reconcile(self, spec: EnsembleSpec) -> CaOutcome:
+        """Make the CA what ``spec`` asks for (leader), and say what guests should see."""
+        ens = spec.ens
+        where = self._where(ens)
+        try:
+            state, rv = await self._read(ens)
+        except ca_mod.CaSecretError as exc:
+            self.forget(ens)
+            return CaOutcome(None, (
+                f"{exc}; not minting a new CA (that would split the domain): fix the Secret, "
+                "or delete it to start a new CA (guests then need user-data with the new "
+                "caSHA256)",), RECHECK_SECONDS)
+        now = self.clock()
+        wanted = spec.ca_rotation or ""
+        if state is None:
+            if not self.gate.may_write():
+                return CaOutcome(None, (f"{where} does not exist yet; the leader creates it",),
+                                 RECHECK_SECONDS)
+            state = ca_mod.first_state(ens, now, wanted)
+            self.gate.ensure()
+            created = await self.api.create_secret(secret_body(state, ens, self.namespace))
+            self._cache[ens] = (self.monotonic(), state)
+            log.info("%s: created CA %s in %s", ens.key, state.sha256[:16], where,
+                     extra={"ensemble": ens.key, "ca_sha256": state.sha256})
+            rv = _rv(created)
+        elif wanted != state.rotation and self.gate.may_write():
+            old = state.sha256
+            state = ca_mod.rotate(state, ens, wanted, now, self.overlap)
+            self.gate.ensure()
+            await self.api.replace_secret(secret_body(state, ens, self.namespace, rv))
+            self._cache[ens] = (self.monotonic(), state)
+            log.info("%s: CA rotation %r: new CA %s cross-signed by %s; old CA trusted until %s",
+                     ens.key, wanted, state.sha256[:16], old[:16],
+                     f"{state.overlap_until:%Y-%m-%dT%H:%M:%SZ}",
+                     extra={"ensemble": ens.key, "ca_sha256": state.sha256})
+        elif state.previous is not None and state.overlap_until is not None and \
+                now >= state.overlap_until and self.gate.may_write():
+            state = ca_mod.end_overlap(state, now)
+            self.gate.ensure()
+            await self.api.replace_secret(secret_body(state, ens, self.namespace, rv))
+            self._cache[ens] = (self.monotonic(), state)
+            log.info("%s: CA overlap over: the old CA is no longer trusted", ens.key,
+                     extra={"ensemble": ens.key, "ca_sha256": state.sha256})
+        recheck = RECHECK_SECONDS
+        if state.overlap_until is not None:
+            recheck = max(0.05, min(recheck, (state.overlap_until - now).total_seconds()))
+        return CaOutcome(published(state), (), recheck)
