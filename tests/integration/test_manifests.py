@@ -55,6 +55,9 @@ ALLOWED = {
     ("", "services"): {"list", "watch"},
     ("discovery.k8s.io", "endpointslices"): {"list", "watch", "create", "patch", "delete"},
 }
+#: The CA Secrets (issue 19): a Role in the agent's own namespace, never a ClusterRole.
+CA_ROLE = "imex-host-agent-ca"
+CA_ALLOWED = {("", "secrets"): {"get", "create", "update"}}
 
 pytestmark = pytest.mark.skipif(
     KUBECTL is None, reason="kubectl (with kustomize v5) is not installed on this machine"
@@ -194,7 +197,15 @@ def granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
 def test_rbac_grants_exactly_the_list(directory: str) -> None:
     roles = objects(directory, "ClusterRole") + objects(directory, "Role")
     for role in roles:
+        if role["metadata"]["name"] == CA_ROLE:
+            assert role["kind"] == "Role" and role["metadata"]["namespace"] == "imex-system"
+            assert granted(role["rules"]) == CA_ALLOWED
+            continue
         assert granted(role["rules"]) == ALLOWED, role["metadata"]["name"]
+    if directory in ("base", "overlays/namespaced"):  # the sidecar has no registry, no CA
+        assert [r["kind"] for r in roles if r["metadata"]["name"] == CA_ROLE] == ["Role"]
+    assert not any(("", "secrets") in granted(r["rules"]) for r in roles
+                   if r["metadata"]["name"] != CA_ROLE)
     bindings = objects(directory, "ClusterRoleBinding") + objects(directory, "RoleBinding")
     accounts = {
         (sa["metadata"]["namespace"], sa["metadata"]["name"])
@@ -216,7 +227,8 @@ def test_namespaced_variant_has_no_cluster_role() -> None:
     assert not objects("overlays/namespaced", "ClusterRole")
     assert not objects("overlays/namespaced", "ClusterRoleBinding")
     args = one("overlays/namespaced", "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    role = one("overlays/namespaced", "Role")
+    (role,) = [r for r in objects("overlays/namespaced", "Role")
+               if r["metadata"]["name"] != CA_ROLE]
     assert f"--namespace={role['metadata']['namespace']}" in args["args"]
 
 
