@@ -36,6 +36,11 @@ from lightkube.resources.core_v1 import Secret
 from lightkube.resources.core_v1 import Service as Service
 from lightkube.types import PatchType, on_error_raise
 
+from host_agent.crd import GROUP as CRD_GROUP
+from host_agent.crd import KIND as CRD_KIND
+from host_agent.crd import PLURAL as CRD_PLURAL
+from host_agent.crd import VERSION as CRD_VERSION
+from host_agent.leadership import WriteGate
 from host_agent.settings import HostSettings
 
 # Service uses lightkube's typed model: a *generic* core-group class can be
@@ -51,6 +56,8 @@ VirtualMachineInstance = create_namespaced_resource(
 EndpointSlice = create_namespaced_resource(
     "discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"
 )
+
+ImexEnsemble = create_namespaced_resource(CRD_GROUP, CRD_VERSION, CRD_KIND, CRD_PLURAL)
 
 Obj = dict[str, Any]
 ALL_NAMESPACES: Final = ALL_NS
@@ -68,6 +75,10 @@ class KubeError(Exception):
 
 class Gone(KubeError):
     """410: the resourceVersion is too old (history compacted); relist."""
+
+
+class AlreadyExists(KubeError):
+    """409 on create: an object of that name exists (one our informers may not see)."""
 
 
 class KubeConfigError(KubeError):
@@ -88,6 +99,8 @@ def translate(exc: BaseException, what: str) -> KubeError:
     detail = str(exc) or type(exc).__name__
     if status == 410:
         return Gone(f"{what}: 410 Gone ({detail})", status)
+    if status == 409:
+        return AlreadyExists(f"{what}: 409 Conflict ({detail})", status)
     return KubeError(f"{what}: {status or type(exc).__name__}: {detail}", status)
 
 
@@ -290,3 +303,41 @@ class SecretWriter:
         except Exception as exc:
             raise translate(exc, f"update Secret {meta['namespace']}/{meta['name']}") from exc
         return _plain(obj)
+
+
+class ServiceWriter:
+    """An ImexEnsemble's own Service: create (never over someone else's) and apply.
+
+    ``create`` is a plain POST, so a Service of that name that our label-scoped
+    informer cannot see answers 409 (``AlreadyExists``) instead of being taken over,
+    as a forced server-side apply would. ``apply`` (forced, our field manager) is
+    used only on a Service the informer showed us as ours or adoptable. Each write
+    checks the write gate first.
+    """
+
+    def __init__(self, client: AsyncClient, field_manager: str, gate: WriteGate) -> None:
+        self._client = client
+        self._field_manager = field_manager
+        self._gate = gate
+
+    async def create_service(self, body: Obj) -> Obj:
+        meta = body["metadata"]
+        self._gate.ensure()
+        try:
+            obj = Service.from_dict(body)
+            assert isinstance(obj, Service)
+            result = await self._client.create(obj, field_manager=self._field_manager)
+        except Exception as exc:
+            raise translate(exc, f"create Service {meta['namespace']}/{meta['name']}") from exc
+        return _plain(result)
+
+    async def apply_service(self, body: Obj) -> Obj:
+        meta = body["metadata"]
+        self._gate.ensure()
+        try:
+            result = await self._client.patch(
+                Service, meta["name"], body, namespace=meta["namespace"],
+                patch_type=PatchType.APPLY, field_manager=self._field_manager, force=True)
+        except Exception as exc:
+            raise translate(exc, f"apply Service {meta['namespace']}/{meta['name']}") from exc
+        return _plain(result)

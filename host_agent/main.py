@@ -1,8 +1,12 @@
 """The host agent as one asyncio program.
 
 Task layout (one TaskGroup, every task's lifetime visible here):
-  informers (VMIs, ensemble Services, our EndpointSlices; one each per
-  watched namespace) -> reconciler (workers) -> State <- registry HTTP server.
+  informers (VMIs, ensemble Services, our EndpointSlices, ImexEnsembles; one
+  each per watched namespace) -> reconciler (workers) -> State <- registry
+  HTTP server. The ImexEnsemble informer is optional: without the CRD (or
+  without RBAC for it) Service-only ensembles work as before. A sidecar
+  (``--vmi``) does not watch ImexEnsembles: it reads the Service, which
+  carries the same settings, and never creates one.
 
 Start: the HTTP server answers at once (/healthz 200, /readyz 503 until the
 first full picture is reconciled); nothing is written before every informer
@@ -40,21 +44,24 @@ from host_agent.endpoints import SliceApplier
 from host_agent.kube import (
     ALL_NAMESPACES,
     EndpointSlice,
+    ImexEnsemble,
     ListWatcher,
     SecretWriter,
     Service,
+    ServiceWriter,
     SliceWriter,
     VirtualMachineInstance,
     make_client,
 )
 from host_agent.leadership import ALWAYS, WriteGate
 from host_agent.metrics import HostMetrics
+from host_agent.owned_services import ServiceApplier
 from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
 from host_agent.registry_certs import CertConfig
 from host_agent.services import ENSEMBLE_LABEL
 from host_agent.settings import HostSettings
 from host_agent.state import State
-from host_agent.vmi_watch import Informer
+from host_agent.vmi_watch import Informer, Store
 
 if TYPE_CHECKING:
     from host_agent.hook_sidecar import HookServer
@@ -88,6 +95,7 @@ class HostAgent:
         self.metrics = HostMetrics(self.metrics_registry)
         self._client = client
         self.vmis, self.services, self.slices = new_stores()
+        self.crs = Store("imexensemble")
         self.reconciler: Reconciler | None = None
         self.informers: list[Informer] = []
         self.address: tuple[str, int] | None = None
@@ -102,9 +110,12 @@ class HostAgent:
         applier = SliceApplier(writer, self.slices.get)
         self.cas = CaManager(SecretWriter(client, s.field_manager), s.agent_namespace,
                              self.gate, overlap=dt.timedelta(seconds=s.ca_overlap_seconds))
+        sidecar = s.vmi is not None
+        owned = None if sidecar else ServiceApplier(
+            ServiceWriter(client, s.field_manager, self.gate), self.services.get)
         self.reconciler = rec = Reconciler(
             s, self.state, self.vmis, self.services, self.slices, applier, self.metrics,
-            self.cas,
+            self.cas, crs=self.crs, owned=owned,
         )
         namespaces: list[str | None] = list(s.namespaces) or [None]
         vmi_fields = {"metadata.name": s.vmi} if s.vmi else None
@@ -127,6 +138,10 @@ class HostAgent:
                 Informer("endpointslice" + suffix, watcher(EndpointSlice, managed_slice_labels()),
                          self.slices, rec.on_slice, self.metrics, s, ns),
             ]
+            if not sidecar:
+                self.informers.append(
+                    Informer("imexensemble" + suffix, watcher(ImexEnsemble, {}), self.crs,
+                             rec.on_cr, self.metrics, s, ns, optional=True))
 
     def _registry_app(self) -> object:
         config = registry_mod.RegistryConfig(

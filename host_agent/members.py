@@ -86,6 +86,11 @@ def vmi_name(vmi: Mapping[str, object]) -> str:
     return name if isinstance(name, str) else ""
 
 
+def vmi_labels(vmi: Mapping[str, object]) -> dict[str, str]:
+    labels = _mapping(_mapping(vmi.get("metadata")).get("labels"))
+    return {str(k): v for k, v in labels.items() if isinstance(v, str)}
+
+
 def _index(name: str, labels: Mapping[str, object], max_members: int) -> int:
     """The VMI's slot index; raises InvalidIndex with the reason."""
     raw = labels.get(INDEX_LABEL)
@@ -334,10 +339,15 @@ def derive_members(
 ) -> tuple[list[Member], list[str]]:
     """The members to publish for one ensemble, and its VMI problems.
 
+    An ImexEnsemble's ``memberSelector`` (ANDed with the ensemble label, which picked
+    ``vmis``) leaves out the VMIs it does not match: they are not members, and not
+    problems either.
     Two live VMIs on one slot: neither is published and the problem names both.
     Output is sorted (members by index, problems by text) so equal input gives
     equal output. ``examine`` may be an ``ExamineMemo`` (same results, cached).
     """
+    if spec.member_selector is not None:
+        vmis = [v for v in vmis if spec.member_selector.matches(vmi_labels(v))]
     candidates = [examine(v, spec) for v in vmis]
     problems = [c.problem for c in candidates if c.problem is not None]
     holders: dict[int, list[Candidate]] = {}

@@ -52,6 +52,12 @@ class HostMetrics:
             "EndpointSlice events that were our own last write coming back (no pass queued)",
             registry=registry,
         )
+        self.service_writes = Counter(
+            _P + "service_writes",
+            "Writes of ImexEnsembles' own Services (op: create, adopt, apply)",
+            ["op"],
+            registry=registry,
+        )
         self.reconciles = Counter(
             _P + "reconciles", "Ensemble reconcile passes, by result", ["result"],
             registry=registry,

@@ -17,6 +17,17 @@ the state it already published stays.
 Nothing is reconciled before every informer has listed once: publishing from
 half a picture could drop members. ``state.mark_synced()`` follows the first
 pass over every ensemble known at that point.
+
+Two sources, one path. A key (namespace, name) is an ensemble when an
+ImexEnsemble or a labelled Service of that name exists. With a CR, the pass
+parses it (ensembles.py), brings its own Service into being (create, adopt,
+or find it in conflict: owned_services.py) and publishes the CR's spec; when
+the CR cannot take over (refused, or its name is held by a Service it cannot
+adopt) a labelled Service keeps working as a Service-only ensemble, exactly
+as before the CR came, and the CR's ``Declaration`` says why. Without a CR,
+the Service is parsed as it always was. From the spec on, everything is one
+code path. Each pass hands its ``Declaration`` (None: no CR) to
+``on_declared``, which is where the status and the Events start.
 """
 
 from __future__ import annotations
@@ -25,7 +36,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from guest_agent.model import EnsembleId, ModelError
@@ -37,8 +49,16 @@ from host_agent.endpoints import (
     SliceApplier,
     desired_slices,
 )
+from host_agent.ensembles import (
+    SERVICE_CONFLICT,
+    Declaration,
+    cr_identity,
+    parse_ensemble_cr,
+    spec_changed,
+)
 from host_agent.members import ExamineMemo, derive_members, vmi_addresses, vmi_name
 from host_agent.metrics import HostMetrics
+from host_agent.owned_services import ServiceApplier
 from host_agent.services import ENSEMBLE_LABEL, parse_ensemble_service
 from host_agent.settings import HostSettings
 from host_agent.state import CaPublished, EnsembleSpec, State
@@ -88,6 +108,13 @@ def new_stores() -> tuple[Store, Store, Store]:
     return Store("vmi", vmi_ensemble), Store("service"), Store("endpointslice")
 
 
+Declared = Callable[[Key, Declaration | None], None]
+
+
+def _ignore(key: Key, declaration: Declaration | None) -> None:
+    return None
+
+
 class Reconciler:
     def __init__(
         self,
@@ -99,10 +126,20 @@ class Reconciler:
         applier: SliceApplier,
         metrics: HostMetrics,
         cas: CaManager | None = None,
+        *,
+        crs: Store | None = None,
+        owned: ServiceApplier | None = None,
+        on_declared: Declared = _ignore,
     ) -> None:
         #: the per-ensemble CAs (authEncryption); None: no Secrets are touched at all.
         self._cas = cas
         self._settings = settings
+        self._crs = crs if crs is not None else Store("imexensemble")
+        self._owned = owned
+        self._on_declared = on_declared
+        #: keys to look at again after their pass (a CR whose name a Service we cannot
+        #: see holds: nothing we watch tells us when it goes)
+        self._recheck: dict[Key, float] = {}
         self._state = state
         self._vmis = vmis
         self._services = services
@@ -132,7 +169,14 @@ class Reconciler:
         self._enqueue_keys(vmi_ensemble(o) for o in (old, new) if o is not None)
 
     def on_service(self, old: Obj | None, new: Obj | None) -> None:
+        if new is None and old is not None and self._owned is not None:
+            self._owned.forget(*object_key(old))
         self._enqueue_keys(object_key(o) for o in (old, new) if o is not None)
+
+    def on_cr(self, old: Obj | None, new: Obj | None) -> None:
+        # Our own status writes come back as CR events; they change nothing a pass reads.
+        if spec_changed(old, new):
+            self._enqueue_keys(object_key(o) for o in (old, new) if o is not None)
 
     def on_slice(self, old: Obj | None, new: Obj | None) -> None:
         # Our own write coming back would cost a whole pass that finds nothing to
@@ -182,12 +226,12 @@ class Reconciler:
         """Wait for every informer's first list, then reconcile forever."""
         for event in synced:
             await event.wait()
-        held = set(self._queued) | set(self._services.all_keys())
+        held = set(self._queued) | set(self._services.all_keys()) | set(self._crs.all_keys())
         self._queued.clear()
         self._initial = set(held)
         self._started = True
-        log.info("caches synced: %d Services, %d VMIs; reconciling %d ensembles",
-                 len(self._services), len(self._vmis), len(held))
+        log.info("caches synced: %d ImexEnsembles, %d Services, %d VMIs; reconciling %d "
+                 "ensembles", len(self._crs), len(self._services), len(self._vmis), len(held))
         for key in sorted(held):
             self._put(key)
         if not held:
@@ -237,6 +281,8 @@ class Reconciler:
                 if key in self._dirty:
                     self._dirty.discard(key)
                     self.enqueue(key)
+                elif key in self._recheck:
+                    self.enqueue(key, self._recheck.pop(key))
             finally:
                 self.passes += 1
                 self._metrics.reconcile_seconds.observe(time.perf_counter() - started)
@@ -253,26 +299,106 @@ class Reconciler:
 
     async def reconcile(self, key: Key) -> None:
         namespace, name = key
-        ident = f"{namespace}/{name}"
+        cr = self._crs.get(namespace, name)
         service = self._services.get(namespace, name)
-        if service is None:
+        self._recheck.pop(key, None)
+        if cr is None and service is None:
+            self._on_declared(key, None)
             self._forget(key)
             self._note_orphans(key)
             return
         self._orphans.discard(key)
+        if cr is not None:
+            spec, problems = await self._from_cr(key, cr, service)
+        else:
+            self._on_declared(key, None)
+            spec, problems = self._from_service(key, service)
+        if spec is None:
+            self._report_problems(key, problems)
+            self._metrics.problems.labels(namespace, name).set(len(problems))
+            return
+        await self._publish(key, spec, problems)
+
+    def _from_service(
+        self, key: Key, service: Obj | None
+    ) -> tuple[EnsembleSpec | None, list[str]]:
+        """The spec a Service declares (or its last valid one), and its problems."""
+        if service is None:
+            return None, []
+        ident = f"{key[0]}/{key[1]}"
         spec, problems = parse_ensemble_service(service)
         if spec is None:
             previous = self._last_good.get(key)
-            if previous is None:
-                self._report_problems(key, problems)
-                self._metrics.problems.labels(namespace, name).set(len(problems))
-                return
-            spec = previous
-            problems = [*problems, f"Service {ident}: still using its last valid settings "
-                        f"(max-members {previous.max_members})"]
-        else:
+            if previous is None or previous.source != "service":
+                return None, problems
+            return previous, [*problems, f"Service {ident}: still using its last valid "
+                              f"settings (max-members {previous.max_members})"]
+        spec, problems = keep_auth_encryption(self._last_good.get(key), spec, problems)
+        self._last_good[key] = spec
+        return spec, problems
+
+    async def _from_cr(
+        self, key: Key, cr: Obj, service: Obj | None
+    ) -> tuple[EnsembleSpec | None, list[str]]:
+        """The spec an ImexEnsemble puts in force, after bringing its Service into being.
+
+        When the CR cannot take over, a labelled Service of its name keeps working as a
+        Service-only ensemble (its problems then come first in the list).
+        """
+        ident = f"{key[0]}/{key[1]}"
+        uid, generation = cr_identity(cr)
+        parsed = parse_ensemble_cr(cr)
+        refusals: list[tuple[str, str]] = []
+        problems: list[str] = []
+        spec = parsed.spec
+        if spec is not None:
             spec, problems = keep_auth_encryption(self._last_good.get(key), spec, problems)
             self._last_good[key] = spec
+        else:
+            assert parsed.reason is not None and parsed.message is not None
+            refusals.append((parsed.reason, parsed.message))
+            problems.append(parsed.message)
+            previous = self._last_good.get(key)
+            if previous is not None and previous.source == "cr" and previous.owner_uid == uid:
+                spec = previous
+                problems.append(f"ImexEnsemble {ident}: still using its last valid settings "
+                                f"(maxMembers {previous.max_members})")
+
+        def declare(in_force: EnsembleSpec | None, action: Any = None,
+                    wrote: str | None = None) -> None:
+            self._on_declared(key, Declaration(key[0], key[1], uid, generation, in_force,
+                                               tuple(refusals), action, wrote))
+
+        if spec is None or self._owned is None:
+            fallback, more = self._from_service(key, service)
+            declare(fallback)
+            return fallback, [*problems, *more]
+        outcome = await self._owned.ensure(spec)
+        action = outcome.plan.action
+        if action in ("conflict", "foreign"):
+            assert outcome.plan.message is not None
+            refusals.append((SERVICE_CONFLICT, outcome.plan.message))
+            problems.append(outcome.plan.message)
+            if action == "foreign":
+                self._recheck[key] = self._settings.conflict_recheck
+            fallback, more = self._from_service(key, service) if action == "conflict" \
+                else (None, [])
+            declare(fallback, action)
+            return fallback, [*problems, *more]
+        if outcome.wrote is not None:
+            self._metrics.service_writes.labels(
+                "adopt" if action == "adopt" else outcome.wrote).inc()
+            what = {"create": "created", "adopt": "adopted (ownerReference added; domain id "
+                    f"{spec.ens.domain_id} unchanged)", "own": "updated"}[action]
+            log.info("%s: Service %s %s", ident, ident, what, extra={"ensemble": ident})
+        spec = replace(spec, uid=outcome.uid)
+        declare(spec, action, outcome.wrote)
+        return spec, problems
+
+    async def _publish(self, key: Key, spec: EnsembleSpec, problems: list[str]) -> None:
+        """One code path from the spec on: members, state, registry, slices."""
+        namespace, name = key
+        ident = f"{namespace}/{name}"
         ca_problems, ca = await self._reconcile_ca(key, spec)
         vmis = list(self._vmis.by_index(key))
         members, member_problems = derive_members(spec, vmis, self._examine)

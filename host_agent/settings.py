@@ -57,6 +57,11 @@ class HostSettings:
     #: Backoff with full jitter between failed list/watch/apply attempts.
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
+    #: How often an optional kind the cluster does not serve (the ImexEnsemble CRD not
+    #: installed, or not permitted) is listed again.
+    optional_kind_retry: float = 30.0
+    #: How often a CR whose name is taken by a Service we cannot see is looked at again.
+    conflict_recheck: float = 30.0
     #: Seconds to finish in-flight work on SIGTERM before tasks are cancelled.
     shutdown_grace: float = 5.0
     #: KubeVirt hook sidecar: answer virt-launcher's hook Info call on this unix socket.

@@ -251,8 +251,15 @@ class Informer:
         metrics: HostMetrics,
         settings: HostSettings,
         namespace: str | None = None,
+        *,
+        optional: bool = False,
     ) -> None:
         self.name = name
+        #: A kind the cluster may not serve (the ImexEnsemble CRD is optional): a list
+        #: answered 404 (not installed) or 403 (no RBAC for it) counts as an empty,
+        #: synced list, and the list is retried every ``settings.optional_kind_retry``.
+        self._optional = optional
+        self._absent_logged = False
         self._source = source
         self._store = store
         self._on_change = on_change
@@ -277,6 +284,9 @@ class Informer:
                     for old, new in self._store.replace(items, self._in_scope):
                         self._on_change(old, new)
                     self.resource_version = rv
+                    if self._absent_logged:
+                        self._absent_logged = False
+                        log.info("%s: the kind is served now; watching it", self.name)
                     if not self.synced.is_set():
                         self._metrics.synced.labels(self.name).set(1)
                         log.info(
@@ -299,6 +309,10 @@ class Informer:
                 if failures > 1:  # the fresh list's version was gone too: do not spin
                     await asyncio.sleep(self._delay(failures - 1))
             except KubeError as exc:
+                if self._optional and rv is None and exc.status in (403, 404):
+                    self._absent(exc)
+                    await asyncio.sleep(self._settings.optional_kind_retry)
+                    continue
                 failures += 1
                 delay = self._delay(failures)
                 self._metrics.watch_restarts.labels(self.name, "error").inc()
@@ -313,6 +327,19 @@ class Informer:
                 self._metrics.watch_restarts.labels(self.name, "error").inc()
                 log.exception("%s: unexpected %r; retrying in %.2f s", self.name, exc, delay)
                 await asyncio.sleep(delay)
+
+    def _absent(self, exc: KubeError) -> None:
+        """An optional kind is not served: an empty cache, synced (see ``optional``)."""
+        for old, new in self._store.replace([], self._in_scope):
+            self._on_change(old, new)
+        if not self._absent_logged:
+            self._absent_logged = True
+            why = "not installed" if exc.status == 404 else "not permitted by RBAC"
+            log.warning("%s: the kind is %s (%s); carrying on without it, checking again "
+                        "every %g s", self.name, why, exc, self._settings.optional_kind_retry)
+        if not self.synced.is_set():
+            self._metrics.synced.labels(self.name).set(1)
+        self.synced.set()
 
     def _delay(self, failures: int) -> float:
         return backoff_delay(failures, self._settings.backoff_initial, self._settings.backoff_max)

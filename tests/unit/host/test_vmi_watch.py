@@ -153,3 +153,49 @@ def test_store_index() -> None:
     assert [o["metadata"]["name"] for o in store.by_index(("ns", "y"))] == ["a"]
     store.pop(("ns", "b"))
     assert store.by_index(("ns", "x")) == []
+
+
+async def test_an_optional_kind_the_cluster_does_not_serve_is_synced_empty_and_retried(
+) -> None:
+    """The ImexEnsemble CRD may be absent (or forbidden): Service-only ensembles go on."""
+    script = Script(
+        lists=[KubeError("list ImexEnsemble: 404: not found", 404),
+               KubeError("list ImexEnsemble: 403: forbidden", 403),
+               ([obj("a", "5")], "10")],
+        watches=[],
+    )
+    store = Store("thing")
+    seen: list[Any] = []
+    metrics = HostMetrics(CollectorRegistry())
+    settings = HostSettings(backoff_initial=0.001, backoff_max=0.01, optional_kind_retry=0.02)
+    inf = Informer("imexensemble", script, store, lambda o, n: seen.append((o, n)), metrics,
+                   settings, optional=True)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 5)
+        assert names(store) == set()  # synced at once, although the list failed
+        await asyncio.wait_for(script.done.wait(), 5)  # installed later: listed and watched
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert names(store) == {"a"} and script.watched_from == ["10"]
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": "imexensemble", "reason": "error"}
+    ) is None
+
+
+async def test_a_required_kind_answering_404_is_an_error_not_an_empty_list() -> None:
+    script = Script(lists=[KubeError("404", 404), ([obj("a", "5")], "10")], watches=[])
+    inf_store = Store("thing")
+    metrics = HostMetrics(CollectorRegistry())
+    inf = Informer("thing", script, inf_store, lambda o, n: None, metrics, SETTINGS)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(script.done.wait(), 5)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "error"}) == 1

@@ -1,0 +1,357 @@
+"""ImexEnsemble JSON -> ``EnsembleSpec``, and what to do with the Service of its name (pure).
+
+An ensemble is declared either by an ImexEnsemble (this module) or by a
+hand-made Service (services.py). Both parse into one ``EnsembleSpec``; the
+reconciler runs one code path after parsing.
+
+Parsing (``parse_ensemble_cr``). The apiserver validated the object against
+the CRD (host_agent/crd.py) and filled in its defaults, so a CR seen here is
+usually good; the checks below are for what a schema cannot say and for an
+old or hand-rolled API server. The defaults are the CRD's own
+(``guest_agent.ensemble_crd``), never a second copy. A CR the agent cannot
+use is a **refusal** with a reason (``InvalidSpec``, ``SelectorConflict``):
+the reconciler keeps the last usable spec, if any, and the status says
+Degraded. ``memberSelector`` is always ANDed with
+``imex-ensemble.io/ensemble=<name>``, so a selector that asks for another
+ensemble's label value can never match and would, read alone, take that
+ensemble's VMIs: refused, naming the value.
+
+The Service (``plan_service``). The agent creates and owns a headless,
+selector-less Service of the CR's name (controller ownerReference to the CR,
+``blockOwnerDeletion``), labelled and annotated as a Service-only ensemble
+would be (services.service_annotations), so the Service alone still says
+what the ensemble is. What it finds decides:
+
+- no Service: **create** it;
+- labelled ``imex-ensemble.io/ensemble=<name>``, controlled by this CR: **own**
+  (re-applied only when it differs from the desired body);
+- labelled so, no controller reference, headless and selector-less:
+  **adopt** (the ownerReference is added; the name, and with it the domain
+  id and every slot name, stays, so guests see nothing: no IMEX restart, no
+  DNS gap);
+- labelled so but controlled by something else, or not headless, or with a
+  selector: **conflict**; the Service keeps working as a Service-only
+  ensemble, exactly as before the CR came, and the CR is Degraded;
+- labelled for another ensemble (or, found at create time, not labelled at
+  all): **foreign**; it is left alone and the CR is Degraded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from guest_agent.ensemble_crd import SPEC_FIELDS
+from guest_agent.model import EnsembleId, ModelError
+from host_agent.crd import API_VERSION, KIND
+from host_agent.endpoints import PORT_NAME
+from host_agent.selectors import (
+    LabelSelector,
+    SelectorError,
+    contradiction,
+    parse_label_selector,
+)
+from host_agent.services import ENSEMBLE_LABEL, check_spec, service_annotations
+from host_agent.state import EnsembleSpec
+
+#: Degraded reasons of a CR the agent cannot use (status and Events use them).
+INVALID_SPEC: Final = "InvalidSpec"
+SELECTOR_CONFLICT: Final = "SelectorConflict"
+SERVICE_CONFLICT: Final = "ServiceConflict"
+
+Action = Literal["create", "own", "adopt", "conflict", "foreign"]
+
+
+@dataclass(frozen=True, slots=True)
+class CrParse:
+    """What one ImexEnsemble says: a spec, or the reason (and message) it is refused."""
+
+    spec: EnsembleSpec | None
+    reason: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePlan:
+    """What to do with the Service named like the CR (see the module docstring)."""
+
+    action: Action
+    #: Why, for conflict and foreign (a Degraded message and an Event note).
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """What the last pass concluded about one ImexEnsemble; its status and Events read it."""
+
+    namespace: str
+    name: str
+    uid: str
+    #: metadata.generation of the CR the pass read (status.observedGeneration).
+    generation: int
+    #: The spec in force: the CR's, its last usable one, or (conflict) the Service's.
+    spec: EnsembleSpec | None
+    #: Why the CR is not (wholly) in force, as (reason, message): InvalidSpec,
+    #: SelectorConflict, ServiceConflict.
+    refusals: tuple[tuple[str, str], ...] = ()
+    #: What was found for the Service of its name, and what this pass wrote to it.
+    service_action: Action | None = None
+    service_wrote: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+def cr_identity(cr: Mapping[str, Any]) -> tuple[str, int]:
+    """(uid, metadata.generation) of an ImexEnsemble ("" and 0 when absent)."""
+    meta = _mapping(cr.get("metadata"))
+    uid, gen = meta.get("uid"), meta.get("generation")
+    return (uid if isinstance(uid, str) else "",
+            gen if isinstance(gen, int) and not isinstance(gen, bool) else 0)
+
+
+def spec_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether a CR event can change what the reconciler does (not a status-only write).
+
+    The apiserver moves metadata.generation on every spec change and never on a status
+    write, so our own status writes coming back cost no pass.
+    """
+    if old is None or new is None:
+        return True
+    if cr_identity(old) != cr_identity(new):
+        return True
+    return _mapping(old.get("metadata")).get("deletionTimestamp") != \
+        _mapping(new.get("metadata")).get("deletionTimestamp")
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def cr_key(cr: Mapping[str, Any]) -> tuple[str, str]:
+    meta = _mapping(cr.get("metadata"))
+    ns, name = meta.get("namespace"), meta.get("name")
+    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
+
+
+def _default(name: str) -> Any:
+    return SPEC_FIELDS[name].get("default")
+
+
+def _int_field(spec: Mapping[str, Any], name: str) -> int:
+    value = spec.get(name, _default(name))
+    facts = SPEC_FIELDS[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"spec.{name}={value!r} is not an integer")
+    if not facts["minimum"] <= value <= facts["maximum"]:
+        raise ValueError(f"spec.{name}={value} is not in {facts['minimum']}..{facts['maximum']}")
+    return value
+
+
+def _str_field(spec: Mapping[str, Any], name: str) -> str | None:
+    value = spec.get(name, _default(name))
+    if value is None:
+        return None
+    facts = SPEC_FIELDS[name]
+    if not isinstance(value, str):
+        raise ValueError(f"spec.{name}={value!r} is not a string")
+    if "enum" in facts and value not in facts["enum"]:
+        raise ValueError(f"spec.{name}={value!r} is not one of {', '.join(facts['enum'])}")
+    if "max_length" in facts and len(value) > facts["max_length"]:
+        raise ValueError(f"spec.{name} is longer than {facts['max_length']} characters")
+    return value
+
+
+def parse_ensemble_cr(cr: Mapping[str, Any]) -> CrParse:
+    """The ensemble an ImexEnsemble declares, or why the agent cannot use it."""
+    namespace, name = cr_key(cr)
+    what = f"ImexEnsemble {namespace}/{name}"
+    meta = _mapping(cr.get("metadata"))
+    try:
+        ens = EnsembleId(namespace, name)
+    except ModelError as exc:
+        return CrParse(None, INVALID_SPEC,
+                       f"{what}: {exc} (it names the Service and every slot)")
+    spec = _mapping(cr.get("spec"))
+    try:
+        max_members = _int_field(spec, "maxMembers")
+        port = _int_field(spec, "port")
+        mode = _str_field(spec, "mode") or "names"
+        network = _str_field(spec, "network")
+        token = _str_field(spec, "tokenSHA256")
+        ca_rotation = _str_field(spec, "caRotation")
+        auth = spec.get("authEncryption", _default("authEncryption"))
+        if not isinstance(auth, bool):
+            raise ValueError(f"spec.authEncryption={auth!r} is not true or false")
+    except ValueError as exc:
+        return CrParse(None, INVALID_SPEC, f"{what}: {exc}")
+    if token is not None and (len(token) != 64 or token.strip("0123456789abcdef")):
+        return CrParse(None, INVALID_SPEC, f"{what}: spec.tokenSHA256 is not 64 lowercase hex "
+                       "digits")
+    clash = check_spec("ips" if mode == "ips" else "names", auth)
+    if clash is not None:
+        return CrParse(None, INVALID_SPEC, f"{what}: {clash}")
+    selector = None
+    if spec.get("memberSelector") is not None:
+        try:
+            selector = parse_label_selector(spec["memberSelector"], "spec.memberSelector")
+        except SelectorError as exc:
+            return CrParse(None, INVALID_SPEC, f"{what}: {exc}")
+        why = selector_conflict(selector, name)
+        if why is not None:
+            return CrParse(None, SELECTOR_CONFLICT, f"{what}: spec.memberSelector {why}")
+    uid = meta.get("uid")
+    return CrParse(EnsembleSpec(
+        ens=ens,
+        max_members=max_members,
+        port=port,
+        network=network,
+        token_sha256=token,
+        mode="ips" if mode == "ips" else "names",
+        auth_encryption=auth,
+        ca_rotation=ca_rotation,
+        member_selector=selector,
+        source="cr",
+        owner_uid=uid if isinstance(uid, str) and uid else None,
+    ))
+
+
+def selector_conflict(selector: LabelSelector, name: str) -> str | None:
+    """Why a memberSelector cannot be used for ensemble ``name`` (None: it can)."""
+    why = contradiction(selector)
+    if why is not None:
+        return f"can never match: {why}"
+    on_label = [r for r in selector.requirements() if r.key == ENSEMBLE_LABEL]
+    others = sorted({v for r in on_label if r.operator == "In" for v in r.values} - {name})
+    if others:
+        return (f"selects {ENSEMBLE_LABEL} in ({', '.join(others)}): members of this "
+                f"ensemble are always labelled {ENSEMBLE_LABEL}={name}, and the VMIs of "
+                "another ensemble are never taken from it")
+    if not all(r.matches({ENSEMBLE_LABEL: name}) for r in on_label):
+        return (f"can never match: it excludes {ENSEMBLE_LABEL}={name}, the label every "
+                "member carries")
+    return None
+
+
+def owner_reference(cr_name: str, cr_uid: str) -> dict[str, Any]:
+    """The controller reference an ImexEnsemble's Service carries."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": cr_name,
+        "uid": cr_uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ownerReference with ``controller: true``, if any."""
+    for ref in _mapping(obj.get("metadata")).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return ref
+    return None
+
+
+def owned_by_ensemble(obj: Mapping[str, Any]) -> bool:
+    """The object's controller is an ImexEnsemble (whatever its uid)."""
+    ref = controller_of(obj)
+    return ref is not None and ref.get("kind") == KIND and \
+        str(ref.get("apiVersion", "")).split("/")[0] == API_VERSION.split("/")[0]
+
+
+def desired_service(spec: EnsembleSpec) -> dict[str, Any]:
+    """The Service an ImexEnsemble owns: headless, selector-less, labelled and annotated."""
+    assert spec.owner_uid is not None, "only an ImexEnsemble's spec has an owned Service"
+    ens = spec.ens
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": ens.name,
+            "namespace": ens.namespace,
+            "labels": {ENSEMBLE_LABEL: ens.name},
+            "annotations": service_annotations(spec),
+            "ownerReferences": [owner_reference(ens.name, spec.owner_uid)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "ports": [{"name": PORT_NAME, "port": spec.port, "protocol": "TCP"}],
+        },
+    }
+
+
+def plan_service(spec: EnsembleSpec, observed: Mapping[str, Any] | None) -> ServicePlan:
+    """Create, own, adopt, or leave alone the Service named like the CR (module docstring)."""
+    if observed is None:
+        return ServicePlan("create")
+    ens = spec.ens
+    what = f"Service {ens.key}"
+    meta = _mapping(observed.get("metadata"))
+    label = _mapping(meta.get("labels")).get(ENSEMBLE_LABEL)
+    if label != ens.name:
+        return ServicePlan("foreign", foreign_message(spec, label))
+    if meta.get("deletionTimestamp") is not None:
+        return ServicePlan("conflict", (
+            f"{what} is being deleted; this ImexEnsemble creates its own once it is gone"))
+    ref = controller_of(observed)
+    if ref is not None:
+        if ref.get("uid") == spec.owner_uid:
+            return ServicePlan("own")
+        return ServicePlan("conflict", (
+            f"{what} is controlled by {ref.get('kind')} {ref.get('name')} "
+            f"(uid {ref.get('uid')}), not by this ImexEnsemble; it keeps working as it is. "
+            "If that owner is gone, the garbage collector deletes the Service and this "
+            "ImexEnsemble creates its own"))
+    svc = _mapping(observed.get("spec"))
+    if svc.get("selector"):
+        return ServicePlan("conflict", (
+            f"{what} has a selector, so it cannot be adopted (an ensemble Service is "
+            "selector-less); it keeps working as a Service-only ensemble. Remove its "
+            "selector to let this ImexEnsemble adopt it"))
+    cluster_ip = svc.get("clusterIP")
+    if cluster_ip is not None and cluster_ip != "None":
+        return ServicePlan("conflict", (
+            f"{what} is not headless (clusterIP {cluster_ip!r}) and a cluster IP cannot be "
+            "removed; it keeps working as a Service-only ensemble. Recreate it with "
+            "clusterIP: None (or delete it and let this ImexEnsemble create it)"))
+    return ServicePlan("adopt")
+
+
+def foreign_message(spec: EnsembleSpec, label: object = None) -> str:
+    """Why a Service of the CR's name is not the ensemble's (left alone)."""
+    what = f"Service {spec.ens.key}"
+    if label is None:
+        return (f"{what} exists and is not labelled {ENSEMBLE_LABEL}={spec.ens.name}; it "
+                "belongs to something else and is left alone. Rename this ImexEnsemble, or "
+                f"label the Service {ENSEMBLE_LABEL}={spec.ens.name} to let it be adopted")
+    return (f"{what} is labelled {ENSEMBLE_LABEL}={label!r}, another ensemble's name; it is "
+            "left alone. Rename this ImexEnsemble")
+
+
+def service_in_sync(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:
+    """The observed Service already carries everything of ``desired``.
+
+    Labels, annotations, ownerReferences and ports may hold more than ours (another
+    manager's label, a hand-made Service's extra port): server-side apply leaves what
+    it does not own, so comparing whole lists would re-apply on every pass, forever.
+    """
+    if observed is None:
+        return False
+    want, have = _mapping(desired.get("metadata")), _mapping(observed.get("metadata"))
+    for key in ("labels", "annotations"):
+        theirs = _mapping(have.get(key))
+        if any(theirs.get(k) != v for k, v in _mapping(want.get(key)).items()):
+            return False
+    refs = [r for r in have.get("ownerReferences") or () if isinstance(r, Mapping)]
+    for ref in want.get("ownerReferences") or ():
+        if not any(all(r.get(k) == v for k, v in ref.items()) for r in refs):
+            return False
+    want_spec, have_spec = _mapping(desired.get("spec")), _mapping(observed.get("spec"))
+    if have_spec.get("clusterIP") != want_spec.get("clusterIP"):
+        return False
+    ports = [p for p in have_spec.get("ports") or () if isinstance(p, Mapping)]
+    return all(any(all(p.get(k) == v for k, v in port.items()) for p in ports)
+               for port in want_spec.get("ports") or ())
