@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from host_agent.services import parse_ensemble_service
+from tests.sandbox.kube_api import structural
 from tests.sandbox.kube_api.validation import VENDORED_KUBEVIRT, kubevirt_openapi_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,8 +50,20 @@ KUBEVIRT_KINDS = {
 # Everything the host agent may do: exactly what it uses (the realk8s tier
 # checks the audit log against this). Issue 9's list also named get and
 # update, which the agent never calls; creating a slice by server-side apply
-# needs create as well as patch.
+# needs create as well as patch. Issue 15 adds the ImexEnsemble rights, owned
+# Services (narrowed by the ValidatingAdmissionPolicy) and Events.
 ALLOWED = {
+    ("kubevirt.io", "virtualmachineinstances"): {"list", "watch"},
+    ("", "services"): {"list", "watch", "create", "patch", "delete"},
+    ("discovery.k8s.io", "endpointslices"): {"list", "watch", "create", "patch", "delete"},
+    ("imex-ensemble.io", "imexensembles"): {"get", "list", "watch"},
+    ("imex-ensemble.io", "imexensembles/status"): {"patch", "update"},
+    ("imex-ensemble.io", "imexensembles/finalizers"): {"update"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+# The hook sidecar (one agent per VMI, --vmi) publishes its own slice only: no
+# Services, no ensembles, no Events.
+ALLOWED_SIDECAR = {
     ("kubevirt.io", "virtualmachineinstances"): {"list", "watch"},
     ("", "services"): {"list", "watch"},
     ("discovery.k8s.io", "endpointslices"): {"list", "watch", "create", "patch", "delete"},
@@ -58,6 +71,18 @@ ALLOWED = {
 #: The CA Secrets (issue 19): a Role in the agent's own namespace, never a ClusterRole.
 CA_ROLE = "imex-host-agent-ca"
 CA_ALLOWED = {("", "secrets"): {"get", "create", "update"}}
+# What namespace users get through the built-in admin/edit/view roles.
+AGGREGATED = {
+    "rbac.authorization.k8s.io/aggregate-to-admin": {
+        ("imex-ensemble.io", "imexensembles"): {"get", "list", "watch", "create", "update",
+                                                "patch", "delete", "deletecollection"}},
+    "rbac.authorization.k8s.io/aggregate-to-edit": {
+        ("imex-ensemble.io", "imexensembles"): {"get", "list", "watch", "create", "update",
+                                                "patch", "delete", "deletecollection"}},
+    "rbac.authorization.k8s.io/aggregate-to-view": {
+        ("imex-ensemble.io", "imexensembles"): {"get", "list", "watch"},
+        ("imex-ensemble.io", "imexensembles/status"): {"get", "list", "watch"}},
+}
 
 pytestmark = pytest.mark.skipif(
     KUBECTL is None, reason="kubectl (with kustomize v5) is not installed on this machine"
@@ -139,10 +164,23 @@ def nad_errors(obj: dict[str, Any]) -> list[str]:
     return errors
 
 
+def imex_ensemble_errors(obj: dict[str, Any]) -> list[str]:
+    """An ImexEnsemble as the API server would judge it: the CRD's own schema and
+    CEL rules (through the API double's implementation of both), nothing pruned."""
+    crd = one("base", "CustomResourceDefinition")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    body = structural.prune_nulls_and_default(schema, copy.deepcopy(obj))
+    errors = [f"unknown field {structural.path_text(p)}"
+              for p in structural.unknown_fields(schema, body)]
+    return errors + [f"{c['field']}: {c['message']}" for c in structural.validate(schema, body)]
+
+
 def validate(obj: dict[str, Any]) -> list[str]:
     key = (obj["apiVersion"], obj["kind"])
     if key in KUBEVIRT_KINDS:
         return kubevirt_errors(obj)
+    if key == ("imex-ensemble.io/v1alpha1", "ImexEnsemble"):
+        return imex_ensemble_errors(obj)
     if key == ("k8s.cni.cncf.io/v1", "NetworkAttachmentDefinition"):
         return nad_errors(obj)
     try:
@@ -174,6 +212,17 @@ def test_closed_schema_catches_a_misspelt_kubevirt_field() -> None:
     assert any("userDataSecretRef" in e for e in kubevirt_errors(pool))
 
 
+def test_imex_ensembles_are_judged_by_the_crd() -> None:
+    good = {"apiVersion": "imex-ensemble.io/v1alpha1", "kind": "ImexEnsemble",
+            "metadata": {"name": "gb200", "namespace": "gpu-jobs"}, "spec": {"maxMembers": 18}}
+    assert validate(good) == []
+    bad = copy.deepcopy(good)
+    bad["spec"].update(maxMembers=0, mood="happy")
+    errors = validate(bad)
+    assert any(e.startswith("spec.maxMembers:") for e in errors)
+    assert "unknown field spec.mood" in errors
+
+
 def test_core_validation_catches_an_unknown_field() -> None:
     dep = copy.deepcopy(one("base", "Deployment"))
     dep["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
@@ -193,15 +242,21 @@ def granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
     return out
 
 
+def aggregated(role: dict[str, Any]) -> bool:
+    return any(k in AGGREGATED for k in role["metadata"].get("labels", {}))
+
+
 @pytest.mark.parametrize("directory", DIRS)
 def test_rbac_grants_exactly_the_list(directory: str) -> None:
-    roles = objects(directory, "ClusterRole") + objects(directory, "Role")
+    roles = [r for r in objects(directory, "ClusterRole") + objects(directory, "Role")
+             if not aggregated(r)]
+    want = ALLOWED_SIDECAR if directory == "overlays/sidecar" else ALLOWED
     for role in roles:
         if role["metadata"]["name"] == CA_ROLE:
             assert role["kind"] == "Role" and role["metadata"]["namespace"] == "imex-system"
             assert granted(role["rules"]) == CA_ALLOWED
             continue
-        assert granted(role["rules"]) == ALLOWED, role["metadata"]["name"]
+        assert granted(role["rules"]) == want, role["metadata"]["name"]
     if directory in ("base", "overlays/namespaced"):  # the sidecar has no registry, no CA
         assert [r["kind"] for r in roles if r["metadata"]["name"] == CA_ROLE] == ["Role"]
     assert not any(("", "secrets") in granted(r["rules"]) for r in roles
@@ -223,8 +278,35 @@ def test_rbac_grants_exactly_the_list(directory: str) -> None:
         assert roles and bindings
 
 
-def test_namespaced_variant_has_no_cluster_role() -> None:
-    assert not objects("overlays/namespaced", "ClusterRole")
+@pytest.mark.parametrize("directory", ["base", "overlays/namespaced"])
+def test_namespace_users_get_imexensembles_through_aggregation(directory: str) -> None:
+    roles = [r for r in objects(directory, "ClusterRole") if aggregated(r)]
+    for label, rights in AGGREGATED.items():
+        holders = [r for r in roles if r["metadata"]["labels"].get(label) == "true"]
+        assert len(holders) == 1, label
+        assert granted(holders[0]["rules"]) == rights, label
+    # nothing binds them: the built-in admin/edit/view roles aggregate their rules
+    bound = {b["roleRef"]["name"] for b in objects(directory, "ClusterRoleBinding")}
+    assert not bound & {r["metadata"]["name"] for r in roles}
+
+
+def test_service_writes_are_narrowed_by_an_admission_policy() -> None:
+    vap = one("base", "ValidatingAdmissionPolicy")
+    binding = one("base", "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == ([""], ["services"])
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    (cond,) = vap["spec"]["matchConditions"]
+    sa = one("base", "ServiceAccount")["metadata"]["name"]
+    assert f"endsWith(':{sa}')" in cond["expression"]  # the agent's account, any namespace
+
+
+def test_namespaced_variant_has_no_cluster_role_for_the_agent() -> None:
+    agent_roles = [r for r in objects("overlays/namespaced", "ClusterRole") if not aggregated(r)]
+    assert not agent_roles
     assert not objects("overlays/namespaced", "ClusterRoleBinding")
     args = one("overlays/namespaced", "Deployment")["spec"]["template"]["spec"]["containers"][0]
     (role,) = [r for r in objects("overlays/namespaced", "Role")

@@ -1,5 +1,6 @@
 """The host agent as the realk8s tests run it: its identity (the base manifests'
-ServiceAccount and RBAC, applied verbatim) and a view of its registry and metrics."""
+ServiceAccount, RBAC and admission policy, applied verbatim), a view of its registry
+and metrics, and what its rights are and which of them it used (audit log)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.realk8s.harness import ControlPlane, Proc
+from tests.realk8s.harness import Api, ControlPlane, Proc, wait_until
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "base"
 AGENT_SA_NAMESPACE = "imex-system"
 AGENT_SA = "imex-host-agent"
 AGENT_USER = f"system:serviceaccount:{AGENT_SA_NAMESPACE}:{AGENT_SA}"
+Right = tuple[str, str, str]  # (API group, resource[/subresource], verb)
 
 
 @dataclass
@@ -38,10 +40,14 @@ class HostAgentProc:
 
 
 def apply_base_rbac(cp: ControlPlane) -> None:
-    """Apply the base kustomization's Namespace, ServiceAccount, ClusterRole and binding
-    exactly as committed (the kustomization's namespace is imex-system throughout)."""
+    """Apply the base kustomization's Namespace, ServiceAccount, ClusterRoles (the agent's
+    and the aggregated user roles), binding and the Service admission policy with its
+    binding, exactly as committed (the
+    kustomization's namespace is imex-system throughout); returns once the policy is
+    enforced, so the agent never runs a moment without it."""
     admin = cp.admin
     assert admin is not None
+    vap = "/apis/admissionregistration.k8s.io/v1/"
     paths = {
         "Namespace": lambda m: f"/api/v1/namespaces/{m['name']}",
         "ServiceAccount": lambda m: (f"/api/v1/namespaces/{AGENT_SA_NAMESPACE}"
@@ -49,12 +55,76 @@ def apply_base_rbac(cp: ControlPlane) -> None:
         "ClusterRole": lambda m: f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{m['name']}",
         "ClusterRoleBinding": lambda m: ("/apis/rbac.authorization.k8s.io/v1/"
                                          f"clusterrolebindings/{m['name']}"),
+        "ValidatingAdmissionPolicy": lambda m: f"{vap}validatingadmissionpolicies/{m['name']}",
+        "ValidatingAdmissionPolicyBinding": lambda m: (f"{vap}validatingadmissionpolicybindings/"
+                                                       f"{m['name']}"),
     }
     for fname in ("namespace.yaml", "serviceaccount.yaml", "clusterrole.yaml",
-                  "clusterrolebinding.yaml"):
+                  "clusterrolebinding.yaml", "clusterrole-aggregate.yaml",
+                  "validatingadmissionpolicy.yaml"):
         for obj in yaml.safe_load_all((MANIFESTS / fname).read_text()):
             if obj is None:
                 continue
             if obj["kind"] == "ServiceAccount":
                 obj["metadata"]["namespace"] = AGENT_SA_NAMESPACE
             admin.apply(paths[obj["kind"]](obj["metadata"]), obj)
+    wait_policy_enforced(admin, AGENT_USER)
+
+
+def foreign_service(namespace: str, name: str, **spec: object) -> dict[str, object]:
+    """A Service that is no ensemble's (no label; a LoadBalancer unless told otherwise)."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}], **spec}}
+
+
+def wait_policy_enforced(admin: Api, user: str, timeout: float = 60) -> None:
+    """Until the apiserver's policy informer has the policy: a dry-run create of a
+    LoadBalancer Service, impersonating ``user``, is denied by it."""
+    ns = AGENT_SA_NAMESPACE
+
+    def denied() -> bool:
+        resp = admin.request("POST", f"/api/v1/namespaces/{ns}/services",
+                             foreign_service(ns, "vap-probe"), params={"dryRun": "All"},
+                             headers={"Impersonate-User": user})
+        return resp.status_code == 403 and "ValidatingAdmissionPolicy" in resp.text
+
+    wait_until(denied, "the Service admission policy to be enforced", timeout)
+
+
+def granted_rights(role_file: str = "clusterrole.yaml") -> set[Right]:
+    """Every (group, resource, verb) the committed role grants."""
+    role = yaml.safe_load((MANIFESTS / role_file).read_text())
+    return {(group, res, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for res in rule["resources"] for verb in rule["verbs"]}
+
+
+def may(admin: Api, user: str, group: str, resource: str, verb: str,
+        namespace: str = "") -> bool:
+    """Ask the apiserver's authorizer (SubjectAccessReview) about a ServiceAccount user."""
+    res, _, sub = resource.partition("/")
+    sa_ns = user.split(":")[2]
+    review = admin.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user,
+                 "groups": ["system:serviceaccounts", f"system:serviceaccounts:{sa_ns}",
+                            "system:authenticated"],
+                 "resourceAttributes": {"group": group, "resource": res, "subresource": sub,
+                                        "verb": verb, "namespace": namespace}}})
+    return bool(review["status"].get("allowed"))
+
+
+def rights_used(cp: ControlPlane, user: str = AGENT_USER, after: int = 0) -> set[Right]:
+    """What ``user`` did, from the audit log (after the mark ``after``): a server-side
+    apply that created its object was authorized as create too, though the audit event
+    only names patch."""
+    used: set[Right] = set()
+    for e in cp.audit_events(user, after):
+        if e.get("stage") != "ResponseComplete" or "objectRef" not in e:
+            continue
+        ref = e["objectRef"]
+        res = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((ref.get("apiGroup", ""), res, e["verb"]))
+        if e["verb"] == "patch" and e.get("responseStatus", {}).get("code") == 201:
+            used.add((ref.get("apiGroup", ""), res, "create"))
+    return used

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.realk8s.agentproc import (
     AGENT_SA,
@@ -57,6 +58,18 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
         yield cp
     finally:
         cp.stop()
+
+
+IMEX_CRD = MANIFESTS / "crd-imexensembles.yaml"
+
+
+@pytest.fixture(scope="session")
+def imex_crd(control_plane: ControlPlane) -> dict[str, object]:
+    """The ImexEnsemble CRD exactly as committed (manifests/base), installed into the
+    real apiserver once per session and served; yields the CRD document."""
+    crd: dict[str, object] = yaml.safe_load(IMEX_CRD.read_text())
+    control_plane.apply_crd(crd)
+    return crd
 
 
 @pytest.fixture

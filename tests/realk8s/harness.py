@@ -160,10 +160,13 @@ class Api:
 
     def request(self, method: str, path: str, body: Any = None,
                 content_type: str = "application/json",
-                params: Mapping[str, str] | None = None) -> httpx.Response:
-        headers = {"Content-Type": content_type} if body is not None else {}
+                params: Mapping[str, str] | None = None,
+                headers: Mapping[str, str] | None = None) -> httpx.Response:
+        """``headers``: extra request headers (``Impersonate-User``, ``Accept``)."""
+        sent = {"Content-Type": content_type} if body is not None else {}
+        sent.update(headers or {})
         data = None if body is None else json.dumps(body)
-        return self.client.request(method, path, content=data, headers=headers, params=params)
+        return self.client.request(method, path, content=data, headers=sent, params=params)
 
     def ok(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
         resp = self.request(method, path, body, **kw)
@@ -478,7 +481,9 @@ class ControlPlane:
             str(self.bin_dir / "kube-controller-manager"),
             f"--kubeconfig={kc}",
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-            "--controllers=garbage-collector-controller,namespace-controller",
+            # the aggregation controller fills admin/edit/view from aggregate-to-* roles
+            "--controllers=garbage-collector-controller,namespace-controller,"
+            "clusterrole-aggregation-controller",
             "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={port}",
             "--v=1",
@@ -562,6 +567,43 @@ class ControlPlane:
 
         self._await(proc, f"{name} /ready", ready, 60)
         return port
+
+    # ---- kubectl at the apiserver's version
+    def kubectl(self, *args: str, kubeconfig: Path | None = None, stdin: str | None = None,
+                check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run the kubectl build.sh built beside the apiserver (never the machine's: it
+        is out of kubectl's one-minor skew), as the admin unless ``kubeconfig``."""
+        argv = [str(self.bin_dir / "kubectl"),
+                "--kubeconfig", str(kubeconfig or self.admin_kubeconfig),
+                "--cache-dir", str(self.workdir / "kubectl-cache"), *args]
+        proc = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise HarnessError(f"kubectl {' '.join(args)} exited {proc.returncode}: "
+                               f"{proc.stderr.strip()}")
+        return proc
+
+    def apply_crd(self, crd: Mapping[str, Any], timeout: float = 60) -> None:
+        """Create or update a CRD (server-side apply) and wait until its kind is served."""
+        api = self.admin
+        assert api is not None
+        name = crd["metadata"]["name"]
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+        api.apply(path, dict(crd))
+        spec = crd["spec"]
+        version = next(v["name"] for v in spec["versions"] if v.get("storage"))
+        plural = spec["names"]["plural"]
+
+        def served() -> bool:
+            assert self.admin is not None
+            obj = self.admin.get(path)
+            conds = obj.get("status", {}).get("conditions", [])
+            if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                return False
+            return self.admin.request(
+                "GET", f"/apis/{spec['group']}/{version}/{plural}").status_code == 200
+
+        wait_until(served, f"CRD {name} Established and served", timeout)
 
     def stop_process(self, name: str) -> None:
         proc = self.procs.pop(name, None)

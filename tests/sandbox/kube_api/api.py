@@ -44,7 +44,6 @@ from typing import Any
 import yaml
 
 from . import openapi, tables
-from . import resources as rt
 from .errors import ApiError, bad_request, status_object
 from .faults import Counters, Faults
 from .http import AbortConnection, Request, Response, StreamResponse
@@ -154,8 +153,8 @@ class KubeApi:
         if req.path == "/version":
             return "discovery", "", done(json_response(200, SERVER_VERSION))
         if parts[:2] == ["openapi", "v3"]:
-            doc = openapi.index() if len(parts) == 2 else \
-                openapi.group_version_doc("/".join(parts[2:]))
+            doc = openapi.index(self.store.types) if len(parts) == 2 else \
+                openapi.group_version_doc(self.store.types, "/".join(parts[2:]))
             if doc is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             return "discovery", "", done(json_response(200, doc))
@@ -178,10 +177,11 @@ class KubeApi:
     def _resource_route(self, req: Request, group: str, version: str, rest: list[str]) -> tuple[
             str, str, Callable[[], Awaitable[Response | StreamResponse]]]:
         ns: str | None = None
+        types = self.store.types
         if rest[0] == "namespaces" and len(rest) >= 3 and \
-                rt.find_type(group, version, rest[2]) is not None:
+                types.find_type(group, version, rest[2]) is not None:
             ns, rest = rest[1], rest[2:]
-        t = rt.find_type(group, version, rest[0])
+        t = types.find_type(group, version, rest[0])
         if t is None:
             raise PageNotFound()
         name = rest[1] if len(rest) > 1 else None
@@ -227,7 +227,7 @@ class KubeApi:
             {"clientCIDR": "0.0.0.0/0", "serverAddress": req.headers.get("host", "")}]}
 
     def _group(self, group: str) -> JSON:
-        version = rt.GROUP_VERSIONS.get(group)
+        version = self.store.types.group_versions().get(group)
         if not group or version is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         gv = {"groupVersion": f"{group}/{version}", "version": version}
@@ -235,17 +235,18 @@ class KubeApi:
                 "preferredVersion": gv}
 
     def _group_list(self) -> JSON:
-        groups = [self._group(g) for g in rt.GROUP_VERSIONS if g]
+        groups = [self._group(g) for g in self.store.types.group_versions() if g]
         for g in groups:
             g.pop("kind")
             g.pop("apiVersion")
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
     def _resource_list(self, group: str, version: str) -> JSON:
-        types = rt.types_in(group, version)
+        types = self.store.types.types_in(group, version)
         if not types:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update",
+                 "watch"]
         resources: list[JSON] = []
         for t in types:
             res: JSON = {"name": t.plural, "singularName": t.singular, "namespaced": t.namespaced,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import resources as rt
+from .resources import TypeRegistry
 
 JSON = dict[str, Any]
 DOC_HASH = "sandbox0"
@@ -27,15 +27,15 @@ def _gv_path(group: str, version: str) -> str:
     return f"apis/{group}/{version}" if group else f"api/{version}"
 
 
-def index() -> JSON:
+def index(types: TypeRegistry) -> JSON:
     paths = {}
-    for group, version in rt.GROUP_VERSIONS.items():
+    for group, version in types.group_versions().items():
         key = _gv_path(group, version)
         paths[key] = {"serverRelativeURL": f"/openapi/v3/{key}?hash={DOC_HASH}"}
     return {"paths": paths}
 
 
-def group_version_doc(gv_path: str) -> JSON | None:
+def group_version_doc(types: TypeRegistry, gv_path: str) -> JSON | None:
     """The document for "api/v1" or "apis/<group>/<version>", or None if unknown."""
     parts = gv_path.strip("/").split("/")
     if parts[0] == "api" and len(parts) == 2:
@@ -44,13 +44,13 @@ def group_version_doc(gv_path: str) -> JSON | None:
         group, version = parts[1], parts[2]
     else:
         return None
-    types = rt.types_in(group, version)
-    if not types:
+    served = types.types_in(group, version)
+    if not served:
         return None
     params = [{"name": p, "in": "query", "schema": {"type": "string"}, "uniqueItems": True}
               for p in _QUERY_PARAMS]
     paths: JSON = {}
-    for t in types:
+    for t in served:
         base = f"/{_gv_path(group, version)}/"
         item = base + (f"namespaces/{{namespace}}/{t.plural}/{{name}}" if t.namespaced
                        else f"{t.plural}/{{name}}")

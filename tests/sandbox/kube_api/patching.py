@@ -13,12 +13,18 @@ Using kubectl patch" and "Server-Side Apply"):
   ...), `$patch: delete|replace` directives; a simplification of the real
   patchMeta-driven merge, good for the built-in kinds here;
 - `application/apply-patch+yaml`: server-side apply with per-manager field
-  ownership. Simplified: a field is a path of map keys, every list is atomic
-  (owned whole), conflicts are reported against any other manager owning a
-  field whose value the apply would change (409 unless `force`), fields a
-  manager stops applying are removed unless another manager owns them. An
-  apply that changes nothing returns the object unchanged, which is what
-  lets the store skip the write (no new resourceVersion, no watch event).
+  ownership. Simplified: a field is a path of map keys; lists are atomic
+  (owned whole), except, for kinds a CRD defines, lists the schema marks
+  `x-kubernetes-list-type: map`, whose items merge by their key fields and
+  are owned item by item (`k:{"type":"Ready"}` in managedFields), as
+  structured-merge-diff does: an object is turned into a tree where such a
+  list is a map keyed by `k:{...}`, merged, and turned back (items keep
+  their order, new ones are appended). Conflicts are reported against any
+  other manager owning a field whose value the apply would change (409
+  unless `force`), fields a manager stops applying are removed unless
+  another manager owns them. An apply that changes nothing returns the
+  object unchanged, which is what lets the store skip the write (no new
+  resourceVersion, no watch event).
 
 Nothing here does I/O; errors are `PatchError` (-> 422/400) and
 `ApplyConflict` (-> 409).
@@ -27,6 +33,7 @@ Nothing here does I/O; errors are `PatchError` (-> 422/400) and
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +61,83 @@ class ApplyConflict(Exception):
 
 
 def path_text(p: Path) -> str:
-    return "." + ".".join(p)
+    """`.status.conditions[type="Ready"].status`, as upstream names a field."""
+    out = ""
+    for part in p:
+        if part.startswith("k:{"):
+            keys = json.loads(part[2:])
+            out += "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in keys.items()) + "]"
+        elif part != ".":
+            out += "." + part
+    return out
+
+
+# -------------------------------------------------------- list-type maps (CRDs)
+
+#: Where lists merge by key: {field path, "*" for any list item or map value: key fields}
+ListMaps = dict[tuple[str, ...], tuple[str, ...]]
+
+
+def _map_keys(maps: ListMaps, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    for pattern, keys in maps.items():
+        if len(pattern) == len(path) and all(a in ("*", b) for a, b in zip(pattern, path,
+                                                                          strict=True)):
+            return keys
+    return None
+
+
+def item_key(item: Mapping[str, Any], keys: Iterable[str]) -> str:
+    """The managedFields name of a list-map item: `k:{"index":0}` (keys sorted)."""
+    return "k:" + json.dumps({k: item.get(k) for k in sorted(keys)}, separators=(",", ":"))
+
+
+class DuplicateKey(PatchError):
+    """A list-type map with two items of one key (the apply is refused)."""
+
+
+def to_tree(obj: Any, maps: ListMaps | None, path: tuple[str, ...] = (),
+            strict: bool = True) -> Any:
+    """`obj` with every list-type map turned into a dict keyed by item_key.
+
+    A list with a key twice raises DuplicateKey (`strict`), or stays a list (an
+    update: validation then refuses it naming the item, as upstream)."""
+    if isinstance(obj, dict):
+        return {k: to_tree(v, maps, (*path, k), strict) for k, v in obj.items()}
+    if isinstance(obj, list) and maps:
+        keys = _map_keys(maps, path)
+        if keys is not None and all(isinstance(i, dict) for i in obj):
+            out: JSON = {}
+            for item in obj:
+                name = item_key(item, keys)
+                if name in out:
+                    if not strict:
+                        return copy.deepcopy(obj)
+                    raise DuplicateKey(f"{path_text(path)}: duplicate entries for key "
+                                       f"{path_text((name,))}")
+                out[name] = to_tree(item, maps, (*path, "*"), strict)
+            return out
+    return copy.deepcopy(obj)
+
+
+def _is_list_map(maps: ListMaps, path: Path) -> bool:
+    return _map_keys(maps, tuple("*" if p.startswith("k:{") else p for p in path)) is not None
+
+
+def from_tree(tree: Any, maps: ListMaps | None, path: tuple[str, ...] = ()) -> Any:
+    """Inverse of to_tree; an item's key fields are restored from its key."""
+    if not isinstance(tree, dict):
+        return tree
+    keys = _map_keys(maps, path) if maps else None
+    if keys is not None:
+        items = []
+        for name, item in tree.items():
+            restored = from_tree(item, maps, (*path, "*"))
+            if isinstance(restored, dict) and name.startswith("k:{"):
+                for k, v in json.loads(name[2:]).items():
+                    restored.setdefault(k, v)
+            items.append(restored)
+        return items
+    return {k: from_tree(v, maps, (*path, k)) for k, v in tree.items()}
 
 
 # ---------------------------------------------------------------- merge patch
@@ -319,12 +402,14 @@ def fields_v1(paths: Iterable[Path]) -> JSON:
     for path in sorted(paths):
         cur = root
         for part in path:
-            cur = cur.setdefault("." if part == "." else f"f:{part}", {})
+            name = part if part == "." or part.startswith("k:{") else f"f:{part}"
+            cur = cur.setdefault(name, {})
     return root
 
 
-def parse_fields_v1(fields: Any, prefix: Path = ()) -> set[Path]:
-    """Inverse of fields_v1 for the `f:` entries (list-item `k:`/`v:` keys are skipped)."""
+def parse_fields_v1(fields: Any, prefix: Path = (), items: bool = False) -> set[Path]:
+    """Inverse of fields_v1 for the `f:` entries, and the list-map `k:` ones when
+    `items` (kinds with list-type maps); `v:` set entries are skipped."""
     out: set[Path] = set()
     if not isinstance(fields, dict):
         return out
@@ -332,15 +417,18 @@ def parse_fields_v1(fields: Any, prefix: Path = ()) -> set[Path]:
         if key == "." and prefix:
             out.add((*prefix, "."))
             continue
-        if not key.startswith("f:"):
+        if key.startswith("f:"):
+            path = (*prefix, key[2:])
+        elif items and key.startswith("k:{"):
+            path = (*prefix, key)
+        else:
             continue
-        path = (*prefix, key[2:])
-        children = parse_fields_v1(sub, path)
+        children = parse_fields_v1(sub, path, items)
         out |= children or {path}
     return out
 
 
-def parse_managed_fields(entries: Any) -> dict[ManagerKey, set[Path]]:
+def parse_managed_fields(entries: Any, items: bool = False) -> dict[ManagerKey, set[Path]]:
     """metadata.managedFields as a client sent it -> ownership (client-driven reset)."""
     owners: dict[ManagerKey, set[Path]] = {}
     for entry in entries if isinstance(entries, list) else []:
@@ -348,7 +436,8 @@ def parse_managed_fields(entries: Any) -> dict[ManagerKey, set[Path]]:
             continue
         key = (str(entry["manager"]), str(entry.get("operation") or "Update"),
                str(entry.get("subresource") or ""))
-        owners[key] = owners.get(key, set()) | parse_fields_v1(entry.get("fieldsV1"))
+        owners[key] = owners.get(key, set()) | parse_fields_v1(entry.get("fieldsV1"),
+                                                               items=items)
     return {k: v for k, v in owners.items() if v}
 
 
@@ -372,19 +461,38 @@ def server_side_apply(
     manager: str,
     force: bool,
     subresource: str = "",
+    list_maps: ListMaps | None = None,
 ) -> tuple[JSON, Managers]:
     """Merge an apply configuration into `current`; return (object, new ownership).
 
     `applied` must already be restricted to what the endpoint may change.
-    Raises ApplyConflict when another manager owns a field this apply changes.
+    Raises ApplyConflict when another manager owns a field this apply changes,
+    DuplicateKey for an applied list-type map with a key twice.
     """
+    if list_maps:
+        tree, owners = _ssa(to_tree(current, list_maps) if current is not None else None,
+                            to_tree(applied, list_maps), managers, manager, force, subresource,
+                            list_maps)
+        return from_tree(tree, list_maps), owners
+    return _ssa(current, applied, managers, manager, force, subresource)
+
+
+def _ssa(current: JSON | None, applied: JSON, managers: Managers, manager: str, force: bool,
+         subresource: str, list_maps: ListMaps | None = None) -> tuple[JSON, Managers]:
     me: ManagerKey = (manager, "Apply", subresource)
     scope = ("status",) if subresource == "status" else None
     base: JSON = copy.deepcopy(current) if current is not None else {
         k: copy.deepcopy(v) for k, v in applied.items() if k in ("apiVersion", "kind")
     }
     new_paths = {p for p in leaf_paths(applied) if scope is None or p[:1] == scope}
+    # An empty list-type map owns nothing: the items other managers own stay (it
+    # only brings the field into being when it is absent).
+    empty_maps = {p for p in new_paths if list_maps and _is_list_map(list_maps, p)}
+    new_paths -= empty_maps
     owners: Managers = {k: set(v) for k, v in managers.items()}
+    # a list-map item the apply names is owned as such (".") besides its fields
+    marks = {(*p[:i + 1], ".") for p in new_paths if list_maps
+             for i, part in enumerate(p) if part.startswith("k:{")}
 
     conflicts: list[tuple[str, Path]] = []
     for path in sorted(new_paths):
@@ -404,13 +512,18 @@ def server_side_apply(
                 owned -= {p for p in owned if any(_related(p, q) for q in taken)}
 
     result = base
-    for path in owners.get(me, set()) - new_paths:
+    for path in owners.get(me, set()) - new_paths - marks:
+        if path[-1] == ".":
+            continue
         if not any(key != me and _overlaps(path, owned) for key, owned in owners.items()):
             delete_path(result, path)
     for path in new_paths:
         _, value = get_path(applied, path)
         set_path(result, path, value)
-    owners[me] = new_paths
+    for path in empty_maps:
+        if not get_path(result, path)[0]:
+            set_path(result, path, {})
+    owners[me] = new_paths | marks
     return result, {k: v for k, v in owners.items() if v}
 
 
@@ -435,7 +548,7 @@ def _overlaps(path: Path, owned: set[Path]) -> bool:
 
 def record_update(
     old: JSON | None, new: JSON, managers: Managers, manager: str, subresource: str = "",
-    custom: bool = False,
+    custom: bool = False, list_maps: ListMaps | None = None,
 ) -> Managers:
     """Ownership after a create/update/patch by `manager`: it takes every field it changed.
 
@@ -445,6 +558,9 @@ def record_update(
     resource, and labels/annotations of any kind (the built-ins' other maps are
     mostly plain structs, which get none).
     """
+    if list_maps:
+        old = to_tree(old, list_maps, strict=False) if old is not None else None
+        new = to_tree(new, list_maps, strict=False)
     owners: Managers = {k: set(v) for k, v in managers.items()}
     new_leaves = leaf_paths(new)
     old_leaves = leaf_paths(old) if old is not None else set()

@@ -11,11 +11,17 @@ status"), which is how virt-controller and the endpoint controllers write.
 
 KubeVirt kinds are custom resources on a real cluster, so strategic merge
 patch is refused for them (415), as the real apiserver does for every CRD.
+They are built in here (validated by KubeVirt's published OpenAPI). Every
+other custom resource comes from a CustomResourceDefinition written to the
+double, as on a real cluster: `TypeRegistry` holds the built-in kinds plus
+the ones each stored CRD defines (crds.py), per server.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,9 @@ class ResourceType:
     # DELETE answers with the deleted object (the real registry's ReturnDeletedObject,
     # set for Namespaces, Services, Pods), else with a Success Status.
     returns_deleted: bool = False
+    #: for kinds a stored CRD defines: its version's structural schema, printer
+    #: columns and CEL rules (crds.CrdSpec); None for built-in kinds
+    crd: Any = field(default=None, compare=False, hash=False)
 
     @property
     def api_version(self) -> str:
@@ -87,8 +96,32 @@ VMPOOL = ResourceType(
     "virtualmachinepool", True, ("vmpool", "vmpools"), True, True,
 )
 
+EVENT_V1 = ResourceType("events.k8s.io", "v1", "Event", "events", "event", True, ("ev",))
+SERVICEACCOUNT = ResourceType("", "v1", "ServiceAccount", "serviceaccounts", "serviceaccount",
+                              True, ("sa",))
+DEPLOYMENT = ResourceType("apps", "v1", "Deployment", "deployments", "deployment", True,
+                          ("deploy",), True)
+NETWORKPOLICY = ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies",
+                             "networkpolicy", True, ("netpol",))
+_RBAC = "rbac.authorization.k8s.io"
+CLUSTERROLE = ResourceType(_RBAC, "v1", "ClusterRole", "clusterroles", "clusterrole", False)
+CLUSTERROLEBINDING = ResourceType(_RBAC, "v1", "ClusterRoleBinding", "clusterrolebindings",
+                                  "clusterrolebinding", False)
+ROLE = ResourceType(_RBAC, "v1", "Role", "roles", "role", True)
+ROLEBINDING = ResourceType(_RBAC, "v1", "RoleBinding", "rolebindings", "rolebinding", True)
+_ADMISSION = "admissionregistration.k8s.io"
+VAP = ResourceType(_ADMISSION, "v1", "ValidatingAdmissionPolicy",
+                   "validatingadmissionpolicies", "validatingadmissionpolicy", False, (), True)
+VAPB = ResourceType(_ADMISSION, "v1", "ValidatingAdmissionPolicyBinding",
+                    "validatingadmissionpolicybindings", "validatingadmissionpolicybinding", False)
+CRD = ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition",
+                   "customresourcedefinitions", "customresourcedefinition", False,
+                   ("crd", "crds"), True)
+
 ALL_TYPES: tuple[ResourceType, ...] = (
     NAMESPACE, SERVICE, POD, CONFIGMAP, SECRET, EVENT, ENDPOINTSLICE, VMI, VM, VMPOOL,
+    EVENT_V1, SERVICEACCOUNT, DEPLOYMENT, NETWORKPOLICY, CLUSTERROLE,
+    CLUSTERROLEBINDING, ROLE, ROLEBINDING, VAP, VAPB, CRD,
 )
 
 # Discovery: the version each group prefers (only one version per group here).
@@ -98,13 +131,12 @@ for _t in ALL_TYPES:
 
 
 def find_type(group: str, version: str, plural: str) -> ResourceType | None:
-    for t in ALL_TYPES:
-        if t.group == group and t.version == version and t.plural == plural:
-            return t
-    return None
+    """A built-in kind by its path (CRD-defined kinds: TypeRegistry.find_type)."""
+    return _find(ALL_TYPES, group, version, plural)
 
 
 def find_kind(api_version: str, kind: str) -> ResourceType | None:
+    """A built-in kind by apiVersion and kind (CRD-defined kinds: TypeRegistry)."""
     for t in ALL_TYPES:
         if t.api_version == api_version and t.kind == kind:
             return t
@@ -113,3 +145,55 @@ def find_kind(api_version: str, kind: str) -> ResourceType | None:
 
 def types_in(group: str, version: str) -> list[ResourceType]:
     return [t for t in ALL_TYPES if t.group == group and t.version == version]
+
+
+def _find(types: tuple[ResourceType, ...] | list[ResourceType], group: str, version: str,
+          plural: str) -> ResourceType | None:
+    for t in types:
+        if t.group == group and t.version == version and t.plural == plural:
+            return t
+    return None
+
+
+class TypeRegistry:
+    """The kinds one server serves now: the built-ins plus those its CRDs define.
+
+    A CRD's kind appears when the CRD is stored (and Established), changes with
+    it, and goes when it is deleted, as the apiextensions apiserver's discovery
+    and handlers do (crds.py keeps this in step with the stored CRDs).
+    """
+
+    def __init__(self) -> None:
+        self._custom: dict[str, ResourceType] = {}  # key -> type
+
+    def all(self) -> Iterator[ResourceType]:
+        yield from ALL_TYPES
+        yield from self._custom.values()
+
+    def add(self, t: ResourceType) -> None:
+        self._custom[t.key] = t
+
+    def remove(self, key: str) -> ResourceType | None:
+        return self._custom.pop(key, None)
+
+    def custom(self) -> list[ResourceType]:
+        return list(self._custom.values())
+
+    def find_type(self, group: str, version: str, plural: str) -> ResourceType | None:
+        return _find(list(self.all()), group, version, plural)
+
+    def find_kind(self, api_version: str, kind: str) -> ResourceType | None:
+        for t in self.all():
+            if t.api_version == api_version and t.kind == kind:
+                return t
+        return None
+
+    def types_in(self, group: str, version: str) -> list[ResourceType]:
+        return [t for t in self.all() if t.group == group and t.version == version]
+
+    def group_versions(self) -> dict[str, str]:
+        """Each served group and its (only) version, built-ins first."""
+        out: dict[str, str] = {}
+        for t in self.all():
+            out.setdefault(t.group, t.version)
+        return out

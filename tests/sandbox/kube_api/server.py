@@ -77,13 +77,38 @@ def kubeconfig_document(url: str, token: str, namespace: str = "default") -> JSO
     }
 
 
+REPO = Path(__file__).resolve().parents[3]
+#: The CRDs a double has installed unless told otherwise: the ImexEnsemble CRD
+#: exactly as users install it (the generated manifest in manifests/base).
+DEFAULT_CRDS = (REPO / "manifests" / "base" / "crd-imexensembles.yaml",)
+
+
+def load_crds(paths: Any) -> list[JSON]:
+    """The CRD documents in YAML files (or already parsed dicts)."""
+    out: list[JSON] = []
+    for item in paths:
+        if isinstance(item, dict):
+            out.append(item)
+            continue
+        out.extend(d for d in yaml.safe_load_all(Path(item).read_text())
+                   if isinstance(d, dict) and d.get("kind") == "CustomResourceDefinition")
+    return out
+
+
 class KubeApiServer:
-    """The double on the current event loop. See the module docstring."""
+    """The double on the current event loop. See the module docstring.
+
+    `crds`: CustomResourceDefinitions installed at start (YAML paths or dicts;
+    default DEFAULT_CRDS, `()` for a cluster without them). More can be
+    installed at any time by creating CRD objects, as with `kubectl apply -f`.
+    """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 bookmark_interval: float = 1.0, history_limit: int = 100_000) -> None:
+                 bookmark_interval: float = 1.0, history_limit: int = 100_000,
+                 crds: Any = None) -> None:
         self.token = token if token is not None else secrets.token_hex(16)
-        self.store = Store(history_limit=history_limit)
+        self.store = Store(history_limit=history_limit,
+                           crds=load_crds(DEFAULT_CRDS if crds is None else crds))
         self.faults = Faults()
         self.counters = Counters()
         self.api = KubeApi(self.store, self.faults, self.counters, self.token,
@@ -234,16 +259,22 @@ class KubeApiServer:
         return [self.store.put(o) for o in objs]
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> JSON:
-        t = _kind(api_version, kind)
+        t = self._kind(api_version, kind)
         return self.store.get(t, namespace, name)
 
     def list(self, api_version: str, kind: str, namespace: str | None = None,
              label_selector: str | None = None) -> list[JSON]:
-        return self.store.list(_kind(api_version, kind), namespace, label_selector)[0]
+        return self.store.list(self._kind(api_version, kind), namespace, label_selector)[0]
 
     def delete(self, api_version: str, kind: str, name: str,
                namespace: str | None = None) -> JSON:
-        return self.store.delete(_kind(api_version, kind), namespace, name)
+        return self.store.delete(self._kind(api_version, kind), namespace, name)
+
+    def _kind(self, api_version: str, kind: str) -> rt.ResourceType:
+        t = self.store.types.find_kind(api_version, kind)
+        if t is None:
+            raise ValueError(f"the sandbox does not serve {api_version} {kind}")
+        return t
 
     @property
     def resource_version(self) -> int:
@@ -301,13 +332,6 @@ class KubeApiServer:
                 raise bad_request(f"unknown action {action!r}")
             return Response(200, encode({"action": action, "result": result}))
         raise ApiError(404, "NotFound", f"no sandbox admin endpoint {req.method} {req.path}")
-
-
-def _kind(api_version: str, kind: str) -> rt.ResourceType:
-    t = rt.find_kind(api_version, kind)
-    if t is None:
-        raise ValueError(f"the sandbox does not serve {api_version} {kind}")
-    return t
 
 
 class ThreadedKubeApi:

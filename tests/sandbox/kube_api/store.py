@@ -30,7 +30,12 @@ TEST STAND-IN, never product code. What it imitates and how:
   after the owner's deletion, as its own writes (their own
   resourceVersions), before the DELETE returns: faster than a real
   cluster, where it is asynchronous.
-- managedFields for server-side apply (see patching.py).
+- managedFields for server-side apply (see patching.py); for kinds a CRD
+  defines, lists of `x-kubernetes-list-type: map` merge item by item.
+- CustomResourceDefinitions (crds.py): storing one makes its kind served
+  (discovery, REST, Tables), with defaulting, pruning and validation by its
+  structural schema and CEL rules (structural.py, cel.py); deleting it
+  deletes its custom resources.
 - Unknown fields (not in the kind's schema) are dropped with a warning, or
   refused with 400 under `fieldValidation=Strict`, as upstream decoding and
   structural-schema pruning do.
@@ -54,11 +59,11 @@ import json
 import secrets
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import patching, selectors, validation
+from . import crds, events, patching, selectors, structural, validation
 from . import resources as rt
 from .errors import ApiError, already_exists, bad_request, conflict, not_found
 from .resources import ResourceType
@@ -67,6 +72,7 @@ JSON = dict[str, Any]
 ObjKey = tuple[str, str]  # (namespace or "", name)
 
 FieldPaths = list[tuple[str, ...]]  # (a module alias: Store.list shadows the builtin)
+Causes = list[validation.Cause]
 WATCH_CLOSE = "CLOSE"  # sentinel event types on a watcher queue
 WATCH_ABORT = "ABORT"
 
@@ -163,8 +169,13 @@ class Store:
     """All objects of all kinds; see the module docstring for the rules."""
 
     def __init__(self, history_limit: int = 100_000,
-                 clock: Callable[[], str] = now_rfc3339) -> None:
+                 clock: Callable[[], str] = now_rfc3339,
+                 crds: Iterable[JSON] = ()) -> None:
+        """`crds`: CustomResourceDefinitions stored at start (as a cluster that has
+        them installed), after the namespaces default and kube-system."""
         self.rv = 1
+        self.types = rt.TypeRegistry()
+        self._crd_keys: dict[str, str] = {}  # CRD name -> the type key it serves
         self.history: deque[HistoryEvent] = deque()
         self.history_limit = history_limit
         self.compacted_rv = 0  # watches from an rv below this get 410
@@ -183,6 +194,8 @@ class Store:
                              for i in itertools.count())
         for ns in ("default", "kube-system"):
             self.create(rt.NAMESPACE, None, {"metadata": {"name": ns}}, "sandbox")
+        for crd in crds:
+            self.create(rt.CRD, None, crd, "sandbox")
 
     # ------------------------------------------------------------ reading
 
@@ -403,14 +416,16 @@ class Store:
         for volatile in ("resourceVersion", "uid", "creationTimestamp", "deletionTimestamp",
                          "generation", "selfLink"):
             meta.pop(volatile, None)
-        managers = patching.record_update(None, obj, {}, manager, custom=t.custom)
+        _decode_defaults(t, obj)
+        managers = patching.record_update(None, obj, {}, manager, custom=t.custom,
+                                          list_maps=_list_maps(t))
         return self._commit(t, None, obj, managers, manager)
 
     def put(self, obj: JSON) -> JSON:
         """Create or replace an object as a controller would, status included (no HTTP)."""
         if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
             raise bad_request("an object with apiVersion, kind and metadata is needed")
-        t = rt.find_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
+        t = self.types.find_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
         if t is None:
             raise bad_request(f"unknown kind {obj.get('apiVersion')}/{obj.get('kind')}")
         ns = ((obj.get("metadata") or {}).get("namespace") or "default") if t.namespaced \
@@ -429,7 +444,7 @@ class Store:
     def update(self, t: ResourceType, ns: str | None, name: str, body: Any, manager: str,
                subresource: str = "") -> JSON:
         entry = self._entry(t, ns, name)
-        base = self._client_managed_fields(entry, body)
+        base = self._client_managed_fields(t, entry, body)
         obj = self._body_identity(t, ns, body, name)
         want_rv = obj["metadata"].get("resourceVersion")
         have_rv = entry.obj["metadata"]["resourceVersion"]
@@ -437,8 +452,9 @@ class Store:
             raise conflict(t.qualified, name, "the object has been modified; please apply your "
                            "changes to the latest version and try again", t.group, t.plural)
         new = self._merge_subresource(t, entry.obj, obj, subresource)
+        _decode_defaults(t, new)
         managers = patching.record_update(entry.obj, new, base, manager, subresource,
-                                          custom=t.custom)
+                                          custom=t.custom, list_maps=_list_maps(t))
         return self._commit(t, entry, new, managers, manager)
 
     def patch(self, t: ResourceType, ns: str | None, name: str, patch_type: str, body: Any,
@@ -464,18 +480,20 @@ class Store:
         except patching.PatchError as e:
             raise ApiError(422, "Invalid", f"the server rejected our request due to an error in "
                            f"our request: {e}") from e
-        base = self._client_managed_fields(entry, patched)
+        base = self._client_managed_fields(t, entry, patched)
         obj = self._body_identity(t, ns, patched, name)
         want_rv = obj["metadata"].get("resourceVersion")
         if want_rv not in (None, "") and want_rv != entry.obj["metadata"]["resourceVersion"]:
             raise conflict(t.qualified, name, "the object has been modified; please apply your "
                            "changes to the latest version and try again", t.group, t.plural)
         new = self._merge_subresource(t, entry.obj, obj, subresource)
+        _decode_defaults(t, new)
         managers = patching.record_update(entry.obj, new, base, manager or "unknown",
-                                          subresource, custom=t.custom)
+                                          subresource, custom=t.custom, list_maps=_list_maps(t))
         return self._commit(t, entry, new, managers, manager or "unknown")
 
-    def _client_managed_fields(self, entry: Entry, body: Any) -> patching.Managers:
+    def _client_managed_fields(self, t: ResourceType, entry: Entry,
+                               body: Any) -> patching.Managers:
         """Ownership to start from: the client's managedFields if it changed them.
 
         As upstream: a request that sends managedFields different from the stored
@@ -489,7 +507,7 @@ class Store:
         stored = self.render(entry)["metadata"].get("managedFields")
         if sent == stored:
             return entry.managers
-        return patching.parse_managed_fields(sent)
+        return patching.parse_managed_fields(sent, items=t.crd is not None)
 
     def _apply(self, t: ResourceType, ns: str | None, name: str, body: Any,
                manager: str | None, force: bool, subresource: str) -> JSON:
@@ -509,13 +527,16 @@ class Store:
         try:
             new, managers = patching.server_side_apply(
                 entry.obj if entry else None, applied, entry.managers if entry else {},
-                manager, force, subresource)
+                manager, force, subresource, list_maps=_list_maps(t))
         except patching.ApplyConflict as e:
             raise ApiError(409, "Conflict", str(e), {
                 "name": name, "group": t.group, "kind": t.plural,
                 "causes": [{"reason": "FieldManagerConflict",
                             "message": f'conflict with "{m}"', "field": patching.path_text(p)}
                            for m, p in e.conflicts]}) from e
+        except patching.PatchError as e:
+            raise ApiError(422, "Invalid", f"the server rejected our request due to an error in "
+                           f"our request: {e}") from e
         new.setdefault("metadata", {}).update(name=name, **({"namespace": ns} if ns else {}))
         new["apiVersion"], new["kind"] = t.api_version, t.kind
         return self._commit(t, entry, new, managers, manager)
@@ -545,7 +566,11 @@ class Store:
 
     def _default(self, t: ResourceType, obj: JSON, old: JSON | None) -> None:
         """Registry defaulting (PrepareForCreate/Update) for the kinds that need it."""
-        if t is rt.SERVICE:
+        if t.crd is not None:
+            structural.prune_nulls_and_default(t.crd.schema, obj)
+        elif t is rt.EVENT_V1:
+            events.default(obj)
+        elif t is rt.SERVICE:
             spec = obj.setdefault("spec", {})
             spec.setdefault("type", "ClusterIP")
             if spec["type"] != "ExternalName":
@@ -600,7 +625,7 @@ class Store:
             managers = {k: {p for p in v if not any(p[:len(q)] == q for q in pruned)}
                         for k, v in managers.items()}
             managers = {k: v for k, v in managers.items() if v}
-        causes = validation.validate(t, new)
+        causes = self._validate(t, new, old)
         if causes:
             raise ApiError(422, "Invalid", validation.invalid_message(t, name, causes),
                            {"name": name, "group": t.group, "kind": t.kind, "causes": causes})
@@ -637,7 +662,62 @@ class Store:
         self._publish(t, "MODIFIED" if entry else "ADDED", old_rendered, rendered)
         if self._dangling(meta):
             self.delete(t, ns or None, name)  # as the garbage collector would, shortly after
+        elif t is rt.CRD:
+            return self._crd_written(name)
         return rendered
+
+    def _validate(self, t: ResourceType, new: JSON, old: JSON | None) -> Causes:
+        if t.crd is not None:  # a CRD-defined kind: its structural schema and CEL rules
+            causes = validation.validate_metadata(t, new)
+            causes.extend(structural.validate(t.crd.schema, new, old))
+            return causes
+        causes = validation.validate(t, new)
+        if t is rt.CRD and not causes:
+            causes = crds.check(new)
+        elif t is rt.EVENT_V1:
+            causes.extend(events.validate(new, old))
+        return causes
+
+    # ------------------------------------------------------------------ CRDs
+
+    def _crd_written(self, name: str) -> JSON:
+        """Serve the kind a stored CRD defines, and write the status its controllers
+        would (a second write, as upstream); returns the CRD as stored now."""
+        entry = self.objects[rt.CRD.key][("", name)]
+        t = crds.resource_type(entry.obj)
+        old_key = self._crd_keys.get(name)
+        if old_key is not None and old_key != t.key:
+            self._drop_kind(old_key)
+        self.types.add(t)
+        self._crd_keys[name] = t.key
+        self.objects.setdefault(t.key, {})
+        want = crds.accepted_status(entry.obj, self.clock())
+        have = entry.obj.get("status") or {}
+
+        def essence(st: Mapping[str, Any]) -> Any:
+            conds = sorted((c.get("type"), c.get("status")) for c in st.get("conditions") or [])
+            return conds, st.get("acceptedNames"), st.get("storedVersions")
+
+        if essence(have) == essence(want) or self.dry_run:
+            return self.render(entry)
+        new = copy.deepcopy(entry.obj)
+        new["status"] = want
+        managers = patching.record_update(entry.obj, new, entry.managers, "kube-apiserver",
+                                          "status")
+        return self._commit(rt.CRD, entry, new, managers, "kube-apiserver")
+
+    def _drop_kind(self, key: str) -> None:
+        """A CRD went (or changed its kind): its objects go, its watches end."""
+        t = self.types.remove(key)
+        if t is None:
+            return
+        for ns, obj_name in sorted(self.objects.get(key, {})):
+            if (ns, obj_name) in self.objects[key]:
+                self._remove(t, ns, obj_name)
+        self.objects.pop(key, None)
+        for w in [w for w in self.watchers if w.t.key == key]:
+            w.queue.put_nowait((WATCH_CLOSE, {}))
+            self.watchers.discard(w)
 
     def _dangling(self, meta: Mapping[str, Any]) -> bool:
         """Owned, and every owner (by uid) is gone: the garbage collector deletes it."""
@@ -651,7 +731,8 @@ class Store:
         `fieldValidation=Strict` (kubectl's default) refuses them with 400 instead;
         `Warn` (the server default) drops them with a warning; `Ignore` drops them.
         """
-        unknown = validation.unknown_fields(t, obj)
+        unknown = structural.unknown_fields(t.crd.schema, obj) if t.crd is not None \
+            else validation.unknown_fields(t, obj)
         if not unknown:
             return FieldPaths()
         named = [validation.field_path(p) for p in unknown]
@@ -685,6 +766,8 @@ class Store:
             new["metadata"]["deletionTimestamp"] = self.clock()
             new["metadata"]["deletionGracePeriodSeconds"] = 0
             return self._commit(t, entry, new, entry.managers, "")
+        if t is rt.CRD and name in self._crd_keys:  # its custom resources go first
+            self._drop_kind(self._crd_keys.pop(name))
         return self._remove(t, ns or "", name, propagation)
 
     def _remove(self, t: ResourceType, ns: str, name: str,
@@ -692,7 +775,7 @@ class Store:
         entry = self.objects[t.key].pop((ns, name))
         self.uids.discard(entry.obj["metadata"].get("uid", ""))
         if t is rt.NAMESPACE:
-            for other in rt.ALL_TYPES:
+            for other in list(self.types.all()):
                 if other.namespaced:
                     for key in [k for k in self.objects[other.key] if k[0] == name]:
                         if key in self.objects[other.key]:
@@ -707,8 +790,8 @@ class Store:
     def _collect_garbage(self, owner_uid: str, propagation: str | None) -> None:
         if not owner_uid:
             return
-        for t in rt.ALL_TYPES:
-            for (ns, name), entry in list(self.objects[t.key].items()):
+        for t in list(self.types.all()):
+            for (ns, name), entry in list(self.objects.get(t.key, {}).items()):
                 refs = entry.obj["metadata"].get("ownerReferences") or []
                 if not any(r.get("uid") == owner_uid for r in refs):
                     continue
@@ -722,7 +805,8 @@ class Store:
                     else:
                         new["metadata"].pop("ownerReferences")
                     managers = patching.record_update(entry.obj, new, entry.managers,
-                                                      "garbage-collector", custom=t.custom)
+                                                      "garbage-collector", custom=t.custom,
+                                                      list_maps=_list_maps(t))
                     self._commit(t, entry, new, managers, "garbage-collector")
                 elif not any(self.exists_uid(r.get("uid", "")) for r in refs):
                     self.delete(t, ns or None, name)
@@ -737,6 +821,18 @@ def _delete_any(obj: Any, path: tuple[str | int, ...]) -> None:
             return
     if isinstance(cur, dict):
         cur.pop(path[-1], None)
+
+
+def _decode_defaults(t: ResourceType, obj: JSON) -> None:
+    """A CRD-defined kind is defaulted while the request is decoded, before field
+    ownership is computed: the writer owns the defaulted fields, as upstream."""
+    if t.crd is not None:
+        structural.prune_nulls_and_default(t.crd.schema, obj)
+
+
+def _list_maps(t: ResourceType) -> patching.ListMaps | None:
+    """Where a CRD-defined kind's lists merge by key (None: every list is atomic)."""
+    return t.crd.list_maps if t.crd is not None else None
 
 
 def _spec_of(obj: Mapping[str, Any]) -> JSON:

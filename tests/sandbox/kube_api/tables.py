@@ -6,8 +6,11 @@ server's columns (Kubernetes API concepts, "Receiving resources as
 Tables"). The columns imitate the real printers: the built-in ones for
 Namespace/Service/EndpointSlice/Pod/ConfigMap/Event, and the
 `additionalPrinterColumns` of KubeVirt's CRDs (VMI: Age, Phase, IP,
-NodeName, Ready). Rows carry the object as `includeObject` asks: `None`,
-`Metadata` (default: PartialObjectMetadata) or `Object`.
+NodeName, Ready), and for a kind a stored CRD defines, its own printer
+columns as the CRD table convertor computes them (crds.cell: JSONPath, one
+value, typed; null where the path finds nothing). Rows carry the object as
+`includeObject` asks: `None`, `Metadata` (default: PartialObjectMetadata) or
+`Object`.
 
 Pure functions of objects and a clock.
 """
@@ -18,6 +21,7 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import crds
 from . import resources as rt
 from .resources import ResourceType
 
@@ -135,6 +139,7 @@ COLUMNS: dict[str, list[Column]] = {
         ("Message", "string", _s("message"), 0),
         ("Age", "date", _age, 0),
     ],
+    rt.CRD.key: [("Created At", "date", lambda o, n: _get(o, "metadata", "creationTimestamp"), 0)],
     rt.VMI.key: [
         ("Age", "date", _age, 0),
         ("Phase", "string", _s("status", "phase"), 0),
@@ -171,6 +176,8 @@ def table(t: ResourceType, objs: list[JSON], resource_version: str | None,
           include: str = "Metadata", now: datetime.datetime | None = None) -> JSON:
     """A Table of `objs` with kind `t`'s columns."""
     now = now or datetime.datetime.now(datetime.UTC)
+    if t.crd is not None:
+        return _crd_table(t, objs, resource_version, include, now)
     cols = COLUMNS.get(t.key, [("Age", "date", _age, 0)])
     defs = [{"name": "Name", "type": "string", "format": "name", "priority": 0,
              "description": "Name must be unique within a namespace."}]
@@ -180,6 +187,29 @@ def table(t: ResourceType, objs: list[JSON], resource_version: str | None,
     for obj in objs:
         cells = [_get(obj, "metadata", "name") or ""]
         cells += [cell(obj, now) for _, _, cell, _ in cols]
+        row: JSON = {"cells": cells}
+        o = _row_object(obj, include)
+        if o is not None:
+            row["object"] = o
+        rows.append(row)
+    meta = {"resourceVersion": resource_version} if resource_version else {}
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
+            "columnDefinitions": defs, "rows": rows}
+
+
+def _crd_table(t: ResourceType, objs: list[JSON], resource_version: str | None, include: str,
+               now: datetime.datetime) -> JSON:
+    columns = t.crd.columns
+    defs: list[JSON] = [{"name": "Name", "type": "string", "format": "name",
+                         "description": crds.NAME_DESCRIPTION, "priority": 0}]
+    defs += [{"name": c["name"], "type": c["type"], "format": c.get("format", ""),
+              "description": c.get("description") or
+              f"Custom resource definition column (in JSONPath format): {c['jsonPath']}",
+              "priority": c.get("priority", 0)} for c in columns]
+    rows = []
+    for obj in objs:
+        cells = [_get(obj, "metadata", "name") or ""]
+        cells += [crds.cell(c, obj, lambda ts: human_age(ts, now)) for c in columns]
         row: JSON = {"cells": cells}
         o = _row_object(obj, include)
         if o is not None:
