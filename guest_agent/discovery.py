@@ -26,6 +26,21 @@ Backoff: both paths retry with tenacity (exponential with jitter); :meth:`kick` 
 address changed) cuts any wait short and restarts the long-poll without ``wait`` so
 both paths rediscover at once.
 
+Handover between registry replicas (host agents with leader election, behind one Service):
+
+* An answer marked ``closing`` (the replica is shutting down) is used like any other, and
+  the next request goes out at once, through the Service, so another replica holds it. A
+  long-poll the replica ended without an answer (:class:`RegistryDropped`: it closed, or
+  TCP keepalive found its node gone) is asked again at once too. Neither is a registry
+  failure: for half a ``poll_interval`` after one, connection errors are retried every
+  0.05-0.5 s without counting, so a rolling restart never sends a guest to DNS (a registry
+  that is really gone still hands over to DNS within ``poll_interval``). A second drop
+  without an answer in between is not a handover.
+* An answer whose generation is **below** the one the guest holds comes from a replica that
+  lags: it is not published and the guest asks again with its own ``wait`` (the registry
+  answers only when the generation exceeds it). After ``MAX_BEHIND`` such answers in a row
+  (two long-poll timeouts) the lower number is believed: the registry's numbering restarted.
+
 Concurrency: :meth:`run` owns one TaskGroup with the two loops; ``publish`` is called
 under a lock, so views arrive in order and never concurrently; a view equal to the last
 published one is not published again.
@@ -46,11 +61,20 @@ import tenacity
 from guest_agent.config import Settings
 from guest_agent.dnsquery import DnsClient, DnsState, DnsTracker
 from guest_agent.model import EnsembleId, Member
-from guest_agent.registry_client import RegistryClient, RegistryError, RegistrySnapshot
+from guest_agent.registry_client import (
+    RegistryClient,
+    RegistryDropped,
+    RegistryError,
+    RegistrySnapshot,
+    RegistryUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: Answers with a lower generation ignored in a row before the lower number is believed.
+MAX_BEHIND = 2
 Publish = Callable[["View"], Awaitable[None]]
 
 
@@ -116,6 +140,13 @@ class Discovery:
         self._kick_registry = asyncio.Event()  # wakes the registry loop
         self._registry_kicked = False  # the next request goes without ``wait``
         self._kick_dns = asyncio.Event()  # wakes the DNS loop
+        self._handover_until = 0.0  # monotonic; see "Handover" in the module docstring
+        self._closing_in_a_row = 0
+        self._handover_armed = False  # an answer came since the last drop
+        self._behind = 0
+        #: handovers ridden out (closing answers, dropped long-polls) and lagging answers
+        self.handovers = 0
+        self.behind_answers = 0
         #: last views per source, for status and tests
         self.last_registry_view: View | None = None
         self.last_dns_view: View | None = None
@@ -244,17 +275,68 @@ class Discovery:
 
     async def _registry_fetch(self) -> RegistrySnapshot:
         assert self.registry is not None
-        wait = self._generation
-        self._kick_registry.clear()
-        if self._registry_kicked:
-            self._registry_kicked = False
-            wait = None
-        result = await _until(self.registry.fetch(wait), self._kick_registry)
-        if result is None:  # kicked during the long-poll: ask again at once, without wait
+        while True:
+            wait = self._generation
             self._kick_registry.clear()
-            self._registry_kicked = False
-            result = await self.registry.fetch(None)
-        return result
+            if self._registry_kicked:
+                self._registry_kicked = False
+                wait = None
+            result = await _until(self._fetch_riding_handover(wait), self._kick_registry)
+            if result is None:  # kicked during the long-poll: ask again at once, without wait
+                self._kick_registry.clear()
+                self._registry_kicked = False
+                result = await self._fetch_riding_handover(None)
+            held = self._generation
+            if held is not None and result.generation < held and self._behind < MAX_BEHIND:
+                # a replica that lags behind the number we hold: it answered (so the
+                # registry is healthy), but we wait for it to move past what we have
+                self._behind += 1
+                self.behind_answers += 1
+                self._registry_ok_at = time.monotonic()
+                log.info("registry answered generation %d, below the %d this guest holds "
+                         "(a replica that lags); asking again", result.generation, held)
+                continue
+            self._behind = 0
+            return result
+
+    async def _fetch_riding_handover(self, wait: int | None) -> RegistrySnapshot:
+        """One fetch; a handover (closing answer, dropped request) is asked again at once
+        and its connection errors are retried briefly without counting as failures."""
+        assert self.registry is not None
+        pause = 0.05
+        window = self.settings.poll_interval / 2
+        while True:
+            try:
+                snap = await self.registry.fetch(wait)
+            except RegistryDropped as exc:
+                if self._handover_armed:  # the first drop after an answer: ask again at once
+                    self._handover_armed = False
+                    self.handovers += 1
+                    self._handover_until = time.monotonic() + window
+                    log.info("registry: request dropped by the replica (%s); asking again",
+                             exc)
+                    continue
+                if time.monotonic() >= self._handover_until:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(0.5, pause * 2)
+                continue
+            except RegistryUnavailable:
+                if time.monotonic() >= self._handover_until:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(0.5, pause * 2)
+                continue
+            self._handover_armed = True
+            if snap.closing:
+                self.handovers += 1
+                self._handover_until = time.monotonic() + window
+                self._closing_in_a_row += 1
+                if self._closing_in_a_row > 1:  # the balancer still sends us there
+                    await asyncio.sleep(min(0.5, 0.05 * 2 ** (self._closing_in_a_row - 2)))
+            else:
+                self._closing_in_a_row = 0
+            return snap
 
     async def _registry_loop(self, publish: Publish) -> None:
         assert self.registry is not None

@@ -53,6 +53,11 @@ class HttpProtocolError(HttpError):
     """The server's response is not valid HTTP/1.x (or the connection broke mid-response)."""
 
 
+class HttpConnectionClosed(HttpProtocolError):
+    """The connection ended (EOF, reset, keepalive timeout) before any byte of a response:
+    what a client sees when the server closed or vanished while holding its request."""
+
+
 class HttpTooLarge(HttpProtocolError):
     """The response head or body exceeds its size cap."""
 
@@ -82,6 +87,38 @@ class Response:
             return json.loads(self.body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise HttpJsonError(f"response body is not valid JSON: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """TCP keepalive for one connection: probe after ``idle`` s of silence, every
+    ``interval`` s, give up after ``count`` unanswered probes. Unacknowledged data is
+    given up on after the same total (TCP_USER_TIMEOUT)."""
+
+    idle: int = 2
+    interval: int = 2
+    count: int = 3
+
+    @property
+    def dead_after(self) -> int:
+        return self.idle + self.interval * self.count
+
+    def apply(self, sock: object) -> None:
+        import socket
+
+        setsockopt = getattr(sock, "setsockopt", None)
+        if setsockopt is None:
+            return
+        try:
+            setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for name, value in (("TCP_KEEPIDLE", self.idle), ("TCP_KEEPINTVL", self.interval),
+                                ("TCP_KEEPCNT", self.count),
+                                ("TCP_USER_TIMEOUT", self.dead_after * 1000)):
+                opt = getattr(socket, name, None)
+                if opt is not None:
+                    setsockopt(socket.IPPROTO_TCP, opt, value)
+        except OSError:
+            pass  # not a TCP socket (a test's unix pair): nothing to tune
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +167,19 @@ def _build_request(
     return head + (body or b"")
 
 
-async def _read_line(reader: asyncio.StreamReader, budget: int) -> bytes:
+async def _read_line(reader: asyncio.StreamReader, budget: int, first: bool = False) -> bytes:
     try:
         line = await reader.readuntil(b"\n")
     except asyncio.LimitOverrunError as exc:
         raise HttpTooLarge("response line exceeds the size limit") from exc
     except asyncio.IncompleteReadError as exc:
+        if first and not exc.partial:
+            raise HttpConnectionClosed("connection closed before any response") from exc
         raise HttpProtocolError("connection closed in the middle of the response head") from exc
+    except OSError as exc:
+        if first:
+            raise HttpConnectionClosed(f"connection lost before any response: {exc}") from exc
+        raise
     if len(line) > budget:
         raise HttpTooLarge(f"response head exceeds {MAX_HEAD} bytes")
     return line
@@ -144,7 +187,7 @@ async def _read_line(reader: asyncio.StreamReader, budget: int) -> bytes:
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, str, dict[str, str]]:
     budget = MAX_HEAD
-    status_line = await _read_line(reader, budget)
+    status_line = await _read_line(reader, budget, first=True)
     budget -= len(status_line)
     try:
         text = status_line.decode("latin-1").rstrip("\r\n")
@@ -248,10 +291,16 @@ async def request(
     connect_timeout: float = 5.0,
     read_timeout: float = 10.0,
     max_body: int = DEFAULT_MAX_BODY,
+    keepalive: Keepalive | None = None,
 ) -> Response:
     """Send one request and return the response, whatever its status.
 
-    Raises HttpUrlError, HttpConnectError, HttpTimeout, HttpProtocolError/HttpTooLarge.
+    ``keepalive`` turns on TCP keepalive (and TCP_USER_TIMEOUT) for this connection,
+    so a request held by a server whose node vanished (no FIN, no RST ever comes)
+    fails within ``keepalive.dead_after`` seconds instead of at ``read_timeout``.
+
+    Raises HttpUrlError, HttpConnectError, HttpTimeout, HttpProtocolError/HttpTooLarge
+    (HttpConnectionClosed when the connection ended before any byte of a response).
     """
     target = _target(url)
     extra = dict(headers or {})
@@ -274,6 +323,8 @@ async def request(
         ) from exc
     except (OSError, ssl.SSLError) as exc:
         raise HttpConnectError(f"{method} {url}: cannot connect: {exc}") from exc
+    if keepalive is not None:
+        keepalive.apply(writer.get_extra_info("socket"))
     try:
         async with asyncio.timeout(read_timeout):
             writer.write(wire)

@@ -36,6 +36,11 @@ Warn = Callable[[str], None]
 
 #: A long-poll answer may legitimately take ``timeout`` seconds; allow this much more.
 LONGPOLL_GRACE = 5.0
+#: TCP keepalive on every registry connection: a request parked on a replica whose node
+#: vanished (no FIN or RST ever arrives) fails after 2 + 3 x 2 = 8 s of silence, not at
+#: the read timeout (``longpoll_timeout`` + 5 s + ``dns_timeout``).
+KEEPALIVE = http.Keepalive(idle=2, interval=2, count=3)
+CLOSING_HEADER = "x-imex-registry"
 MAX_RESPONSE = 1 << 20
 
 
@@ -51,6 +56,12 @@ class RegistryBadResponse(RegistryError):
     """A response that is not the ensemble document of the contract."""
 
 
+class RegistryDropped(RegistryUnavailable):
+    """A long-poll the registry held was ended without an answer (the replica stopped,
+    or its node vanished and TCP keepalive gave up): ask again at once, through the
+    Service, where another replica answers. Not evidence that the registry is down."""
+
+
 @dataclass(frozen=True, slots=True)
 class RegistrySnapshot:
     """One validated answer of the registry."""
@@ -61,6 +72,8 @@ class RegistrySnapshot:
     port: int | None = None
     #: sha256 of the ensemble's CA bundle (authEncryption); a change means renew now.
     ca_bundle_sha256: str | None = None
+    #: the answering replica is shutting down (its ``X-Imex-Registry: closing`` header)
+    closing: bool = False
 
     @property
     def pins(self) -> dict[int, str]:
@@ -194,21 +207,34 @@ class RegistryClient:
         log.warning("%s", message)
 
     async def fetch(self, wait: int | None = None) -> RegistrySnapshot:
-        """The ensemble now (``wait`` None) or once its generation differs from ``wait``."""
+        """The ensemble now (``wait`` None) or once its generation exceeds ``wait``."""
         url = self.url(wait)
         read_timeout = self.settings.dns_timeout + (
             self.settings.longpoll_timeout + LONGPOLL_GRACE if wait is not None else 5.0
         )
         try:
-            data = await http.get_json(
+            resp = await http.request(
+                "GET",
                 url,
                 token=self.token,
                 connect_timeout=max(self.settings.dns_timeout, 1.0),
                 read_timeout=read_timeout,
                 max_body=MAX_RESPONSE,
+                keepalive=KEEPALIVE,
             )
-        except http.HttpJsonError as exc:
-            raise RegistryBadResponse(str(exc)) from exc
+        except http.HttpConnectionClosed as exc:
+            raise RegistryDropped(str(exc)) from exc
         except http.HttpError as exc:
             raise RegistryUnavailable(str(exc)) from exc
-        return parse_ensemble(data, self.ens, self.settings.max_members, self._warn)
+        if not 200 <= resp.status < 300:
+            snippet = resp.body[:200].decode("utf-8", "replace")
+            raise RegistryUnavailable(f"GET {url}: HTTP {resp.status} {resp.reason}: {snippet}")
+        try:
+            data = resp.json()
+        except http.HttpJsonError as exc:
+            raise RegistryBadResponse(f"GET {url}: {exc}") from exc
+        snap = parse_ensemble(data, self.ens, self.settings.max_members, self._warn)
+        if resp.headers.get(CLOSING_HEADER, "").strip().lower() == "closing":
+            snap = RegistrySnapshot(snap.generation, snap.members, snap.max_members, snap.port,
+                                    closing=True)
+        return snap

@@ -79,6 +79,22 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                    help="authEncryption: validity of issued member certificates (7 days)")
     p.add_argument("--ca-overlap", default=env("CA_OVERLAP", "3600"), metavar="SECONDS",
                    help="authEncryption: how long the old CA stays trusted after a rotation")
+    p.add_argument("--leader-elect", action="store_true", default=None,
+                   help="elect a leader through a Lease: only the leader writes to the API, "
+                   "every replica serves the registry (default off; on in the manifests; "
+                   "env IMEX_HOST_AGENT_LEADER_ELECT=true)")
+    p.add_argument("--leader-elect-namespace", default=env("LEADER_ELECT_NAMESPACE"),
+                   metavar="NS", help="namespace of the Lease (default: --agent-namespace)")
+    p.add_argument("--leader-elect-name", default=env("LEADER_ELECT_NAME", "imex-host-agent"),
+                   metavar="NAME", help="name of the Lease (default imex-host-agent)")
+    for flag, default, what in (
+        ("lease-duration", "15", "how long candidates wait after the lease last changed"),
+        ("renew-deadline", "10", "how long a leader keeps writing without a renewal"),
+        ("retry-period", "2", "between two reads or renewals of the lease (jittered x1.2)"),
+    ):
+        env_name = "LEADER_ELECT_" + flag.upper().replace("-", "_")
+        p.add_argument(f"--leader-elect-{flag}", default=env(env_name, default),
+                       metavar="SECONDS", help=f"{what} (default {default})")
     return p
 
 
@@ -90,6 +106,16 @@ def _seconds_flag(flag: str, text: str, lo: float, hi: float) -> float:
     if not lo <= value <= hi:
         raise SettingsError(f"{flag} {value:g}: must be between {lo:g} and {hi:g} seconds")
     return value
+
+
+def _seconds(flag: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError as exc:
+        raise SettingsError(f"--{flag} {value!r} is not a number of seconds") from exc
+    if not 0 < number < 10**6:
+        raise SettingsError(f"--{flag} {number:g}: must be a positive number of seconds")
+    return number
 
 
 def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> HostSettings:
@@ -167,9 +193,45 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
     cert_lifetime = _seconds_flag("--cert-lifetime", args.cert_lifetime, 60, 366 * 86400)
     ca_overlap = _seconds_flag("--ca-overlap", args.ca_overlap, 1, 366 * 86400)
 
+    leader_elect = args.leader_elect
+    if leader_elect is None:
+        raw = environ.get(ENV_PREFIX + "LEADER_ELECT", "").strip().lower()
+        if raw not in _TRUE | _FALSE:
+            raise SettingsError(f"{ENV_PREFIX}LEADER_ELECT={raw!r}: expected true or false")
+        leader_elect = raw in _TRUE
+    if leader_elect and vmi is not None:
+        raise SettingsError("--leader-elect and --vmi: a sidecar publishes its own VMI and "
+                            "never elects; drop one of them")
+    lease_ns = (args.leader_elect_namespace or "").strip()
+    if lease_ns:
+        try:
+            check_dns_label(lease_ns, "--leader-elect-namespace")
+        except ModelError as exc:
+            raise SettingsError(str(exc)) from exc
+    lease_name = (args.leader_elect_name or "").strip()
+    if not lease_name or len(lease_name) > 253 or not all(
+            (c.isalnum() and c.islower()) or c.isdigit() or c in "-." for c in lease_name):
+        raise SettingsError(f"--leader-elect-name {lease_name!r}: not a valid object name "
+                            "(lower-case letters, digits, '-' and '.')")
+    lease = _seconds("leader-elect-lease-duration", args.leader_elect_lease_duration)
+    renew = _seconds("leader-elect-renew-deadline", args.leader_elect_renew_deadline)
+    retry = _seconds("leader-elect-retry-period", args.leader_elect_retry_period)
+    from host_agent.election import ElectionConfig
+
+    try:
+        ElectionConfig(lease, renew, retry).check()
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from exc
+
     return HostSettings(
         cert_lifetime_seconds=cert_lifetime,
         ca_overlap_seconds=ca_overlap,
+        leader_elect=bool(leader_elect),
+        leader_elect_namespace=lease_ns,
+        leader_elect_name=lease_name,
+        leader_elect_lease_duration=lease,
+        leader_elect_renew_deadline=renew,
+        leader_elect_retry_period=retry,
         agent_namespace=agent_namespace,
         identity=identity,
         namespaces=tuple(dict.fromkeys(namespaces)),

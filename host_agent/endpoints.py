@@ -189,14 +189,28 @@ def _is_our_write(observed: Mapping[str, Any] | None, last: Written | None) -> b
     return resource_version(observed) == last.rv_after
 
 
+def current_version(observed: Mapping[str, Any] | None, last: Written | None) -> str | None:
+    """The resourceVersion the slice has on the server as far as we know: the observed
+    one, or the one our own last write returned when the informer has not seen it yet.
+    None: we believe it does not exist (an apply then creates it, unconditionally)."""
+    rv = resource_version(observed)
+    if last is not None and last.body is not None and last.rv_after is not None and (
+        rv == last.rv_before
+    ):
+        return last.rv_after
+    return rv
+
+
 class SliceClient(Protocol):
     """The two writes the applier needs (implemented over lightkube in kube.py)."""
 
-    async def apply_slice(self, body: Body) -> str | None:
-        """Server-side apply; returns the new resourceVersion."""
+    async def apply_slice(self, body: Body, resource_version: str | None = None) -> str | None:
+        """Server-side apply (precondition: ``resource_version``); returns the new one."""
 
-    async def delete_slice(self, namespace: str, name: str) -> None:
-        """Delete; a slice that is already gone is not an error."""
+    async def delete_slice(
+        self, namespace: str, name: str, resource_version: str | None = None
+    ) -> None:
+        """Delete (precondition: ``resource_version``); already gone is not an error."""
 
 
 class SliceApplier:
@@ -236,12 +250,13 @@ class SliceApplier:
             if not needs_write(body, observed, last):
                 continue
             rv_before = resource_version(observed)
+            precondition = current_version(observed, last)
             if body is None:
-                await self._client.delete_slice(namespace, name)
+                await self._client.delete_slice(namespace, name, precondition)
                 self._last[key] = Written(None, rv_before, None)
                 done.append(f"delete:{name}")
             else:
-                rv_after = await self._client.apply_slice(body)
+                rv_after = await self._client.apply_slice(body, precondition)
                 self._last[key] = Written(body, rv_before, rv_after)
                 done.append(f"apply:{name}")
         return done

@@ -234,14 +234,27 @@ class ListWatcher:
 
 
 class SliceWriter:
-    """EndpointSlice writes: server-side apply (forced) and delete."""
+    """EndpointSlice writes: server-side apply (forced) and delete, through the write gate.
 
-    def __init__(self, client: AsyncClient, field_manager: str) -> None:
+    ``gate.ensure()`` runs immediately before each request. Each write carries
+    the resourceVersion the caller observed (server-side apply takes
+    ``metadata.resourceVersion`` as a precondition on an existing object; a
+    delete sends ``preconditions.resourceVersion``), so a deposed leader's
+    late write is refused with 409 by the server instead of landing.
+    """
+
+    def __init__(self, client: AsyncClient, field_manager: str, gate: Any = None) -> None:
+        from host_agent.leadership import ALWAYS
+
         self._client = client
         self._field_manager = field_manager
+        self._gate = gate if gate is not None else ALWAYS
 
-    async def apply_slice(self, body: Obj) -> str | None:
+    async def apply_slice(self, body: Obj, resource_version: str | None = None) -> str | None:
         meta = body["metadata"]
+        if resource_version is not None:
+            body = {**body, "metadata": {**meta, "resourceVersion": resource_version}}
+        self._gate.ensure()
         try:
             result = await self._client.patch(
                 EndpointSlice,
@@ -257,13 +270,27 @@ class SliceWriter:
         rv = _plain(result).get("metadata", {}).get("resourceVersion")
         return rv if isinstance(rv, str) else None
 
-    async def delete_slice(self, namespace: str, name: str) -> None:
+    async def delete_slice(
+        self, namespace: str, name: str, resource_version: str | None = None
+    ) -> None:
+        self._gate.ensure()
+        if resource_version is None:
+            try:
+                await self._client.delete(EndpointSlice, name, namespace=namespace)
+            except Exception as exc:
+                if _status_of(exc) == 404:
+                    return
+                raise translate(exc, f"delete EndpointSlice {namespace}/{name}") from exc
+            return
         try:
-            await self._client.delete(EndpointSlice, name, namespace=namespace)
-        except Exception as exc:
-            if _status_of(exc) == 404:
-                return
-            raise translate(exc, f"delete EndpointSlice {namespace}/{name}") from exc
+            await api_call(
+                self._client, "DELETE",
+                f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices/{name}",
+                body={"apiVersion": "v1", "kind": "DeleteOptions",
+                      "preconditions": {"resourceVersion": resource_version}})
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
 
 
 class SecretWriter:
@@ -341,3 +368,58 @@ class ServiceWriter:
         except Exception as exc:
             raise translate(exc, f"apply Service {meta['namespace']}/{meta['name']}") from exc
         return _plain(result)
+def _status_message(resp: Any) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return str(resp.text)[:200]
+    if isinstance(body, Mapping) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return str(body)[:200]
+
+
+async def api_call(
+    client: AsyncClient,
+    method: str,
+    path: str,
+    *,
+    body: object = None,
+    params: Mapping[str, str] | None = None,
+    content_type: str = "application/json",
+    timeout: float | None = None,
+) -> Obj | None:
+    """One raw request on the client's connection (auth, TLS, User-Agent included).
+
+    For the calls lightkube has no words for: preconditions on delete, a
+    merge patch that carries a resourceVersion, Leases as plain JSON. Returns
+    the decoded body (None for 404 on GET); raises KubeError with the status.
+    """
+    transport = getattr(getattr(client, "_client", None), "_client", None)
+    if transport is None:
+        raise KubeConfigError("lightkube's client layout changed: no HTTP client to call")
+    headers = {"Accept": "application/json"}
+    data: bytes | None = None
+    if body is not None:
+        import json
+
+        data = json.dumps(body, separators=(",", ":")).encode()
+        headers["Content-Type"] = content_type
+    what = f"{method} {path}"
+    try:
+        resp = await transport.request(
+            method, path, content=data, params=dict(params or {}), headers=headers,
+            **({"timeout": timeout} if timeout is not None else {}),
+        )
+    except Exception as exc:
+        raise translate(exc, what) from exc
+    if method == "GET" and resp.status_code == 404:
+        return None
+    if resp.status_code >= 300:
+        code = resp.status_code
+        cls = Gone if code == 410 else KubeError
+        raise cls(f"{what}: {code}: {_status_message(resp)}", code)
+    try:
+        out = resp.json()
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}

@@ -13,6 +13,12 @@ from __future__ import annotations
 from typing import Final, Protocol
 
 
+class Leadership(Protocol):
+    """What a real gate reads (``lease_io.LeaseElection``)."""
+
+    def may_write(self) -> bool: ...
+
+
 class NotLeader(Exception):
     """This replica may not write now (not the leader, or its renew deadline passed)."""
 
@@ -37,3 +43,22 @@ class _Always:
 
 #: The gate of an agent that does not elect: it always writes.
 ALWAYS: Final[WriteGate] = _Always()
+
+
+class LeaseGate:
+    """The gate of an electing replica: open while it leads and its renew deadline,
+    read on the monotonic clock at the moment of the check, has not passed."""
+
+    def __init__(self, leadership: Leadership, identity: str = "") -> None:
+        self._leadership = leadership
+        self._identity = identity
+
+    def may_write(self) -> bool:
+        return self._leadership.may_write()
+
+    def ensure(self) -> None:
+        if not self._leadership.may_write():
+            raise NotLeader(
+                f"replica {self._identity or '?'} is not the leader (or its renew deadline "
+                "passed): it writes nothing to the API"
+            )

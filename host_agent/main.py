@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry
 
 from host_agent import registry as registry_mod
 from host_agent.ca_store import CaManager
+from host_agent.election import ElectionConfig
 from host_agent.endpoints import SliceApplier
 from host_agent.kube import (
     ALL_NAMESPACES,
@@ -53,7 +54,9 @@ from host_agent.kube import (
     VirtualMachineInstance,
     make_client,
 )
-from host_agent.leadership import ALWAYS, WriteGate
+from host_agent.leadership import ALWAYS, LeaseGate, WriteGate
+from host_agent.lease_io import KubeLeaseApi, LeaseElection
+from host_agent.membership import ServiceAnnotationSource
 from host_agent.metrics import HostMetrics
 from host_agent.owned_services import ServiceApplier
 from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
@@ -103,19 +106,35 @@ class HostAgent:
         #: who may write (ha replaces ALWAYS with the leader election's gate)
         self.gate: WriteGate = ALWAYS
         self.cas: CaManager | None = None
+        self.election: LeaseElection | None = None
 
     def _build(self, client: AsyncClient) -> None:
         s = self.settings
-        writer = SliceWriter(client, s.field_manager)
+        self.metrics.leader_elect.set(1 if s.leader_elect else 0)
+        if s.leader_elect:
+            self.election = LeaseElection(
+                KubeLeaseApi(client, s.lease_namespace, s.leader_elect_name), s.identity,
+                ElectionConfig(s.leader_elect_lease_duration, s.leader_elect_renew_deadline,
+                               s.leader_elect_retry_period),
+                metrics=self.metrics,
+                on_started_leading=lambda: self.reconciler.resync_all()
+                if self.reconciler is not None else None,
+            )
+            self.gate = LeaseGate(self.election, s.identity)
+        else:
+            self.metrics.set_leader(True)
+        writer = SliceWriter(client, s.field_manager, self.gate)
         applier = SliceApplier(writer, self.slices.get)
         self.cas = CaManager(SecretWriter(client, s.field_manager), s.agent_namespace,
                              self.gate, overlap=dt.timedelta(seconds=s.ca_overlap_seconds))
         sidecar = s.vmi is not None
         owned = None if sidecar else ServiceApplier(
             ServiceWriter(client, s.field_manager, self.gate), self.services.get)
+        pairs = (ServiceAnnotationSource(client, self.services.get, self.gate)
+                 if s.persists_membership else None)
         self.reconciler = rec = Reconciler(
             s, self.state, self.vmis, self.services, self.slices, applier, self.metrics,
-            self.cas, crs=self.crs, owned=owned,
+            self.cas, crs=self.crs, owned=owned, gate=self.gate, pairs=pairs,
         )
         namespaces: list[str | None] = list(s.namespaces) or [None]
         vmi_fields = {"metadata.name": s.vmi} if s.vmi else None
@@ -204,12 +223,14 @@ class HostAgent:
                 loops = [tg.create_task(i.run(), name=f"informer {i.name}") for i in self.informers]
                 loops.append(tg.create_task(
                     self.reconciler.run([i.synced for i in self.informers]), name="reconciler"))
+                election = None
+                if self.election is not None:
+                    election = tg.create_task(self.election.run(), name="leader election")
                 serve = tg.create_task(server.serve(sockets=[sock]), name="http")
                 self.serving.set()
                 stopped = tg.create_task(stop.wait(), name="stop")
                 await asyncio.wait((stopped, serve), return_when=asyncio.FIRST_COMPLETED)
-                log.info("stopping: answering long-polls, draining HTTP, cancelling watches")
-                self.state.close()
+                await self._hand_over(election, serve)
                 server.should_exit = True
                 for task in loops:
                     task.cancel()
@@ -223,6 +244,28 @@ class HostAgent:
             if own_client:
                 await client.close()
             log.info("stopped")
+
+
+    async def _hand_over(self, election: asyncio.Task[None] | None,
+                         serve: asyncio.Task[None]) -> None:
+        """Graceful stop, in this order: readiness off and every parked long-poll answered
+        with the current state (``state.close``: guests ask again at once, through the
+        Service, and land on another replica); the lease released at once, so another
+        replica leads within a retry period rather than a lease duration; then the
+        listener stays open ``shutdown_drain`` seconds for connections a balancer still
+        sends here before it has seen readiness go."""
+        log.info("stopping: readiness off, answering long-polls, releasing the lease")
+        self.state.close()
+        if election is not None and self.election is not None:
+            election.cancel()
+            await asyncio.gather(election, return_exceptions=True)
+            await self.election.release()
+        drain = self.settings.shutdown_drain if self.settings.leader_elect else 0.0
+        if drain > 0 and not serve.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(drain):
+                    await asyncio.shield(serve)
+        log.info("stopping: draining HTTP, cancelling watches")
 
 
 def run(settings: HostSettings) -> int:

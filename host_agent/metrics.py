@@ -81,6 +81,37 @@ class HostMetrics:
             registry=registry,
         )
 
+        self.leader = Gauge(
+            _P + "leader",
+            "1 while this replica holds the Lease and may write (0 without leader election: see "
+            "imex_host_agent_leader_elect)",
+            registry=registry,
+        )
+        self.leader_elect = Gauge(
+            _P + "leader_elect", "1 when this replica takes part in leader election",
+            registry=registry,
+        )
+        self.leader_transitions = Counter(
+            _P + "leader_transitions",
+            "Changes of the Lease's holder this replica observed (its own takeovers included)",
+            registry=registry,
+        )
+        self._transitions = 0
+        self.membership_writes = Counter(
+            _P + "membership_writes",
+            "Writes of an ensemble's persisted (generation, membership) pair, by result",
+            ["result"],
+            registry=registry,
+        )
+
+    def set_leader(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
+
+    def set_transitions(self, total: int) -> None:
+        if total > self._transitions:
+            self.leader_transitions.inc(total - self._transitions)
+            self._transitions = total
+
     def set_ensemble(self, namespace: str, name: str, members: int, problems: int) -> None:
         self.members.labels(namespace, name).set(members)
         self.problems.labels(namespace, name).set(problems)

@@ -56,7 +56,10 @@ from host_agent.ensembles import (
     parse_ensemble_cr,
     spec_changed,
 )
+from host_agent.kube import KubeError
+from host_agent.leadership import ALWAYS, NotLeader, WriteGate
 from host_agent.members import ExamineMemo, derive_members, vmi_addresses, vmi_name
+from host_agent.membership import PairSource, PersistedView, next_pair, wall_ms
 from host_agent.metrics import HostMetrics
 from host_agent.owned_services import ServiceApplier
 from host_agent.services import ENSEMBLE_LABEL, parse_ensemble_service
@@ -130,6 +133,8 @@ class Reconciler:
         crs: Store | None = None,
         owned: ServiceApplier | None = None,
         on_declared: Declared = _ignore,
+        gate: WriteGate = ALWAYS,
+        pairs: PairSource | None = None,
     ) -> None:
         #: the per-ensemble CAs (authEncryption); None: no Secrets are touched at all.
         self._cas = cas
@@ -140,6 +145,10 @@ class Reconciler:
         #: keys to look at again after their pass (a CR whose name a Service we cannot
         #: see holds: nothing we watch tells us when it goes)
         self._recheck: dict[Key, float] = {}
+        #: every API write waits for this gate (only the leader writes)
+        self._gate = gate
+        #: where the (generation, view) pair is persisted; None: counted locally (sidecar)
+        self._pairs = pairs
         self._state = state
         self._vmis = vmis
         self._services = services
@@ -171,12 +180,24 @@ class Reconciler:
     def on_service(self, old: Obj | None, new: Obj | None) -> None:
         if new is None and old is not None and self._owned is not None:
             self._owned.forget(*object_key(old))
+        if new is not None and old is not None:
+            is_echo = getattr(self._pairs, "is_echo", None)
+            if is_echo is not None and is_echo(object_key(new), new):
+                return  # our own membership annotation coming back: nothing to do
         self._enqueue_keys(object_key(o) for o in (old, new) if o is not None)
 
     def on_cr(self, old: Obj | None, new: Obj | None) -> None:
         # Our own status writes come back as CR events; they change nothing a pass reads.
         if spec_changed(old, new):
             self._enqueue_keys(object_key(o) for o in (old, new) if o is not None)
+
+    def resync_all(self) -> None:
+        """Queue every ensemble (this replica just became the leader: it wrote nothing
+        while it followed, so everything is compared and repaired once)."""
+        if not self._started:
+            return
+        for key in set(self._services.all_keys()) | set(self._crs.all_keys()):
+            self.enqueue(key, 0)
 
     def on_slice(self, old: Obj | None, new: Obj | None) -> None:
         # Our own write coming back would cost a whole pass that finds nothing to
@@ -260,6 +281,12 @@ class Reconciler:
                 await self.reconcile(key)
             except asyncio.CancelledError:
                 raise
+            except NotLeader:
+                # lost leadership between deciding and writing: not an error; whoever
+                # leads now reconciles everything when it takes over
+                self._metrics.reconciles.labels("not_leader").inc()
+                self._dirty.discard(key)
+                self._active.discard(key)
             except Exception as exc:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
@@ -405,7 +432,16 @@ class Reconciler:
         all_problems = [*problems, *ca_problems, *member_problems]
         by_name = {vmi_name(v): v for v in vmis}
         addresses = {m.index: vmi_addresses(by_name[m.vmi]) for m in members if m.vmi in by_name}
-        snap, changed = self._state.set(spec, members, all_problems, addresses, ca=ca)
+        if self._pairs is not None:
+            pair = await self._settle_pair(key, spec, members, addresses, ca)
+            if pair is None:  # a follower before the leader persisted anything: not served
+                self._report_problems(key, all_problems)
+                return
+            snap, changed = self._state.set_observed(
+                spec, members, all_problems, addresses, pair.generation, pair.view,
+                pair.since_map(), ca=ca)
+        else:
+            snap, changed = self._state.set(spec, members, all_problems, addresses, ca=ca)
         if changed:
             log.info(
                 "%s: %d members published, generation %d",
@@ -415,6 +451,8 @@ class Reconciler:
             )
         self._report_problems(key, all_problems)
         self._metrics.set_ensemble(namespace, name, len(snap.members), len(all_problems))
+        if not self._gate.may_write():
+            return  # followers serve, the leader writes
         writes = await self._sync_slices(namespace, desired_slices(snap, vmi=self._settings.vmi))
         for write in writes:
             op, slice_name = write.split(":", 1)
@@ -438,6 +476,28 @@ class Reconciler:
         if outcome.recheck_after is not None:
             asyncio.get_running_loop().call_later(outcome.recheck_after, self.enqueue, key)
         return list(outcome.problems), outcome.published
+    async def _settle_pair(
+        self, key: Key, spec: EnsembleSpec, members: list[Any],
+        addresses: Mapping[int, frozenset[str]], ca: CaPublished | None,
+    ) -> PersistedView | None:
+        """The pair to serve: the observed one, or, on the leader, a new one written first."""
+        assert self._pairs is not None
+        observed = self._pairs.observed(key)
+        if not self._gate.may_write():
+            return observed
+        view, since = self._state.desired_view(spec, members, addresses, ca)
+        want = next_pair(observed, view, since, floor=self._state.served_floor(spec.ens),
+                         now_ms=wall_ms())
+        if want is None:
+            return observed
+        try:
+            written = await self._pairs.write(key, want)
+        except KubeError as exc:
+            self._metrics.membership_writes.labels(
+                "conflict" if exc.status == 409 else "error").inc()
+            raise
+        self._metrics.membership_writes.labels("ok").inc()
+        return written
 
     async def _sync_slices(self, namespace: str, desired: Mapping[str, Any]) -> list[str]:
         try:
@@ -478,6 +538,9 @@ class Reconciler:
 
     def _forget(self, key: Key) -> None:
         namespace, name = key
+        forget = getattr(self._pairs, "forget", None)
+        if forget is not None:
+            forget(key)
         self._last_good.pop(key, None)
         self._last_problems.pop(key, None)
         self._metrics.drop_ensemble(namespace, name)

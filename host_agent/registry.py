@@ -91,6 +91,8 @@ log = logging.getLogger(__name__)
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _TEXT = "text/plain; charset=utf-8"
 _GENERATION_HEADER = "X-Imex-Generation"
+#: Set on answers of a replica that is shutting down (guest_agent.registry_client reads it).
+CLOSING_HEADER = "X-Imex-Registry"
 
 
 @dataclass(frozen=True)
@@ -327,8 +329,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Nothing to close here: uvicorn runs the lifespan's end only after every
+        # connection closed, too late for parked long-polls; RegistryServer.shutdown
+        # (and the agent's handover) answer them with ``state.close()``.
         yield
-        state.close()  # late but harmless; RegistryServer closes earlier
 
     app = FastAPI(
         title="imex-ensemble registry",
@@ -384,7 +388,7 @@ def create_app(
 
     async def current(ens: EnsembleId, wait: int | None, timeout: float | None) -> EnsembleSnapshot:
         snap = lookup(ens)
-        if wait is None or wait != snap.generation:
+        if wait is None or snap.generation > wait or state.closed:
             return snap
         limit = config.longpoll_default if timeout is None else timeout
         metrics.waiters.inc()
@@ -396,10 +400,17 @@ def create_app(
             raise RegistryError(404, f"ensemble {ens.key} was deleted while you waited")
         return later
 
+    def headers(snap: EnsembleSnapshot) -> dict[str, str]:
+        """The generation, and on a replica that is shutting down a word for the guest
+        to ask again at once (through the Service, so another replica answers)."""
+        out = {_GENERATION_HEADER: str(snap.generation)}
+        if state.closed:
+            out[CLOSING_HEADER] = "closing"
+            out["Connection"] = "close"
+        return out
+
     def text(body: bytes | str, snap: EnsembleSnapshot) -> Response:
-        return PlainTextResponse(
-            body, media_type=_TEXT, headers={_GENERATION_HEADER: str(snap.generation)}
-        )
+        return PlainTextResponse(body, media_type=_TEXT, headers=headers(snap))
 
     # -- routes --
 
@@ -409,10 +420,15 @@ def create_app(
 
     @app.get(
         "/readyz",
-        summary="Readiness: the first full list of VMIs and Services is in",
+        summary="Readiness: synced and able to serve (leader or not); 503 while shutting down",
         responses=_errors(503),
     )
     async def readyz() -> Response:
+        if state.closed:
+            return JSONResponse(
+                {"error": "not ready: shutting down (long-polls answered, lease released)"},
+                status_code=503,
+            )
         if not state.synced:
             return JSONResponse(
                 {"error": "not ready: the first full list of VMIs and Services is not in yet"},
@@ -448,8 +464,7 @@ def create_app(
         if format == "table":
             return text(views.ensemble_table(snap, now(), config.report_stale_after), snap)
         return Response(
-            rendered.body(snap, now()), media_type="application/json",
-            headers={_GENERATION_HEADER: str(snap.generation)},
+            rendered.body(snap, now()), media_type="application/json", headers=headers(snap),
         )
 
     @app.get(

@@ -77,6 +77,28 @@ class HostSettings:
     cert_lifetime_seconds: float = 7 * 86400.0
     #: authEncryption: how long the old CA stays trusted after a rotation.
     ca_overlap_seconds: float = 3600.0
+    #: Leader election (a Lease): only the leader writes; every replica serves.
+    leader_elect: bool = False
+    #: Where the Lease lives; empty: ``agent_namespace``.
+    leader_elect_namespace: str = ""
+    leader_elect_name: str = "imex-host-agent"
+    leader_elect_lease_duration: float = 15.0
+    leader_elect_renew_deadline: float = 10.0
+    leader_elect_retry_period: float = 2.0
+    #: On SIGTERM: readiness off, lease released, long-polls answered at once; the
+    #: listener stays open this long (seconds) so a balancer that still sends new
+    #: connections here (until it saw readiness go) gets answers, not refusals.
+    shutdown_drain: float = 2.0
+
+    @property
+    def lease_namespace(self) -> str:
+        return self.leader_elect_namespace or self.agent_namespace
+
+    @property
+    def persists_membership(self) -> bool:
+        """Whether the (generation, view) pair lives in the API: everywhere but the
+        sidecar, which sees one VMI and cannot speak for the ensemble."""
+        return self.vmi is None
 
     @property
     def user_agent(self) -> str:

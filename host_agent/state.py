@@ -13,6 +13,17 @@ the first value is the agent's start time in milliseconds (or the moment the
 ensemble first appears, if later), so a restarted agent never reissues a
 number a guest holds.
 
+Across replicas (docs/design.md "Changes"): with leader election the
+generation is not counted here but persisted in the API by the leader
+(``host_agent/membership.py``); ``set_observed`` serves exactly such an
+observed (generation, GuestView) pair, decorated with this replica's own view
+of each member's VMI (phase, ready, node). ``set`` keeps the local count for
+the sidecar, which sees one VMI and persists nothing.
+
+A long-poll with ``wait=G`` is answered once the generation is **greater**
+than G, not merely different: a guest holding a number from a replica that
+is ahead then waits on one that lags, instead of looping.
+
 Waiting: a long-poller parks on a future shared by every waiter of its
 ensemble whose deadline falls in the same 100 ms bucket; a generation change
 (or ``drop``/``close``) resolves all of the ensemble's futures at once, and
@@ -194,6 +205,8 @@ class State:
         self._entries: dict[EnsembleId, _Entry] = {}
         #: deadline bucket -> entries with waiters in that bucket (one timer each)
         self._deadlines: dict[int, list[_Entry]] = {}
+        #: the largest generation served per ensemble (kept after a drop): never go below
+        self._floor: dict[EnsembleId, int] = {}
         self.synced = False
         self.closed = False
 
@@ -253,6 +266,86 @@ class State:
         entry.snapshot = snap
         if changed:
             entry.wake()
+        self._floor[spec.ens] = max(self._floor.get(spec.ens, 0), snap.generation)
+        return snap, changed
+
+    def _published(
+        self,
+        spec: EnsembleSpec,
+        pins: Iterable[tuple[int, str]],
+        local: Mapping[int, Member],
+        addresses: Mapping[int, frozenset[str]],
+        since: Mapping[int, float],
+        now: float,
+    ) -> tuple[PublishedMember, ...]:
+        entry = self._entries.get(spec.ens)
+        old = {p.member.index: p for p in entry.snapshot.members} if entry else {}
+        out = []
+        for index, ip in sorted(pins):
+            m = local.get(index)
+            member = Member(index, ip) if m is None else (m if m.ip == ip else replace(m, ip=ip))
+            before = old.get(index)
+            at = since.get(index)
+            if at is None:
+                at = before.since if before is not None and before.member.ip == ip else now
+            out.append(PublishedMember(member, at, addresses.get(index, frozenset())))
+        return tuple(out)
+
+    def desired_view(
+        self,
+        spec: EnsembleSpec,
+        members: Iterable[Member],
+        addresses: Mapping[int, frozenset[str]] | None = None,
+        ca: CaPublished | None = None,
+    ) -> tuple[GuestView, dict[int, float]]:
+        """What ``set`` would publish for these members: the GuestView and, per slot,
+        since when it has its IP (kept from the current snapshot where unchanged)."""
+        local = {m.index: m for m in members}
+        published = self._published(spec, ((i, m.ip) for i, m in local.items()), local,
+                                    addresses or {}, {}, self._clock())
+        return GuestView.of(published, ca), {p.index: p.since for p in published}
+
+    def served_floor(self, ens: EnsembleId) -> int:
+        """The largest generation this process ever served for ``ens`` (0: none)."""
+        return self._floor.get(ens, 0)
+
+    def set_observed(
+        self,
+        spec: EnsembleSpec,
+        members: Iterable[Member],
+        problems: Iterable[str],
+        addresses: Mapping[int, frozenset[str]] | None,
+        generation: int,
+        view: GuestView,
+        since: Mapping[int, float] | None = None,
+        ca: CaPublished | None = None,
+    ) -> tuple[EnsembleSnapshot, bool]:
+        """Serve an observed (generation, view) pair; returns (snapshot, generation_changed).
+
+        The pins come from ``view``, never from ``members``: those only decorate
+        each pinned slot (vmi, node, phase, ready) and give the addresses a
+        guest's report may come from.
+        """
+        now = self._clock()
+        local = {m.index: m for m in members}
+        published = self._published(spec, view.pins, local, addresses or {}, since or {}, now)
+        entry = self._entries.get(spec.ens)
+        problems_t = tuple(problems)
+        if entry is None:
+            snap = EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca)
+            self._entries[spec.ens] = _Entry(snap)
+            changed = True
+        else:
+            old = entry.snapshot
+            changed = generation != old.generation
+            pinned = {p.index for p in published}
+            reports = {i: r for i, r in old.reports.items() if i in pinned}
+            snap = EnsembleSnapshot(spec, generation, published, problems_t,
+                                    now if changed else old.changed_at, reports, ca)
+            entry.snapshot = snap
+            if changed:
+                entry.wake()
+        self._floor[spec.ens] = max(self._floor.get(spec.ens, 0), generation)
         return snap, changed
 
     def drop(self, ens: EnsembleId) -> bool:
@@ -299,25 +392,33 @@ class State:
     async def wait_for_change(
         self, ens: EnsembleId, generation: int, timeout: float
     ) -> EnsembleSnapshot | None:
-        """The snapshot once its generation differs from ``generation``, or at ``timeout``."""
-        entry = self._entries.get(ens)
-        if entry is None or entry.snapshot.generation != generation or timeout <= 0:
-            return entry.snapshot if entry is not None else None
-        if self.closed:
-            return entry.snapshot
+        """The snapshot once its generation is greater than ``generation``, or at ``timeout``.
+
+        Greater, not different: a replica that lags behind the number a guest
+        holds keeps the guest parked until it has caught up and moved past it.
+        """
         loop = asyncio.get_running_loop()
-        bucket = math.ceil((loop.time() + timeout) / _BUCKET_S)
-        fut = entry.waits.get(bucket)
-        if fut is None:
-            fut = loop.create_future()
-            entry.waits[bucket] = fut
-            due = self._deadlines.get(bucket)
-            if due is None:
-                self._deadlines[bucket] = due = []
-                loop.call_at(bucket * _BUCKET_S, self._expire, bucket)
-            due.append(entry)
-        await asyncio.shield(fut)
-        return self.get(ens)
+        deadline = loop.time() + timeout
+        while True:
+            entry = self._entries.get(ens)
+            if entry is None or entry.snapshot.generation > generation or self.closed:
+                return entry.snapshot if entry is not None else None
+            left = deadline - loop.time()
+            if left <= 0:
+                return entry.snapshot
+            bucket = math.ceil((loop.time() + left) / _BUCKET_S)
+            fut = entry.waits.get(bucket)
+            if fut is None:
+                fut = loop.create_future()
+                entry.waits[bucket] = fut
+                due = self._deadlines.get(bucket)
+                if due is None:
+                    self._deadlines[bucket] = due = []
+                    loop.call_at(bucket * _BUCKET_S, self._expire, bucket)
+                due.append(entry)
+            await asyncio.shield(fut)
+            if loop.time() >= bucket * _BUCKET_S - 1e-3:
+                return self.get(ens)  # the deadline's own wake-up
 
     def _expire(self, bucket: int) -> None:
         for entry in self._deadlines.pop(bucket, ()):

@@ -21,7 +21,7 @@ from host_agent.cli import build_settings
 from host_agent.settings import HostSettings, SettingsError
 
 TUNABLE = ("backoff_initial", "backoff_max", "watch_timeout_seconds", "settle_seconds",
-           "shutdown_grace", "workers")
+           "shutdown_grace", "workers", "shutdown_drain")
 
 
 def split_tuning(argv: Sequence[str]) -> tuple[dict[str, float | int], list[str]]:

@@ -83,6 +83,11 @@ EVENT = ResourceType("", "v1", "Event", "events", "event", True, ("ev",))
 ENDPOINTSLICE = ResourceType(
     "discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", "endpointslice", True
 )
+# Leases (leader election): plain namespaced objects, optimistic concurrency as for any
+# kind (409 on a stale resourceVersion), MicroTime fields checked when decoded.
+LEASE = ResourceType(
+    "coordination.k8s.io", "v1", "Lease", "leases", "lease", True
+)
 VMI = ResourceType(
     "kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances",
     "virtualmachineinstance", True, ("vmi", "vmis"), True, True,
@@ -119,7 +124,7 @@ CRD = ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition",
                    ("crd", "crds"), True)
 
 ALL_TYPES: tuple[ResourceType, ...] = (
-    NAMESPACE, SERVICE, POD, CONFIGMAP, SECRET, EVENT, ENDPOINTSLICE, VMI, VM, VMPOOL,
+    NAMESPACE, SERVICE, POD, CONFIGMAP, SECRET, EVENT, ENDPOINTSLICE, LEASE, VMI, VM, VMPOOL,
     EVENT_V1, SERVICEACCOUNT, DEPLOYMENT, NETWORKPOLICY, CLUSTERROLE,
     CLUSTERROLEBINDING, ROLE, ROLEBINDING, VAP, VAPB, CRD,
 )

@@ -519,8 +519,14 @@ class Store:
             raise bad_request("apply patches need apiVersion and kind")
         ns = self._check_namespace(t, ns)
         applied = self._body_identity(t, ns, body, name)
-        applied["metadata"].pop("resourceVersion", None)
+        want_rv = applied["metadata"].pop("resourceVersion", None)
         entry = self.objects[t.key].get((ns, name))
+        if entry is not None and want_rv not in (None, "") and \
+                want_rv != entry.obj["metadata"]["resourceVersion"]:
+            # as upstream: a resourceVersion in an apply configuration is a precondition
+            # on an existing object (and ignored when the apply creates it)
+            raise conflict(t.qualified, name, "the object has been modified; please apply your "
+                           "changes to the latest version and try again", t.group, t.plural)
         if entry is None and subresource:
             raise not_found(t.qualified, name, t.group, t.plural)
         applied = patching.restrict(applied, subresource, t.has_status)
@@ -619,6 +625,9 @@ class Store:
         old = entry.obj if entry else None
         meta = new["metadata"]
         name = meta.get("name") or ""
+        undecodable = validation.decode_problem(t, new)
+        if undecodable is not None:
+            raise bad_request(undecodable)
         self._default(t, new, old)
         pruned = self._prune_unknown(t, new)
         if pruned:  # nobody owns a field that was never stored

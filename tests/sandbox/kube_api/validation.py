@@ -534,10 +534,49 @@ def validate_service(obj: Mapping[str, Any]) -> list[Cause]:
     return causes
 
 
+# MicroTime as the apiserver decodes it (metav1.MicroTime, RFC3339Micro): exactly six
+# fractional digits and a zone; anything else fails decoding (400), before validation.
+_MICROTIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
+_LEASE_TIMES = ("acquireTime", "renewTime")
+
+
+def decode_problem(t: ResourceType, obj: Mapping[str, Any]) -> str | None:
+    """Why the real apiserver could not decode `obj` (its 400 message), or None."""
+    if t is not rt.LEASE:
+        return None
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    for key in _LEASE_TIMES:
+        value = spec.get(key)
+        if value is not None and (not isinstance(value, str) or not _MICROTIME.match(value)):
+            return (f'Lease in version "v1" cannot be handled as a Lease: parsing time '
+                    f'"{value}" as "2006-01-02T15:04:05.000000Z07:00": cannot parse')
+    return None
+
+
+def validate_lease(obj: Mapping[str, Any]) -> list[Cause]:
+    """coordination/validation ValidateLeaseSpec: durations and transitions."""
+    spec = obj.get("spec")
+    causes: list[Cause] = []
+    if not isinstance(spec, Mapping):
+        return causes
+    duration = spec.get("leaseDurationSeconds")
+    if isinstance(duration, int) and duration <= 0:
+        causes.append(invalid("spec.leaseDurationSeconds", duration, "must be greater than 0"))
+    transitions = spec.get("leaseTransitions")
+    if isinstance(transitions, int) and transitions < 0:
+        causes.append(invalid("spec.leaseTransitions", transitions,
+                              "must be greater than or equal to 0"))
+    return causes
+
+
 def validate(t: ResourceType, obj: Mapping[str, Any]) -> list[Cause]:
     """All causes for storing `obj` as kind `t` (empty list: valid)."""
     causes = validate_metadata(t, obj)
     causes.extend(validate_schema(t, obj))
+    if t is rt.LEASE:
+        causes.extend(validate_lease(obj))
     if t is rt.ENDPOINTSLICE:
         causes.extend(validate_endpointslice(obj))
     elif t is rt.SERVICE:

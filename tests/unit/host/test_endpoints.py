@@ -113,14 +113,19 @@ def test_needs_write(desired: Any, observed: Any, last: Any, write: bool) -> Non
 class FakeClient:
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.preconditions: list[str | None] = []
         self.rv = 10
 
-    async def apply_slice(self, body: dict[str, Any]) -> str | None:
+    async def apply_slice(self, body: dict[str, Any], resource_version: str | None = None
+                          ) -> str | None:
+        self.preconditions.append(resource_version)
         self.calls.append("apply:" + body["metadata"]["name"])
         self.rv += 1
         return str(self.rv)
 
-    async def delete_slice(self, namespace: str, name: str) -> None:
+    async def delete_slice(self, namespace: str, name: str,
+                           resource_version: str | None = None) -> None:
+        self.preconditions.append(resource_version)
         self.calls.append("delete:" + name)
 
 

@@ -29,13 +29,16 @@ class FakeClient:
     def __init__(self, slices: Any, gate: asyncio.Event | None = None) -> None:
         self.slices = slices
         self.calls: list[str] = []
+        self.preconditions: list[str | None] = []
         self.rv = 100
         self.active = 0
         self.max_active_per_ns: dict[str, int] = {}
         self.fail = 0
         self.gate = gate
 
-    async def apply_slice(self, body: dict[str, Any]) -> str | None:
+    async def apply_slice(self, body: dict[str, Any], resource_version: str | None = None
+                          ) -> str | None:
+        self.preconditions.append(resource_version)
         name = body["metadata"]["name"]
         self.active += 1
         try:
@@ -53,7 +56,9 @@ class FakeClient:
         finally:
             self.active -= 1
 
-    async def delete_slice(self, namespace: str, name: str) -> None:
+    async def delete_slice(self, namespace: str, name: str,
+                           resource_version: str | None = None) -> None:
+        self.preconditions.append(resource_version)
         self.calls.append("delete:" + name)
         self.slices.pop((namespace, name))
 

@@ -1,0 +1,184 @@
+"""Several electing host agents against the API double: one writes, all serve, one number.
+
+Each agent is a real HostAgent (its own lightkube client, Lease loop, informers and
+registry on loopback) in this event loop; the Lease, the Service annotation and the
+slices live in the double, which answers stale writes with 409 as the apiserver does.
+Timing is test-sized (lease 3 s, renew deadline 2 s, retry 0.5 s). The process-level
+faults (SIGKILL, SIGSTOP, SIGTERM) are in tests/realk8s/test_ha.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from guest_agent.model import EnsembleId
+from host_agent.membership import MEMBERSHIP_ANNOTATION, decode
+from tests.host_support.kubevirt import service, vmi
+from tests.integration.host.conftest import NS, AgentFactory, RunningAgent, eventually
+from tests.sandbox.kube_api.fixtures import KubeApiHandle
+
+pytestmark = pytest.mark.timeout(90)
+
+ENS = EnsembleId(NS, "gb200")
+LEASE = ("coordination.k8s.io/v1", "Lease")
+ELECT: dict[str, Any] = {
+    "leader_elect": True, "leader_elect_lease_duration": 3.0,
+    "leader_elect_renew_deadline": 2.0, "leader_elect_retry_period": 0.5,
+    "agent_namespace": "imex-system", "shutdown_drain": 0.5,
+}
+
+
+def setup(api: KubeApiHandle, n: int = 3) -> None:
+    api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "imex-system"}})
+    api.put(service("gb200", namespace=NS))
+    for i in range(n):
+        api.put(vmi(f"gb200-{i}", ensemble="gb200", ip=f"10.244.0.{i + 1}"))
+
+
+def url(agent: RunningAgent, path: str) -> str:
+    assert agent.agent.address is not None
+    host, port = agent.agent.address
+    return f"http://{host}:{port}{path}"
+
+
+def leaders(agents: list[RunningAgent]) -> list[RunningAgent]:
+    return [a for a in agents if a.agent.election is not None and a.agent.election.may_write()]
+
+
+def persisted(api: KubeApiHandle) -> Any:
+    svc = api.get("v1", "Service", "gb200", NS)
+    text = (svc["metadata"].get("annotations") or {}).get(MEMBERSHIP_ANNOTATION)
+    return decode(text) if text is not None else None
+
+
+async def elected(api: KubeApiHandle, agents: list[RunningAgent]) -> RunningAgent:
+    """The one leader, once it has persisted the ensemble's pair."""
+    for a in agents:
+        await a.settled(20)
+    await eventually(lambda: len(leaders(agents)) == 1, 10, "one leader")
+    await eventually(lambda: persisted(api) is not None, 10, "the pair persisted")
+    (leader,) = leaders(agents)
+    for a in agents:  # every replica has observed it
+        await eventually(lambda a=a: a.agent.state.get(ENS) is not None, 10, "observed")
+    return leader
+
+
+async def serve_json(client: httpx.AsyncClient, agent: RunningAgent) -> dict[str, Any]:
+    r = await client.get(url(agent, f"/v1/ensembles/{ENS.key}"))
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    """The JSON without what each process takes from its own clock (docs/host-agent.md)."""
+    out = json.loads(json.dumps(doc))
+    for m in out["members"]:
+        if m.get("guest"):
+            m["guest"].pop("age_s", None)
+            m["guest"].pop("stale", None)
+    return out
+
+
+async def test_one_leader_writes_every_replica_serves_one_generation(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup(api)
+    agents = [await start_agent(identity=f"r{i}", **ELECT) for i in range(3)]
+    leader = await elected(api, agents)
+    lease = api.get(*LEASE, "imex-host-agent", "imex-system")
+    assert lease["spec"]["holderIdentity"] == leader.agent.settings.identity
+    pair = persisted(api)
+    async with httpx.AsyncClient(timeout=5) as client:
+        docs = [await serve_json(client, a) for a in agents]
+        assert {d["generation"] for d in docs} == {pair.generation}
+        assert comparable(docs[0]) == comparable(docs[1]) == comparable(docs[2])
+        metrics = [(await client.get(url(a, "/metrics"))).text for a in agents]
+    assert sum("imex_host_agent_leader 1.0" in m for m in metrics) == 1
+    for a in agents:  # followers wrote no pair and no slice
+        if a is not leader:
+            assert a.agent.metrics.membership_writes.labels("ok")._value.get() == 0
+            assert a.agent.metrics.applies.labels("apply")._value.get() == 0
+            # and answer /readyz like the leader
+            async with httpx.AsyncClient(timeout=5) as client:
+                assert (await client.get(url(a, "/readyz"))).status_code == 200
+
+
+async def test_graceful_stop_hands_over_and_answers_parked_long_polls(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup(api)
+    agents = [await start_agent(identity=f"r{i}", **ELECT) for i in range(2)]
+    leader = await elected(api, agents)
+    (follower,) = [a for a in agents if a is not leader]
+    gen = persisted(api).generation
+    async with httpx.AsyncClient(timeout=10) as client:
+        parked = asyncio.create_task(
+            client.get(url(leader, f"/v1/ensembles/{ENS.key}?wait={gen}&timeout=30")))
+        await asyncio.sleep(0.3)
+        t0 = time.monotonic()
+        stopping = asyncio.create_task(leader.stop())
+        answer = await parked
+        answered_after = time.monotonic() - t0
+        assert answer.status_code == 200 and answer.json()["generation"] == gen
+        assert answer.headers["x-imex-registry"] == "closing"
+        assert answered_after < 0.5, answered_after
+        await eventually(lambda: leaders([follower]), 3, "the follower takes over")
+        took = time.monotonic() - t0
+        # released, not expired: within about one jittered retry, far below the 3 s lease
+        assert took < 0.5 * 2.2 + 0.5, took
+        await stopping
+        lease = api.get(*LEASE, "imex-host-agent", "imex-system")
+        assert lease["spec"]["holderIdentity"] == follower.agent.settings.identity
+        # the new leader publishes a change; its registry serves the next number
+        api.put(vmi("gb200-1", ensemble="gb200", ip="10.244.0.99"))
+        await eventually(lambda: persisted(api).generation == gen + 1, 10, "next generation")
+        doc = await serve_json(client, follower)
+        assert doc["generation"] == gen + 1
+        assert {m["index"]: m["ip"] for m in doc["members"]}[1] == "10.244.0.99"
+
+
+async def test_long_poll_answers_only_above_wait(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    """A guest holding a number from a replica that is ahead waits, instead of looping."""
+    setup(api)
+    agent = await start_agent(identity="solo", **ELECT)
+    await elected(api, [agent])
+    gen = persisted(api).generation
+    async with httpx.AsyncClient(timeout=10) as client:
+        ahead = asyncio.create_task(
+            client.get(url(agent, f"/v1/ensembles/{ENS.key}?wait={gen + 1}&timeout=20")))
+        await asyncio.sleep(0.5)
+        assert not ahead.done()  # gen < wait: held
+        api.put(vmi("gb200-2", ensemble="gb200", ip="10.244.0.77"))
+        await asyncio.sleep(1.0)
+        assert not ahead.done()  # gen + 1 == wait: still held, nothing new for that guest
+        api.put(vmi("gb200-2", ensemble="gb200", ip="10.244.0.78"))
+        r = await asyncio.wait_for(ahead, 10)
+        assert r.json()["generation"] == gen + 2
+        old = await client.get(url(agent, f"/v1/ensembles/{ENS.key}?wait={gen}&timeout=20"))
+        assert old.json()["generation"] == gen + 2  # behind: answered at once
+
+
+async def test_a_hand_deleted_annotation_never_lowers_the_generation(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup(api)
+    agent = await start_agent(identity="solo", **ELECT)
+    await elected(api, [agent])
+    gen = persisted(api).generation
+    svc = api.get("v1", "Service", "gb200", NS)
+    del svc["metadata"]["annotations"][MEMBERSHIP_ANNOTATION]
+    svc.pop("status", None)
+    api.put(svc)
+    await eventually(lambda: MEMBERSHIP_ANNOTATION in (
+        api.get("v1", "Service", "gb200", NS)["metadata"].get("annotations") or {}), 10,
+        "annotation rewritten")
+    assert persisted(api).generation > gen
