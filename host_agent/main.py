@@ -36,8 +36,10 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from lightkube import AsyncClient, operators
+from lightkube.resources.core_v1 import ConfigMap
 from prometheus_client import CollectorRegistry
 
+from guest_agent.model import EnsembleId
 from host_agent import registry as registry_mod
 from host_agent.ca_store import CaManager
 from host_agent.election import ElectionConfig
@@ -61,9 +63,10 @@ from host_agent.metrics import HostMetrics
 from host_agent.owned_services import ServiceApplier
 from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
 from host_agent.registry_certs import CertConfig
+from host_agent.reports import REPORTS_LABEL, PersistedReports, ReportPersister, report_applies
 from host_agent.services import ENSEMBLE_LABEL
 from host_agent.settings import HostSettings
-from host_agent.state import State
+from host_agent.state import GuestReport, State
 from host_agent.vmi_watch import Informer, Store
 
 if TYPE_CHECKING:
@@ -107,6 +110,7 @@ class HostAgent:
         self.gate: WriteGate = ALWAYS
         self.cas: CaManager | None = None
         self.election: LeaseElection | None = None
+        self.reports: ReportPersister | None = None
 
     def _build(self, client: AsyncClient) -> None:
         s = self.settings
@@ -132,10 +136,22 @@ class HostAgent:
             ServiceWriter(client, s.field_manager, self.gate), self.services.get)
         pairs = (ServiceAnnotationSource(client, self.services.get, self.gate)
                  if s.persists_membership else None)
+        persisted: PersistedReports | None = None
+        if s.persists_membership:
+            self.reports = ReportPersister(client, s.agent_namespace)
+            persisted = PersistedReports(self._adopt_report)
         self.reconciler = rec = Reconciler(
             s, self.state, self.vmis, self.services, self.slices, applier, self.metrics,
             self.cas, crs=self.crs, owned=owned, gate=self.gate, pairs=pairs,
+            persisted_reports=persisted.of if persisted is not None else None,
         )
+        if persisted is not None:
+            # every replica shows every report stored in the API (any replica stored it)
+            self.informers.append(Informer(
+                "reports", ListWatcher(client, ConfigMap, namespace=s.agent_namespace,
+                                       labels={REPORTS_LABEL: "true"},
+                                       timeout_seconds=s.watch_timeout_seconds),
+                Store("configmap"), persisted.changed, self.metrics, s, s.agent_namespace))
         namespaces: list[str | None] = list(s.namespaces) or [None]
         vmi_fields = {"metadata.name": s.vmi} if s.vmi else None
         has_label = {ENSEMBLE_LABEL: operators.exists()}
@@ -162,6 +178,13 @@ class HostAgent:
                     Informer("imexensemble" + suffix, watcher(ImexEnsemble, {}), self.crs,
                              rec.on_cr, self.metrics, s, ns, optional=True))
 
+    def _adopt_report(self, ens: EnsembleId, index: int, report: GuestReport) -> None:
+        """A report whose value in the API changed: show it, if it is the member's now."""
+        snap = self.state.get(ens)
+        pub = snap.member(index) if snap is not None else None
+        if pub is not None and report_applies(report, pub.member.ip, pub.addresses):
+            self.state.report(ens, index, report)
+
     def _registry_app(self) -> object:
         config = registry_mod.RegistryConfig(
             trusted_proxies=tuple(
@@ -170,7 +193,7 @@ class HostAgent:
             report_stale_after=self.settings.report_stale_after,
         )
         return registry_mod.create_app(
-            self.state, config, self.metrics_registry, ca_source=self.cas,
+            self.state, config, self.metrics_registry, ca_source=self.cas, reports=self.reports,
             cert_config=CertConfig(lifetime=dt.timedelta(
                 seconds=self.settings.cert_lifetime_seconds)),
         )

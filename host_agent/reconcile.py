@@ -62,9 +62,10 @@ from host_agent.members import ExamineMemo, derive_members, vmi_addresses, vmi_n
 from host_agent.membership import PairSource, PersistedView, next_pair, wall_ms
 from host_agent.metrics import HostMetrics
 from host_agent.owned_services import ServiceApplier
+from host_agent.reports import report_applies
 from host_agent.services import ENSEMBLE_LABEL, parse_ensemble_service
 from host_agent.settings import HostSettings
-from host_agent.state import CaPublished, EnsembleSpec, State
+from host_agent.state import CaPublished, EnsembleSnapshot, EnsembleSpec, GuestReport, State
 from host_agent.vmi_watch import Key, Obj, Store, backoff_delay, object_key
 
 log = logging.getLogger("imex.host.reconcile")
@@ -135,7 +136,10 @@ class Reconciler:
         on_declared: Declared = _ignore,
         gate: WriteGate = ALWAYS,
         pairs: PairSource | None = None,
+        persisted_reports: Callable[[EnsembleId], Mapping[int, GuestReport]] | None = None,
     ) -> None:
+        #: reports other replicas (or this one, before a restart) stored in the API
+        self._persisted_reports = persisted_reports
         #: the per-ensemble CAs (authEncryption); None: no Secrets are touched at all.
         self._cas = cas
         self._settings = settings
@@ -442,6 +446,8 @@ class Reconciler:
                 pair.since_map(), ca=ca)
         else:
             snap, changed = self._state.set(spec, members, all_problems, addresses, ca=ca)
+        if self._persisted_reports is not None:
+            snap = self._adopt_reports(snap)
         if changed:
             log.info(
                 "%s: %d members published, generation %d",
@@ -476,6 +482,17 @@ class Reconciler:
         if outcome.recheck_after is not None:
             asyncio.get_running_loop().call_later(outcome.recheck_after, self.enqueue, key)
         return list(outcome.problems), outcome.published
+    def _adopt_reports(self, snap: EnsembleSnapshot) -> EnsembleSnapshot:
+        """Reports stored in the API for members this snapshot shows without one."""
+        assert self._persisted_reports is not None
+        for index, report in self._persisted_reports(snap.ens).items():
+            pub = snap.member(index)
+            if index in snap.reports or pub is None:
+                continue
+            if report_applies(report, pub.member.ip, pub.addresses):
+                snap = self._state.report(snap.ens, index, report) or snap
+        return snap
+
     async def _settle_pair(
         self, key: Key, spec: EnsembleSpec, members: list[Any],
         addresses: Mapping[int, frozenset[str]], ca: CaPublished | None,

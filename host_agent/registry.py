@@ -33,13 +33,14 @@ peers, behind the back of ``trusted_proxies``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import prometheus_client
 import uvicorn
@@ -93,6 +94,17 @@ _TEXT = "text/plain; charset=utf-8"
 _GENERATION_HEADER = "X-Imex-Generation"
 #: Set on answers of a replica that is shutting down (guest_agent.registry_client reads it).
 CLOSING_HEADER = "X-Imex-Registry"
+
+
+#: How long a status PUT waits for its report to be stored in the API (the guest's own
+#: read timeout is 10 s; a 503 makes it send the report again).
+REPORT_PERSIST_TIMEOUT = 5.0
+
+
+class ReportSink(Protocol):
+    """Where an accepted report is persisted (host_agent/reports.py), across replicas."""
+
+    async def persist(self, ens: EnsembleId, index: int, report: GuestReport) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -320,6 +332,7 @@ def create_app(
     *,
     ca_source: CaSource | None = None,
     cert_config: CertConfig | None = None,
+    reports: ReportSink | None = None,
 ) -> FastAPI:
     """The registry's ASGI app: reads ``state``, registers metrics on ``metrics_registry``.
 
@@ -539,7 +552,18 @@ def create_app(
             message, detail = validation_message(exc.errors())
             return JSONResponse({"error": message, "detail": detail}, status_code=422)
         received = now()
-        state.report(ens, index, GuestReport(received, str(caller), report.model_dump()))
+        guest = GuestReport(received, str(caller), report.model_dump())
+        state.report(ens, index, guest)
+        if reports is not None:  # into the API before the answer: no replica loses it
+            try:
+                async with asyncio.timeout(REPORT_PERSIST_TIMEOUT):
+                    await reports.persist(ens, index, guest)
+            except Exception as exc:
+                log.warning("registry: report for %s member %d not persisted: %s",
+                            ens.key, index, exc)
+                return JSONResponse(
+                    {"error": f"report shown by this replica but not yet stored in the API "
+                     f"({type(exc).__name__}: {exc}); send it again"}, status_code=503)
         metrics.reports.labels(ens.namespace, ens.name).inc()
         current_snap = state.get(ens) or snap
         return JSONResponse(

@@ -346,7 +346,8 @@ async def test_namespace_flag_watches_only_those_namespaces(
     assert "gb200-imex" in slices(api, "team-a")
     assert slices(api, "team-c") == {}
     assert [s.ens.namespace for s in agent.agent.state.all()] == ["team-a", "team-b"]
-    assert len(agent.agent.informers) == 8  # VMIs, Services, slices, ImexEnsembles: per namespace
+    # VMIs, Services, slices, ImexEnsembles per namespace; the reports in its own namespace
+    assert len(agent.agent.informers) == 9
     # A change in one watched namespace leaves the other's ensemble alone.
     api.delete(*VMI, "gb200-0", "team-a")
     await eventually(lambda: "gb200-imex" not in slices(api, "team-a"), what="team-a emptied")

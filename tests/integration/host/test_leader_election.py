@@ -182,3 +182,75 @@ async def test_a_hand_deleted_annotation_never_lowers_the_generation(
         api.get("v1", "Service", "gb200", NS)["metadata"].get("annotations") or {}), 10,
         "annotation rewritten")
     assert persisted(api).generation > gen
+
+
+TOKEN = "t0k3n"
+
+
+def setup_reported(api: KubeApiHandle, n: int) -> None:
+    import hashlib
+
+    api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "imex-system"}})
+    svc = service("gb200", namespace=NS)
+    svc["metadata"].setdefault("annotations", {})["imex-ensemble.io/token-sha256"] = \
+        hashlib.sha256(TOKEN.encode()).hexdigest()
+    api.put(svc)
+    for i in range(n):
+        api.put(vmi(f"gb200-{i}", ensemble="gb200", ip=f"10.244.0.{i + 1}"))
+
+
+async def put_report(client: httpx.AsyncClient, agent: RunningAgent, index: int,
+                     state: str) -> httpx.Response:
+    return await client.put(
+        url(agent, f"/v1/ensembles/{ENS.key}/members/{index}/status"),
+        json={"imex_state": state, "generation_applied": 1},
+        headers={"Authorization": f"Bearer {TOKEN}",
+                 "X-Forwarded-For": f"10.244.0.{index + 1}"})
+
+
+async def shown(client: httpx.AsyncClient, agent: RunningAgent, index: int) -> str | None:
+    doc = await serve_json(client, agent)
+    for m in doc["members"]:
+        if m["index"] == index and m["guest"]:
+            return str(m["guest"]["imex_state"])
+    return None
+
+
+async def test_reports_land_on_any_replica_show_everywhere_and_survive_restarts(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup_reported(api, 18)
+    opts = {**ELECT, "trusted_proxies": ("127.0.0.1/32",)}
+    agents = [await start_agent(identity=f"r{i}", **opts) for i in range(2)]
+    leader = await elected(api, agents)
+    (follower,) = [a for a in agents if a is not leader]
+    async with httpx.AsyncClient(timeout=10) as client:
+        # to the follower: authenticated there, stored in the API, shown by the leader
+        r = await put_report(client, follower, 3, "READY")
+        assert r.status_code == 200, r.text
+        t0 = time.monotonic()
+        while await shown(client, leader, 3) != "READY":
+            assert time.monotonic() - t0 < 2.0, "the leader must show it within 2 s"
+            await asyncio.sleep(0.05)
+        # a boot storm of 18 reports within a second to one replica: at most 2 writes
+        before = api.writes("configmaps", served_only=True)
+        answers = await asyncio.gather(*(put_report(client, leader, i, "WAITING_FOR_PEERS")
+                                         for i in range(18)))
+        assert {a.status_code for a in answers} == {200}
+        assert api.writes("configmaps", served_only=True) - before <= 2
+        for a in agents:
+            await eventually(lambda a=a: a.agent.state.get(ENS) is not None and all(
+                (rep.fields.get("imex_state") == "WAITING_FOR_PEERS")
+                for rep in a.agent.state.get(ENS).reports.values())  # type: ignore[union-attr]
+                and len(a.agent.state.get(ENS).reports) == 18, 2.5,  # type: ignore[union-attr]
+                "every replica shows all 18")
+    # restart every replica: nothing is lost
+    for a in agents:
+        await a.stop()
+    fresh = [await start_agent(identity=f"n{i}", **opts) for i in range(2)]
+    await elected(api, fresh)
+    async with httpx.AsyncClient(timeout=10) as client:
+        for a in fresh:
+            await eventually(lambda a=a: len(a.agent.state.get(ENS).reports) == 18,  # type: ignore[union-attr]
+                             10, "reports back after a restart of every replica")
+            assert await shown(client, a, 7) == "WAITING_FOR_PEERS"

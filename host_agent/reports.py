@@ -1,0 +1,233 @@
+"""Guest reports that land on any replica and are never lost: one ConfigMap per ensemble.
+
+Why this path (docs/host-agent.md "Guest reports across replicas"): the replica that
+receives a status PUT authenticates it itself (token, and the caller's address as
+its own TCP peer: forwarding would change the peer, and trusting forwarded headers
+from the pod network would let any pod spoof one). It then records the report in
+the API itself, in an object the leader never writes: ``imex-reports-<hash>`` in
+the agent's own namespace, one ``data`` key per member index. So a report cannot
+overwrite the leader's membership writes (those live on the Service or the CR),
+needs no hop to the leader (no inter-replica credentials, nothing lost while the
+lease moves), and survives a restart of every replica. Each replica watches these
+ConfigMaps and shows every report from the API within one watch event.
+
+Writes are JSON merge patches of the member's own key (``{"data": {"3": ...}}``), so
+two replicas writing reports of different members never undo each other. For one
+member, the API's last write wins; a guest sends its next report only after the
+previous one was answered, and a replica answers only after the write landed, so
+the API sees one member's reports in the order the guest sent them.
+
+Budget: per ensemble and replica at most one write per ``interval`` (1 s): the
+first report is written at once, reports arriving while a write is in flight or
+within the interval are coalesced into the next one. A boot storm of 18 guests
+reporting to one replica within a second costs 2 writes.
+
+What each replica takes from its own clock: ``received_at`` is the receiving
+replica's wall clock (persisted with the report); ``age_s`` and ``stale`` are
+computed by the serving replica from its own clock, so with skewed clocks two
+replicas may show ages that differ by the skew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from guest_agent.model import EnsembleId
+from host_agent.state import GuestReport
+
+log = logging.getLogger("imex.host.reports")
+
+REPORTS_LABEL: Final = "imex-ensemble.io/reports"
+ENSEMBLE_ANNOTATION: Final = "imex-ensemble.io/ensemble"
+FIELD_MANAGER: Final = "imex-host-agent-reports"
+
+
+def configmap_name(ens: EnsembleId) -> str:
+    """``imex-reports-<first 16 hex of sha256("ns/name")>``: one per ensemble, any length."""
+    return "imex-reports-" + hashlib.sha256(ens.key.encode()).hexdigest()[:16]
+
+
+def encode_report(report: GuestReport) -> str:
+    doc = {"fields": dict(report.fields), "received_at": report.received_at,
+           "from_ip": report.from_ip}
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def decode_report(text: object) -> GuestReport | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, Mapping):
+        return None
+    fields, at, ip = doc.get("fields"), doc.get("received_at"), doc.get("from_ip")
+    if not isinstance(fields, Mapping) or not isinstance(at, int | float) or not isinstance(
+            ip, str):
+        return None
+    return GuestReport(float(at), ip, dict(fields))
+
+
+def reports_of(obj: Mapping[str, Any]) -> tuple[EnsembleId | None, dict[int, GuestReport]]:
+    """(the ensemble, index -> report) of one reports ConfigMap; junk keys are skipped."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    assert isinstance(meta, Mapping)
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    assert isinstance(annotations, Mapping)
+    key = annotations.get(ENSEMBLE_ANNOTATION)
+    ens: EnsembleId | None = None
+    if isinstance(key, str) and key.count("/") == 1:
+        try:
+            ens = EnsembleId(*key.split("/"))
+        except Exception:
+            ens = None
+    if ens is not None and meta.get("name") != configmap_name(ens):
+        ens = None  # not the one this ensemble's reports go to
+    data = obj.get("data") if isinstance(obj.get("data"), Mapping) else {}
+    assert isinstance(data, Mapping)
+    out: dict[int, GuestReport] = {}
+    for k, v in data.items():
+        if isinstance(k, str) and k.isdigit():
+            report = decode_report(v)
+            if report is not None:
+                out[int(k)] = report
+    return ens, out
+
+
+class ReportsNotPersisted(Exception):
+    """The report is shown by this replica but is not in the API yet."""
+
+
+@dataclass
+class _Batch:
+    data: dict[str, str] = field(default_factory=dict)
+    done: asyncio.Future[None] | None = None
+
+
+class ReportPersister:
+    """Coalesced, per-ensemble writes of reports into their ConfigMap (module docstring)."""
+
+    def __init__(self, client: Any, namespace: str, *, interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._client = client
+        self.namespace = namespace
+        self.interval = interval
+        self._clock = clock
+        self._pending: dict[EnsembleId, _Batch] = {}
+        self._last_write: dict[EnsembleId, float] = {}
+        self._writing: set[EnsembleId] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.writes = 0
+        self.reports = 0
+
+    async def persist(self, ens: EnsembleId, index: int, report: GuestReport) -> None:
+        """Returns once a write holding this report (or a later one of it) has landed."""
+        self.reports += 1
+        loop = asyncio.get_running_loop()
+        batch = self._pending.get(ens)
+        if batch is None:
+            batch = self._pending[ens] = _Batch(done=loop.create_future())
+        batch.data[str(index)] = encode_report(report)
+        assert batch.done is not None
+        done = batch.done
+        if ens not in self._writing:
+            self._writing.add(ens)
+            task = loop.create_task(self._drain(ens), name=f"reports {ens.key}")
+            self._tasks.add(task)  # held until done: one writer task per ensemble at a time
+            task.add_done_callback(self._tasks.discard)
+        await asyncio.shield(done)
+
+    async def _drain(self, ens: EnsembleId) -> None:
+        try:
+            while ens in self._pending:
+                wait = self._last_write.get(ens, float("-inf")) + self.interval - self._clock()
+                if wait > 0:
+                    await asyncio.sleep(wait)  # reports arriving meanwhile join the batch
+                batch = self._pending.pop(ens)
+                self._last_write[ens] = self._clock()
+                assert batch.done is not None
+                try:
+                    await self._write(ens, batch.data)
+                except Exception as exc:  # the waiters answer 503; guests retry
+                    if not batch.done.done():
+                        batch.done.set_exception(ReportsNotPersisted(str(exc)))
+                        batch.done.exception()  # retrieved: no "never retrieved" warning
+                else:
+                    if not batch.done.done():
+                        batch.done.set_result(None)
+        finally:
+            self._writing.discard(ens)
+
+    async def _write(self, ens: EnsembleId, data: dict[str, str]) -> None:
+        from host_agent.kube import KubeError, api_call
+
+        name = configmap_name(ens)
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        params = {"fieldManager": FIELD_MANAGER}
+        try:
+            await api_call(self._client, "PATCH", f"{path}/{name}", body={"data": data},
+                           content_type="application/merge-patch+json", params=params,
+                           timeout=5.0)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            body = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": self.namespace,
+                                 "labels": {REPORTS_LABEL: "true",
+                                            "app.kubernetes.io/managed-by": "imex-host-agent"},
+                                 "annotations": {ENSEMBLE_ANNOTATION: ens.key}},
+                    "data": data}
+            try:
+                await api_call(self._client, "POST", path, body=body, params=params,
+                               timeout=5.0)
+            except KubeError as again:
+                if again.status != 409:
+                    raise
+                await api_call(self._client, "PATCH", f"{path}/{name}", body={"data": data},
+                               content_type="application/merge-patch+json", params=params,
+                               timeout=5.0)
+        self.writes += 1
+
+
+class PersistedReports:
+    """What the reports ConfigMaps say, as the informer shows them: ensemble -> index -> report.
+
+    ``changed(old, new)`` is the informer's handler; it hands each report whose
+    persisted value changed to ``apply(ens, index, report)`` (the State), and the
+    reconciler asks ``of(ens)`` when an ensemble (re)appears.
+    """
+
+    def __init__(self, apply: Callable[[EnsembleId, int, GuestReport], None]) -> None:
+        self._apply = apply
+        self._by_ens: dict[EnsembleId, dict[int, GuestReport]] = {}
+
+    def of(self, ens: EnsembleId) -> Mapping[int, GuestReport]:
+        return self._by_ens.get(ens, {})
+
+    def changed(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        before_ens, before = reports_of(old) if old is not None else (None, {})
+        if new is None:
+            if before_ens is not None:
+                self._by_ens.pop(before_ens, None)
+            return
+        ens, now = reports_of(new)
+        if ens is None:
+            return
+        self._by_ens[ens] = now
+        for index, report in now.items():
+            if before.get(index) != report:
+                self._apply(ens, index, report)
+
+
+def report_applies(report: GuestReport, ip: str, addresses: frozenset[str]) -> bool:
+    """A persisted report belongs to the member as it is now: it came from one of the
+    addresses its VMI has (a VM that came back with a new IP starts without one)."""
+    return report.from_ip == ip or report.from_ip in addresses
