@@ -8,6 +8,12 @@ be equal. And the real host agent, run once against each with the same VMIs (eve
 shape the agent must judge), must publish the same slices and report the same
 problems. A disagreement is a bug in the double (or in our reading of Kubernetes):
 the step's name says where.
+
+A second script (crd_script.py) does the same for the ImexEnsemble CRD as committed
+(defaults, pruning, schema and CEL refusals with their messages, the status
+subresource, generation, server-side apply merging list-type maps by key, conflicts,
+the Table `kubectl get` asks for), events.k8s.io/v1 Events (create, series patch,
+refusals) and ValidatingAdmissionPolicy objects.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import httpx
 import pytest
 
 from guest_agent.model import EnsembleId
+from tests.realk8s import crd_script
 from tests.realk8s.agentproc import HostAgentProc
 from tests.realk8s.fixtures import contract_slice, ensemble_service, vmi
 from tests.realk8s.harness import Api, ControlPlane, free_port, wait_until
@@ -242,6 +249,24 @@ def test_double_answers_the_fixture_script_as_the_real_apiserver(
         admin.delete(f"/api/v1/namespaces/{ns}")
     diffs = [f"{step.name}:\n    real:   {r!r}\n    double: {f!r}"
              for step, r, f in zip(STEPS, real, fake, strict=True) if r != f]
+    assert not diffs, "the API double disagrees with kube-apiserver:\n" + "\n".join(diffs)
+
+
+def test_double_serves_the_imexensemble_crd_events_and_policies_as_the_real_apiserver(
+        control_plane: ControlPlane, imex_crd: dict[str, Any], double: Api) -> None:
+    admin = control_plane.admin
+    assert admin is not None
+    ns = f"rk8s-crdparity-{uuid.uuid4().hex[:6]}"
+    vap = f"rk8s-parity-{uuid.uuid4().hex[:6]}"
+    try:
+        real = crd_script.run(admin, ns, vap)
+    finally:
+        admin.delete(f"/api/v1/namespaces/{ns}")
+        admin.delete(f"{crd_script.VAPBS}/{vap}")
+        admin.delete(f"{crd_script.VAPS}/{vap}")
+    fake = crd_script.run(double, ns, vap)
+    diffs = [f"{call.name}:\n    real:   {r!r}\n    double: {f!r}"
+             for call, r, f in zip(crd_script.SCRIPT, real, fake, strict=True) if r != f]
     assert not diffs, "the API double disagrees with kube-apiserver:\n" + "\n".join(diffs)
 
 

@@ -15,8 +15,12 @@ kube-system. On update also: everything but the series and metadata is
 immutable ("field is immutable"), which is why repeats are recorded by
 patching `series` (count, lastObservedTime), never by rewriting the note.
 
-MicroTime fields are stored as the server renders them
-(`2006-01-02T15:04:05.000000Z`). Not imitated: the one-hour TTL (Events
+MicroTime fields (`eventTime`, `series.lastObservedTime`) are decoded as
+metav1.MicroTime is: exactly six fractional digits (`2006-01-02T15:04:05.000000Z07:00`),
+anything else is a decoding error (400 on create and update, 422 naming `patch`
+on a patch); they are stored in UTC. A created Event carries the empty
+deprecated fields as the server renders them (`deprecatedSource: {}`, null
+timestamps). Not imitated: the one-hour TTL (Events
 here never expire), the core/v1 view of the same objects (the double keeps
 core/v1 Events separate; `kubectl describe` reads those, so the realk8s tier
 checks describe against the real server).
@@ -34,7 +38,9 @@ from .validation import Cause, _check_qualified_key, invalid, required
 JSON = dict[str, Any]
 LIMIT_128 = 128
 NOTE_LIMIT = 1024
-_MICRO = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$")
+_MICRO = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{6})(Z|[+-]\d{2}:\d{2})$")
+_SECONDS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
+MICRO_LAYOUT = "2006-01-02T15:04:05.000000Z07:00"
 # v1 name -> internal name, for the fields whose validation message names them
 _INTERNAL = {"regarding": "involvedObject", "note": "message",
              "deprecatedSource": "source", "deprecatedFirstTimestamp": "firstTimestamp",
@@ -58,17 +64,30 @@ def micro_time(value: Any) -> Any:
     return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def decode_error(obj: Mapping[str, Any]) -> str | None:
+    """Go's time.Parse error for a MicroTime field that is not in MICRO_LAYOUT."""
+    raw = obj.get("series")
+    series: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    for value in (obj.get("eventTime"), series.get("lastObservedTime")):
+        if value is None or (isinstance(value, str) and _MICRO.match(value)):
+            continue
+        text = str(value)
+        m = _SECONDS.match(text)
+        rest, want = (text[m.end():], ".000000") if m else (text, "2006")
+        return f'parsing time "{text}" as "{MICRO_LAYOUT}": cannot parse "{rest}" as "{want}"'
+    return None
+
+
 def default(obj: JSON) -> None:
-    for key in ("eventTime", "deprecatedFirstTimestamp", "deprecatedLastTimestamp"):
-        if key in obj:
-            obj[key] = micro_time(obj[key])
+    obj["eventTime"] = micro_time(obj.get("eventTime"))
+    if obj["eventTime"] is None:
+        del obj["eventTime"]
     series = obj.get("series")
     if isinstance(series, dict) and "lastObservedTime" in series:
         series["lastObservedTime"] = micro_time(series["lastObservedTime"])
-
-
-def _bad_time(value: Any) -> bool:
-    return not isinstance(value, str) or _MICRO.match(value) is None
+    obj.setdefault("deprecatedSource", {})
+    obj.setdefault("deprecatedFirstTimestamp", None)
+    obj.setdefault("deprecatedLastTimestamp", None)
 
 
 def _legacy(obj: Mapping[str, Any]) -> list[Cause]:
@@ -86,9 +105,12 @@ def _legacy(obj: Mapping[str, Any]) -> list[Cause]:
     controller = obj.get("reportingController") or ""
     if not controller:
         causes.append(required("reportingController"))
-    problem = _check_qualified_key(controller) if controller else \
-        "name part must be non-empty"
-    if problem:
+    if not controller:  # IsQualifiedName(""): empty, and not matching the pattern
+        causes.append(invalid("reportingController", "", "name part must be non-empty"))
+        causes.append(invalid("reportingController", "", "name part must consist of "
+                              "alphanumeric characters, '-', '_' or '.', and must start and "
+                              "end with an alphanumeric character"))
+    elif (problem := _check_qualified_key(controller)) is not None:
         causes.append(invalid("reportingController", controller, problem))
     for key in ("reportingInstance", "action", "reason"):
         value = obj.get(key) or ""
@@ -116,9 +138,6 @@ def _series(obj: Mapping[str, Any]) -> list[Cause]:
 def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[Cause]:
     """The causes for storing `obj` (old: the stored Event on update)."""
     causes = _legacy(obj)
-    for key in ("eventTime",):
-        if obj.get(key) and _bad_time(obj[key]):
-            causes.append(invalid(key, obj[key], "must be an RFC 3339 MicroTime"))
     if old is None:
         causes.extend(_series(obj))
         if not obj.get("eventTime"):

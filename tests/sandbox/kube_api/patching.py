@@ -119,6 +119,62 @@ def to_tree(obj: Any, maps: ListMaps | None, path: tuple[str, ...] = (),
     return copy.deepcopy(obj)
 
 
+def merge_order(live: list[str], config: list[str]) -> list[str]:
+    """The order structured-merge-diff gives a merged associative list: the live items,
+    with those the applied configuration names moved into its order, new ones where
+    the configuration has them (typed/merge.go, visitListItems)."""
+    in_config, in_live = set(config), set(live)
+    shared = iter([k for k in config if k in in_live])
+    next_shared = next(shared, None)
+    out: list[str] = []
+    merged: set[str] = set()
+    li = ci = 0
+    while li < len(live) or ci < len(config):
+        if li < len(live) and ci < len(config):
+            item = live[li]
+            if item == config[ci]:
+                merged.add(item)
+                out.append(item)
+                li, ci = li + 1, ci + 1
+                next_shared = next(shared, None)
+                continue
+            if item in in_config and next_shared is not None and next_shared != item:
+                li += 1
+                continue
+        if li < len(live):
+            item = live[li]
+            if item not in in_config:
+                out.append(item)
+                li += 1
+                continue
+            if item in merged:
+                li += 1
+        if ci < len(config):
+            item = config[ci]
+            merged.add(item)
+            out.append(item)
+            ci += 1
+            if next_shared is not None and next_shared == item:
+                next_shared = next(shared, None)
+    return out
+
+
+def _reorder(tree: Any, live: Any, config: Any, maps: ListMaps, path: Path) -> None:
+    """Put every list-type map of the merged `tree` in merge_order, in place."""
+    if not isinstance(tree, dict):
+        return
+    live_d = live if isinstance(live, dict) else {}
+    config_d = config if isinstance(config, dict) else {}
+    if path and _is_list_map(maps, path):
+        order = [k for k in merge_order(list(live_d), list(config_d)) if k in tree]
+        order += [k for k in tree if k not in order]
+        items = {k: tree[k] for k in order}
+        tree.clear()
+        tree.update(items)
+    for key, sub in tree.items():
+        _reorder(sub, live_d.get(key), config_d.get(key), maps, (*path, key))
+
+
 def _is_list_map(maps: ListMaps, path: Path) -> bool:
     return _map_keys(maps, tuple("*" if p.startswith("k:{") else p for p in path)) is not None
 
@@ -470,9 +526,10 @@ def server_side_apply(
     DuplicateKey for an applied list-type map with a key twice.
     """
     if list_maps:
-        tree, owners = _ssa(to_tree(current, list_maps) if current is not None else None,
-                            to_tree(applied, list_maps), managers, manager, force, subresource,
-                            list_maps)
+        live = to_tree(current, list_maps) if current is not None else None
+        config = to_tree(applied, list_maps)
+        tree, owners = _ssa(live, config, managers, manager, force, subresource, list_maps)
+        _reorder(tree, live, config, list_maps, ())
         return from_tree(tree, list_maps), owners
     return _ssa(current, applied, managers, manager, force, subresource)
 

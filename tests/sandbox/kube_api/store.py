@@ -401,10 +401,17 @@ class Store:
         meta.pop("managedFields", None)
         return obj
 
+    def _decode(self, t: ResourceType, obj: JSON) -> None:
+        """Errors the request body's decoding finds upstream (400)."""
+        if t is rt.EVENT_V1 and (err := events.decode_error(obj)) is not None:
+            raise bad_request(f'{t.kind} in version "{t.version}" cannot be handled as a '
+                              f"{t.kind}: {err}")
+
     def create(self, t: ResourceType, ns: str | None, body: Any, manager: str,
                keep_status: bool = False) -> JSON:
         ns = self._check_namespace(t, ns)
         obj = self._body_identity(t, ns, body)
+        self._decode(t, obj)
         meta = obj["metadata"]
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
@@ -446,6 +453,7 @@ class Store:
         entry = self._entry(t, ns, name)
         base = self._client_managed_fields(t, entry, body)
         obj = self._body_identity(t, ns, body, name)
+        self._decode(t, obj)
         want_rv = obj["metadata"].get("resourceVersion")
         have_rv = entry.obj["metadata"]["resourceVersion"]
         if want_rv not in (None, "") and want_rv != have_rv:
@@ -455,7 +463,7 @@ class Store:
         _decode_defaults(t, new)
         managers = patching.record_update(entry.obj, new, base, manager, subresource,
                                           custom=t.custom, list_maps=_list_maps(t))
-        return self._commit(t, entry, new, managers, manager)
+        return self._commit(t, entry, new, managers, manager, subresource)
 
     def patch(self, t: ResourceType, ns: str | None, name: str, patch_type: str, body: Any,
               manager: str | None, force: bool = False, subresource: str = "") -> JSON:
@@ -482,6 +490,13 @@ class Store:
                            f"our request: {e}") from e
         base = self._client_managed_fields(t, entry, patched)
         obj = self._body_identity(t, ns, patched, name)
+        if t is rt.EVENT_V1 and (err := events.decode_error(obj)) is not None:
+            shown = json.dumps(obj, separators=(",", ":"))
+            raise ApiError(422, "Invalid", f'{t.qualified_kind} "{name}" is invalid: patch: '
+                           f"Invalid value: {json.dumps(shown)}: {err}", {
+                               "name": name, "group": t.group, "kind": t.kind, "causes": [
+                                   {"reason": "FieldValueInvalid", "field": "patch",
+                                    "message": f"Invalid value: {json.dumps(shown)}: {err}"}]})
         want_rv = obj["metadata"].get("resourceVersion")
         if want_rv not in (None, "") and want_rv != entry.obj["metadata"]["resourceVersion"]:
             raise conflict(t.qualified, name, "the object has been modified; please apply your "
@@ -490,7 +505,7 @@ class Store:
         _decode_defaults(t, new)
         managers = patching.record_update(entry.obj, new, base, manager or "unknown",
                                           subresource, custom=t.custom, list_maps=_list_maps(t))
-        return self._commit(t, entry, new, managers, manager or "unknown")
+        return self._commit(t, entry, new, managers, manager or "unknown", subresource)
 
     def _client_managed_fields(self, t: ResourceType, entry: Entry,
                                body: Any) -> patching.Managers:
@@ -545,7 +560,7 @@ class Store:
                            f"our request: {e}") from e
         new.setdefault("metadata", {}).update(name=name, **({"namespace": ns} if ns else {}))
         new["apiVersion"], new["kind"] = t.api_version, t.kind
-        return self._commit(t, entry, new, managers, manager)
+        return self._commit(t, entry, new, managers, manager, subresource)
 
     def _merge_subresource(self, t: ResourceType, old: JSON, new: JSON, sub: str) -> JSON:
         """Apply the spec/status split: each endpoint keeps the other half from `old`."""
@@ -576,6 +591,8 @@ class Store:
             structural.prune_nulls_and_default(t.crd.schema, obj)
         elif t is rt.EVENT_V1:
             events.default(obj)
+        elif t is rt.VAP:
+            _default_policy(obj)
         elif t is rt.SERVICE:
             spec = obj.setdefault("spec", {})
             spec.setdefault("type", "ClusterIP")
@@ -620,7 +637,7 @@ class Store:
             obj.setdefault("status", {"phase": "Pending"})
 
     def _commit(self, t: ResourceType, entry: Entry | None, new: JSON,
-                managers: patching.Managers, manager: str) -> JSON:
+                managers: patching.Managers, manager: str, subresource: str = "") -> JSON:
         """Default, validate, and store `new` unless it changes nothing."""
         old = entry.obj if entry else None
         meta = new["metadata"]
@@ -634,7 +651,7 @@ class Store:
             managers = {k: {p for p in v if not any(p[:len(q)] == q for q in pruned)}
                         for k, v in managers.items()}
             managers = {k: v for k, v in managers.items() if v}
-        causes = self._validate(t, new, old)
+        causes = self._validate(t, new, old, subresource)
         if causes:
             raise ApiError(422, "Invalid", validation.invalid_message(t, name, causes),
                            {"name": name, "group": t.group, "kind": t.kind, "causes": causes})
@@ -675,15 +692,18 @@ class Store:
             return self._crd_written(name)
         return rendered
 
-    def _validate(self, t: ResourceType, new: JSON, old: JSON | None) -> Causes:
+    def _validate(self, t: ResourceType, new: JSON, old: JSON | None,
+                  subresource: str = "") -> Causes:
         if t.crd is not None:  # a CRD-defined kind: its structural schema and CEL rules
             causes = validation.validate_metadata(t, new)
-            causes.extend(structural.validate(t.crd.schema, new, old))
+            causes.extend(structural.validate(t.crd.schema, new, old, subresource))
             return causes
         causes = validation.validate(t, new)
         if t is rt.CRD and not causes:
             causes = crds.check(new)
         elif t is rt.EVENT_V1:
+            # the registry's own checks say what is required (the OpenAPI lists differ)
+            causes = [c for c in causes if c["reason"] != "FieldValueRequired"]
             causes.extend(events.validate(new, old))
         return causes
 
@@ -713,7 +733,7 @@ class Store:
         new["status"] = want
         managers = patching.record_update(entry.obj, new, entry.managers, "kube-apiserver",
                                           "status")
-        return self._commit(rt.CRD, entry, new, managers, "kube-apiserver")
+        return self._commit(rt.CRD, entry, new, managers, "kube-apiserver", "status")
 
     def _drop_kind(self, key: str) -> None:
         """A CRD went (or changed its kind): its objects go, its watches end."""
@@ -830,6 +850,21 @@ def _delete_any(obj: Any, path: tuple[str | int, ...]) -> None:
             return
     if isinstance(cur, dict):
         cur.pop(path[-1], None)
+
+
+def _default_policy(obj: JSON) -> None:
+    """admissionregistration/v1 defaults of a ValidatingAdmissionPolicy's match rules."""
+    match = (obj.get("spec") or {}).get("matchConstraints")
+    if not isinstance(match, dict):
+        return
+    match.setdefault("namespaceSelector", {})
+    match.setdefault("objectSelector", {})
+    match.setdefault("matchPolicy", "Equivalent")
+    for rule in match.get("resourceRules") or []:
+        if isinstance(rule, dict):
+            rule.setdefault("scope", "*")
+    spec = obj["spec"]
+    spec.setdefault("failurePolicy", "Fail")
 
 
 def _decode_defaults(t: ResourceType, obj: JSON) -> None:

@@ -157,71 +157,76 @@ def unknown_fields(schema: Mapping[str, Any], obj: Any, path: Path = (),
 # ---------------------------------------------------------- 3. validation
 
 
-def _schema_errors(schema: Mapping[str, Any], value: Any, path: Path) -> Iterator[Cause]:
-    """kube-openapi's validators for one node, then its children."""
+def _schema_errors(schema: Mapping[str, Any], value: Any, path: Path,
+                   prefix: Path = ()) -> Iterator[Cause]:
+    """kube-openapi's validators for one node, then its children. Messages name the
+    node relative to where validation started; the cause's field adds `prefix`
+    (a /status write validates the status alone, under the prefix "status")."""
     name = path_text(path)
+    at = path_text((*prefix, *path))
     want = schema.get("type")
     have = _json_type(value)
     type_ok = want is None or want == have or (
         want == "integer" and have == "number" and float(value).is_integer()) or (
         want == "number" and have == "integer")
     if not type_ok:
-        yield _cause("FieldValueTypeInvalid", name,
+        yield _cause("FieldValueTypeInvalid", at,
                      f"Invalid value: {_go(have)}: {name} in body must be of type {want}: "
                      f"{json.dumps(have)}")
     if type_ok and have == "string":
         length = len(value)
         if "maxLength" in schema and length > schema["maxLength"]:
             limit = schema["maxLength"]
-            yield _cause("FieldValueTooLong", name,
+            yield _cause("FieldValueTooLong", at,
                          f"Too long: may not be more than {limit} byte{'s' if limit != 1 else ''}")
         if "minLength" in schema and length < schema["minLength"]:
-            yield invalid(name, value, f"{name} in body should be at least "
+            yield invalid(at, value, f"{name} in body should be at least "
                                        f"{schema['minLength']} chars long")
         if "pattern" in schema and re.search(schema["pattern"], value) is None:
-            yield invalid(name, value, f"{name} in body should match '{schema['pattern']}'")
+            yield invalid(at, value, f"{name} in body should match '{schema['pattern']}'")
         if schema.get("format") == "date-time" and not _DATE_TIME.match(value):
-            yield _cause("FieldValueTypeInvalid", name,
+            yield _cause("FieldValueTypeInvalid", at,
                          f"Invalid value: {_go(value)}: {name} in body must be of type "
                          f"date-time: {json.dumps(value)}")
     if type_ok and have in ("integer", "number"):
         if "minimum" in schema and value < schema["minimum"]:
-            yield invalid(name, value, f"{name} in body should be greater than or equal to "
+            yield invalid(at, value, f"{name} in body should be greater than or equal to "
                                        f"{_go(schema['minimum'])}")
         if "maximum" in schema and value > schema["maximum"]:
-            yield invalid(name, value, f"{name} in body should be less than or equal to "
+            yield invalid(at, value, f"{name} in body should be less than or equal to "
                                        f"{_go(schema['maximum'])}")
     if type_ok and have == "array":
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             limit = schema["maxItems"]
-            yield _cause("FieldValueTooMany", name,
+            yield _cause("FieldValueTooMany", at,
                          f"Too many: {len(value)}: must have at most {limit} "
                          f"item{'s' if limit != 1 else ''}")
         items = schema.get("items")
         if isinstance(items, Mapping):
             for i, item in enumerate(value):
-                yield from _schema_errors(items, item, (*path, i))
+                yield from _schema_errors(items, item, (*path, i), prefix)
     if "enum" in schema and not any(value == e and _json_type(e) == have
                                     for e in schema["enum"]):
         allowed = ", ".join(json.dumps(e if isinstance(e, str) else json.dumps(e))
                             for e in schema["enum"])
-        yield _cause("FieldValueNotSupported", name,
+        yield _cause("FieldValueNotSupported", at,
                      f"Unsupported value: {_go(value)}: supported values: {allowed}")
     if type_ok and have == "object":
         values = _values_schema(schema)
         if values is not None:
             for key, item in value.items():
-                yield from _schema_errors(values, item, (*path, key))
+                yield from _schema_errors(values, item, (*path, key), prefix)
         if "maxProperties" in schema and len(value) > schema["maxProperties"]:
-            yield _cause("FieldValueTooMany", name,
+            yield _cause("FieldValueTooMany", at,
                          f"Too many: {len(value)}: must have at most "
                          f"{schema['maxProperties']} items")
         for key, sub in _props(schema).items():
             if key in value:
-                yield from _schema_errors(sub, value[key], (*path, key))
+                yield from _schema_errors(sub, value[key], (*path, key), prefix)
         for key in schema.get("required") or ():
             if key not in value:
-                yield _cause("FieldValueRequired", path_text((*path, key)), "Required value")
+                yield _cause("FieldValueRequired", path_text((*prefix, *path, key)),
+                             "Required value")
 
 
 def _list_errors(schema: Mapping[str, Any], value: Any, path: Path) -> Iterator[Cause]:
@@ -342,10 +347,21 @@ def _correlate(schema: Mapping[str, Any], new: list[Any], old: Any) -> list[Any]
 
 
 def validate(schema: Mapping[str, Any], obj: Mapping[str, Any],
-             old: Mapping[str, Any] | None = None) -> list[Cause]:
-    """Every cause for storing `obj` (defaulted, pruned) under `schema`."""
-    causes = list(_schema_errors(schema, obj, ()))
-    causes.extend(_list_errors(schema, obj, ()))
+             old: Mapping[str, Any] | None = None, subresource: str = "") -> list[Cause]:
+    """Every cause for storing `obj` (defaulted, pruned) under `schema`.
+
+    A write to /status validates the status alone against its schema (messages
+    then name fields relative to it), its list-type invariants only where the
+    old status kept them, and the CEL rules of the whole object, as upstream."""
+    if subresource == "status":
+        status_schema = _props(schema).get("status") or {}
+        causes = list(_schema_errors(status_schema, obj["status"], (), ("status",))) \
+            if "status" in obj else []
+        if old is None or not list(_list_errors(schema, old, ())):
+            causes.extend(_list_errors(schema, obj, ()))
+    else:
+        causes = list(_schema_errors(schema, obj, ()))
+        causes.extend(_list_errors(schema, obj, ()))
     if any(c["reason"] in _BLOCKING for c in causes):
         causes.append(_cause("FieldValueInvalid", "<nil>",
                              "Invalid value: null: some validation rules were not checked "

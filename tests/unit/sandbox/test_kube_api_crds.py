@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from host_agent.crd_generate import REPO
+from tests.sandbox.kube_api.patching import merge_order
 from tests.sandbox.kube_api.server import ThreadedKubeApi
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -238,3 +239,25 @@ def test_table_has_the_printer_columns(api: httpx.Client) -> None:
     one = api.get(f"{ENS}/a", headers=TABLE).json()
     assert len(one["rows"]) == 1
     assert one["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
+
+
+def test_a_status_write_validates_the_status_alone(api: httpx.Client) -> None:
+    """/status validates status against its own schema: messages name fields relative
+    to it, the cause's field is the full path (kube-apiserver v1.37.2)."""
+    api.post(ENS, json=ensemble("a", maxMembers=4))
+    bad = api.patch(f"{ENS}/a/status", headers=MERGE, json={"status": {"conditions": [
+        {**STATUS["conditions"][0], "lastTransitionTime": "yesterday"}]}})
+    assert ("status.conditions[0].lastTransitionTime",
+            'Invalid value: "yesterday": conditions[0].lastTransitionTime in body must be of '
+            'type date-time: "yesterday"') in causes(bad)
+
+
+@pytest.mark.parametrize(("live", "config", "merged"), [
+    (["Ready", "Degraded"], ["Degraded", "Ready"], ["Degraded", "Ready"]),
+    (["a", "b", "c"], ["c", "x"], ["a", "b", "c", "x"]),
+    (["a", "b", "c"], ["x", "b"], ["a", "x", "b", "c"]),
+    (["a", "b"], [], ["a", "b"]),
+])
+def test_merged_list_maps_take_structured_merge_diffs_order(
+        live: list[str], config: list[str], merged: list[str]) -> None:
+    assert merge_order(live, config) == merged

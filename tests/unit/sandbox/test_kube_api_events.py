@@ -19,7 +19,7 @@ def event(name: str = "ens.1", **change: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": name, "namespace": "gpu-jobs"},
-        "eventTime": "2026-12-01T10:00:00Z",
+        "eventTime": "2026-12-01T11:00:00.000000+01:00",
         "reportingController": "imex-ensemble.io/host-agent",
         "reportingInstance": "imex-host-agent-0", "action": "Publish",
         "reason": "MemberJoined", "type": "Normal", "note": "slot 3 joined",
@@ -45,9 +45,10 @@ def fields(resp: httpx.Response) -> set[str]:
 def test_create_and_repeat_with_a_series(api: httpx.Client) -> None:
     created = api.post(EVENTS, json=event())
     assert created.status_code == 201, created.text
-    assert created.json()["eventTime"] == "2026-12-01T10:00:00.000000Z"  # MicroTime form
+    assert created.json()["eventTime"] == "2026-12-01T10:00:00.000000Z"  # stored in UTC
+    assert created.json()["deprecatedSource"] == {}  # rendered empty, as the server does
     repeat = api.patch(f"{EVENTS}/ens.1", headers=MERGE, json={
-        "series": {"count": 2, "lastObservedTime": "2026-12-01T10:00:05.5Z"}})
+        "series": {"count": 2, "lastObservedTime": "2026-12-01T10:00:05.500000Z"}})
     assert repeat.status_code == 200, repeat.text
     assert repeat.json()["series"] == {"count": 2,
                                        "lastObservedTime": "2026-12-01T10:00:05.500000Z"}
@@ -77,4 +78,18 @@ def test_the_story_is_immutable_only_the_series_moves(api: httpx.Client) -> None
                             json={"note": "rewritten"})) == {"message"}
     assert fields(api.patch(f"{EVENTS}/ens.1", headers=MERGE,
                             json={"series": {"count": 1, "lastObservedTime":
-                                             "2026-12-01T10:00:05Z"}})) == {"series.count"}
+                                             "2026-12-01T10:00:05.000000Z"}})) == {"series.count"}
+
+
+def test_micro_times_need_six_fractional_digits(api: httpx.Client) -> None:
+    """metav1.MicroTime decodes only RFC3339 with microseconds (kube-apiserver v1.37.2)."""
+    bad = api.post(EVENTS, json=event(eventTime="2026-12-01T10:00:00Z"))
+    assert bad.status_code == 400
+    assert bad.json()["message"] == (
+        'Event in version "v1" cannot be handled as a Event: parsing time '
+        '"2026-12-01T10:00:00Z" as "2006-01-02T15:04:05.000000Z07:00": cannot parse "Z" '
+        'as ".000000"')
+    api.post(EVENTS, json=event())
+    patched = api.patch(f"{EVENTS}/ens.1", headers=MERGE, json={
+        "series": {"count": 2, "lastObservedTime": "2026-12-01T10:00:05.5Z"}})
+    assert fields(patched) == {"patch"}
