@@ -26,7 +26,11 @@ ETCD_VERSION=v3.7.3
 COREDNS_VERSION=v1.15.0
 
 GO=${GO:-/usr/local/go/bin/go}
-[ -x "$GO" ] || GO=$(command -v go)
+[ -x "$GO" ] || GO=$(command -v go || true)
+if [ -z "$GO" ]; then
+  echo "realk8s-build: no Go toolchain (neither \$GO, /usr/local/go/bin/go nor go on PATH)" >&2
+  exit 1
+fi
 export GOTOOLCHAIN=local
 export GOFLAGS="-mod=mod -buildvcs=false"
 GO_VERSION=$("$GO" env GOVERSION)

@@ -6,7 +6,14 @@ subresource, delete with garbage collection) over plain HTTP on loopback, so
 tests drive it with the real client libraries (lightkube, kubectl). It
 validates what it stores (kubernetes-validate schemas for core/discovery
 kinds, KubeVirt's OpenAPI for KubeVirt kinds, FACTS.md's EndpointSlice
-rules) and injects faults (watch drops, 500/429, delays, compaction -> 410,
+rules), serves CustomResourceDefinitions written to it as the apiextensions
+apiserver does (the ImexEnsemble CRD of manifests/base is installed at start
+unless `crds=()`: structural defaulting, pruning and validation with the real
+messages, the CEL its rules use, the status subresource, server-side apply of
+list-type maps by key, printer columns), records events.k8s.io/v1 Events,
+accepts the RBAC, apps, networking and admission-policy objects of
+`kubectl apply -k manifests/base` (stored and validated, not enforced) and
+injects faults (watch drops, 500/429, delays, compaction -> 410,
 outages, restarts). Product code never imports it.
 
 Entry points: `KubeApiServer` (asyncio), `ThreadedKubeApi` (own thread,
@@ -21,17 +28,23 @@ Quick start (standalone, then any client):
         -p '{"status": {"phase": "Running"}}'
 
 In tests: see fixtures.py (`kube_api`: `.url`, `.kubeconfig_path`, fault
-methods, write counters). Module map: resources (kinds), selectors,
-patching (merge/JSON/strategic patch, server-side apply), validation,
-store (objects, versions, watch history, GC), api (REST routing,
-discovery), tables (kubectl columns), openapi (kubectl's probe), faults,
-http (the socket layer), server (lifecycle, fault API, kubeconfig), cli.
+methods, write counters). Module map: resources (kinds, the per-server
+TypeRegistry), selectors, patching (merge/JSON/strategic patch, server-side
+apply), validation, crds (a stored CRD -> a served kind), structural (custom
+resources under a structural schema), cel (the CEL subset), events
+(events.k8s.io/v1 rules), store (objects, versions, watch history, GC), api
+(REST routing, discovery), tables (kubectl columns), openapi (kubectl's
+probe), faults, http (the socket layer), server (lifecycle, fault API,
+kubeconfig), cli.
 
 Known simplifications (each documented where it lives): lists are atomic
-in server-side apply; garbage collection is synchronous; one version per
-API group; only the kinds in resources.py; no admission webhooks (KubeVirt's
-mutating/validating webhooks are not imitated beyond its OpenAPI schema);
-plain HTTP, anonymous requests allowed.
+in server-side apply except list-type maps of CRD-defined kinds; garbage
+collection is synchronous; one version per API group (a CRD serves its
+storage version); only the kinds in resources.py and those stored CRDs
+define; no admission webhooks and no admission-policy enforcement
+(ValidatingAdmissionPolicies are stored; the realk8s tier proves the real
+server enforces ours); RBAC objects are stored, never enforced; plain HTTP,
+anonymous requests allowed.
 """
 
 from .server import KubeApiServer, ThreadedKubeApi, kubeconfig_document

@@ -27,8 +27,10 @@ The server runs on its own thread and event loop on an ephemeral loopback
 port, so code under test may block or run in the test's loop freely.
 
 `kube_api_factory` starts doubles with options (`bookmark_interval`,
-`history_limit`, `token`, `port`, ...) and stops them at teardown:
-`kube_api_factory(bookmark_interval=0.1)` -> `KubeApiHandle`.
+`history_limit`, `token`, `port`, `crds`, ...) and stops them at teardown:
+`kube_api_factory(bookmark_interval=0.1)` -> `KubeApiHandle`;
+`kube_api_factory(crds=())` is a cluster without the ImexEnsemble CRD (every
+double has it installed otherwise, from manifests/base).
 
 `kube_api_async` yields a `KubeApiServer` on the test's own event loop
 (async tests only; its `outage`/`recover`/`restart` are coroutines).
