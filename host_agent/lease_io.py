@@ -287,7 +287,7 @@ class LeaseElection:
                 log.error(
                     "leader election: the API refuses %r on %s (%s): this service account "
                     "lacks the verb %s on leases in namespace %s. Grant get, create and "
-                    "update on leases there (a Role; manifests/base/leader-election-role.yaml)."
+                    "update on leases there (a Role; manifests/base/role-leader-election.yaml)."
                     " This replica keeps serving the registry and writes nothing.",
                     verb, self.where, status, verb, getattr(self.api, "namespace", "?"))
             return

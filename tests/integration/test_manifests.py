@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 EXAMPLE = MANIFESTS / "examples" / "gb200-ensemble"
 SIDECAR = MANIFESTS / "overlays" / "sidecar"
-DIRS = ["base", "overlays/namespaced", "examples/gb200-ensemble", "overlays/sidecar"]
+DIRS = ["base", "overlays/namespaced", "examples/gb200-ensemble", "overlays/sidecar",
+        "overlays/openshift"]
 K8S_VERSION = "1.32.0"
 KUBECTL = shutil.which("kubectl")
 CLOUD_INIT = "/usr/bin/cloud-init"
@@ -71,6 +72,11 @@ ALLOWED_SIDECAR = {
 #: The CA Secrets (issue 19): a Role in the agent's own namespace, never a ClusterRole.
 CA_ROLE = "imex-host-agent-ca"
 CA_ALLOWED = {("", "secrets"): {"get", "create", "update"}}
+#: Leader election and the guests' persisted reports (issue 16): a Role in the agent's own
+#: namespace, never a ClusterRole.
+LE_ROLE = "imex-host-agent-leader-election"
+LE_ALLOWED = {("coordination.k8s.io", "leases"): {"get", "create", "update"},
+              ("", "configmaps"): {"list", "watch", "create", "patch"}}
 # What namespace users get through the built-in admin/edit/view roles.
 AGGREGATED = {
     "rbac.authorization.k8s.io/aggregate-to-admin": {
@@ -256,9 +262,17 @@ def test_rbac_grants_exactly_the_list(directory: str) -> None:
             assert role["kind"] == "Role" and role["metadata"]["namespace"] == "imex-system"
             assert granted(role["rules"]) == CA_ALLOWED
             continue
+        if role["metadata"]["name"] == LE_ROLE:
+            assert role["kind"] == "Role" and role["metadata"]["namespace"] == "imex-system"
+            assert granted(role["rules"]) == LE_ALLOWED
+            continue
         assert granted(role["rules"]) == want, role["metadata"]["name"]
-    if directory in ("base", "overlays/namespaced"):  # the sidecar has no registry, no CA
+    if directory in ("base", "overlays/namespaced", "overlays/openshift"):
+        # the sidecar has no registry, no CA and elects nothing
         assert [r["kind"] for r in roles if r["metadata"]["name"] == CA_ROLE] == ["Role"]
+        assert [r["kind"] for r in roles if r["metadata"]["name"] == LE_ROLE] == ["Role"]
+    assert not any(("coordination.k8s.io", "leases") in granted(r["rules"]) for r in roles
+                   if r["metadata"]["name"] != LE_ROLE)
     assert not any(("", "secrets") in granted(r["rules"]) for r in roles
                    if r["metadata"]["name"] != CA_ROLE)
     bindings = objects(directory, "ClusterRoleBinding") + objects(directory, "RoleBinding")
@@ -310,18 +324,52 @@ def test_namespaced_variant_has_no_cluster_role_for_the_agent() -> None:
     assert not objects("overlays/namespaced", "ClusterRoleBinding")
     args = one("overlays/namespaced", "Deployment")["spec"]["template"]["spec"]["containers"][0]
     (role,) = [r for r in objects("overlays/namespaced", "Role")
-               if r["metadata"]["name"] != CA_ROLE]
+               if r["metadata"]["name"] not in (CA_ROLE, LE_ROLE)]
     assert f"--namespace={role['metadata']['namespace']}" in args["args"]
 
 
 # --- the host agent Deployment ---------------------------------------------
 
 
+@pytest.mark.parametrize("directory", ["base", "overlays/openshift"])
+def test_deployment_is_highly_available(directory: str) -> None:
+    """Issue 16: two electing replicas, rolled one at a time, never both voluntarily gone."""
+    dep = one(directory, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    pod = dep["spec"]["template"]["spec"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
+    assert spread["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    (c,) = pod["containers"]
+    assert "--leader-elect" in c["args"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    pdb = one(directory, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"] == dep["spec"]["selector"]
+
+
+def test_openshift_overlay_runs_under_restricted_v2() -> None:
+    """restricted-v2 assigns UID and GID from the namespace's range: none fixed, the rest
+    of the base's hardening kept."""
+    base, ocp = one("base", "Deployment"), one("overlays/openshift", "Deployment")
+    pod = ocp["spec"]["template"]["spec"]
+    for ctx in (pod["securityContext"], *(c.get("securityContext", {})
+                                          for c in pod["containers"])):
+        assert "runAsUser" not in ctx and "runAsGroup" not in ctx
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    want = copy.deepcopy(base["spec"]["template"]["spec"])
+    for key in ("runAsUser", "runAsGroup"):
+        want["securityContext"].pop(key)
+    assert pod == want  # nothing else differs
+
+
 def test_deployment_is_locked_down() -> None:
     dep = one("base", "Deployment")
     assert dep["metadata"]["namespace"] == "imex-system"
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -500,6 +548,8 @@ def test_sidecar_overlay() -> None:
     assert sa_vol["name"] in {d["name"] for d in spec["domain"]["devices"]["disks"]}
     assert not objects("overlays/sidecar", "Deployment")
     assert not objects("overlays/sidecar", "ClusterRole")
+    assert "--leader-elect" not in script  # one agent per VMI: nothing to elect
+    assert not [r for r in objects("overlays/sidecar", "Role") if r["metadata"]["name"] == LE_ROLE]
     _, user_data = cloudinit_secret("overlays/sidecar")
     assert "registry_url" not in user_data
 
