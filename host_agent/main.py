@@ -151,7 +151,8 @@ class HostAgent:
                 "reports", ListWatcher(client, ConfigMap, namespace=s.agent_namespace,
                                        labels={REPORTS_LABEL: "true"},
                                        timeout_seconds=s.watch_timeout_seconds),
-                Store("configmap"), persisted.changed, self.metrics, s, s.agent_namespace))
+                Store("configmap"), persisted.changed, self.metrics, s, s.agent_namespace,
+                optional=True))  # no rights on them: say so, serve without persisted reports
         namespaces: list[str | None] = list(s.namespaces) or [None]
         vmi_fields = {"metadata.name": s.vmi} if s.vmi else None
         has_label = {ENSEMBLE_LABEL: operators.exists()}
