@@ -38,7 +38,7 @@ class Server(http.server.ThreadingHTTPServer):
 class Handler(http.server.BaseHTTPRequestHandler):
     server: Server
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path == "/readyz":
             code, body = (200, b"ok") if self.server.ready else (503, b"no")
         else:
@@ -109,7 +109,7 @@ def wait_ready(lb: Balancer, want: list[int]) -> None:
 
 def test_spreads_over_ready_backends_and_keeps_the_clients_address(
         rig: tuple[Fabric, Balancer, list[Server], str]) -> None:
-    fabric, lb, servers, url = rig
+    fabric, lb, _servers, url = rig
     wait_ready(lb, [0, 1])
     answers = fetch(fabric, url)
     assert {a["who"] for a in answers} == {"a", "b"}
@@ -135,7 +135,7 @@ def test_follows_readiness_and_refuses_without_ready_backends(
 
 def test_a_partitioned_backend_answers_nothing(
         rig: tuple[Fabric, Balancer, list[Server], str]) -> None:
-    fabric, lb, servers, url = rig
+    fabric, lb, _servers, url = rig
     wait_ready(lb, [0, 1])
     lb.partition(0)
     assert lb.ready() == [1]

@@ -24,8 +24,8 @@ import pytest
 from host_agent.election import JITTER
 from tests.realk8s.agentproc import AGENT_SA_NAMESPACE, AGENT_USER, apply_base_rbac
 from tests.realk8s.fixtures import ensemble_service, vmi
-from tests.realk8s.harness import Api, ControlPlane, wait_until
 from tests.realk8s.hacluster import LEASE, HaCluster, Replica, summary
+from tests.realk8s.harness import Api, ControlPlane, wait_until
 from tests.realk8s.kubeops import SERVICES, SLICES, create_vmi, set_vmi_ip
 
 pytestmark = pytest.mark.realk8s
