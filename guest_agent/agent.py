@@ -45,7 +45,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from guest_agent.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
+from guest_agent.collect import Collected, DomainCollector
 from guest_agent.config import Settings
+from guest_agent.domain import own_row
 from guest_agent.imex import ImexStats, Policy, Supervisor, make_controller
 from guest_agent.model import EnsembleId, Member
 from guest_agent.ownslot import OwnSlot, resolve_own
@@ -306,6 +308,8 @@ class Agent:
             from guest_agent.reporter import Reporter
 
             self.reporter = Reporter(settings, on_error=self._report_error)
+        self.collector = DomainCollector(settings, self._on_collected)
+        self.collected: Collected | None = None
         self.discovery: Discovery | None = None
         self._watchdog: threading.Timer | None = None
         self.keeper: CertKeeper | None = None
@@ -359,24 +363,50 @@ class Agent:
         self.write_status()
         self.report()
 
-    def report(self) -> None:
+    def _on_collected(self, result: Collected) -> None:
+        """A collection pass ended (every ``report_interval``): status, then a report."""
+        self.collected = result
+        s = self.status
+        doc = result.imex_domain
+        own = self.own.index if self.own is not None else None
+        row = own_row(doc, own) if doc is not None and own is not None else None
+        s.imex_domain_status = doc.get("status") if doc is not None else None
+        s.imex_row = {str(k): v for k, v in sorted(row.items())} if row is not None else None
+        s.fabric = result.fabric.to_json() if result.fabric is not None else None
+        s.clique = result.fabric.key if result.fabric is not None else None
+        s.imex_channel0 = result.channel0
+        s.domain_errors = result.errors
+        s.domain_at = result.at
+        if result.last_error is not None and result.last_error != s.last_error:
+            s.last_error, s.last_error_at = result.last_error, time.time()
+            result.last_error = None
+        self.write_status()
+        self.report(force=True)
+
+    def report(self, force: bool = False) -> None:
+        """Submit the current report; ``force`` sends it even unchanged (the heartbeat)."""
         if self.reporter is None or self.own is None or self.own.index is None:
             return
         s = self.status
-        self.reporter.submit(
-            self.own.index,
-            {
-                "imex_state": s.imex_state,
-                "generation_applied": s.generation_applied,
-                "nodes_config_sha256": s.nodes_config_sha256,
-                "hosts_sha256": s.hosts_sha256,
-                "signals": s.signals,
-                "restarts": s.restarts,
-                "agent_version": AGENT_VERSION,
-                **({"cert_not_after": (s.tls or {}).get("cert_not_after")}
-                   if self.keeper is not None else {}),
-            },
-        )
+        body: dict[str, Any] = {
+            "imex_state": s.imex_state,
+            "generation_applied": s.generation_applied,
+            "nodes_config_sha256": s.nodes_config_sha256,
+            "hosts_sha256": s.hosts_sha256,
+            "signals": s.signals,
+            "restarts": s.restarts,
+            "agent_version": AGENT_VERSION,
+            **({"cert_not_after": (s.tls or {}).get("cert_not_after")}
+               if self.keeper is not None else {}),
+        }
+        c = self.collected
+        if c is not None:
+            if c.imex_domain is not None:
+                body["imex_domain"] = c.imex_domain
+            if c.fabric_known:
+                body["fabric"] = c.fabric.to_json() if c.fabric is not None else None
+            body["imex_channel0"] = c.channel0
+        self.reporter.submit(self.own.index, body, force=force)
 
     # -- the pipeline
 
@@ -456,6 +486,7 @@ class Agent:
         s.hosts_sha256 = result.hosts_sha256
         self.write_status()
         self.report()
+        self.collector.kick()
         if not self.first_apply.is_set():
             self.first_apply.set()
             if self.keeper is None or self.keeper.ready.is_set():
@@ -522,6 +553,10 @@ class Agent:
             tg.create_task(follow(), name="netwatch-follow")
             tg.create_task(netwatch.watch_addresses(changed.set), name="netwatch-watch")
 
+    async def _collect(self) -> None:
+        await self.first_apply.wait()
+        await self.collector.run()
+
     async def _supervise(self) -> None:
         await self.first_apply.wait()
         await self.supervisor.run()
@@ -573,6 +608,7 @@ class Agent:
                 tasks.append(tg.create_task(self._watch_addresses(), name="netwatch"))
                 tasks.append(tg.create_task(self._watch_files(), name="filewatch"))
                 tasks.append(tg.create_task(self._supervise(), name="imex"))
+                tasks.append(tg.create_task(self._collect(), name="domain"))
                 tasks.append(tg.create_task(self._startup_notify(), name="notify"))
                 if self.reporter is not None:
                     tasks.append(tg.create_task(self.reporter.run(), name="reporter"))

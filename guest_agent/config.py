@@ -93,6 +93,10 @@ class Settings:
     cert_wait: float = 45.0
     #: IMEX's config.cfg: with auth_encryption the agent makes sure its TLS keys are set.
     imex_config: str = "/etc/nvidia-imex/config.cfg"
+    #: Status report (and -N -j collection) at least this often, changes or not.
+    report_interval: float = 10.0
+    nvidia_smi: tuple[str, ...] = ("/usr/bin/nvidia-smi",)
+    imex_channel_device: str = "/dev/nvidia-caps-imex-channels/channel0"
     source: str = field(default="<defaults>", compare=False)
 
 
@@ -263,6 +267,9 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "tls_dir": _path,
     "cert_wait": _seconds(0.0, 55.0),
     "imex_config": _path,
+    "report_interval": _seconds(0.5, 3600),
+    "nvidia_smi": _argv,
+    "imex_channel_device": _path,
 }
 assert set(_CHECKS) == {f.name for f in fields(Settings)} - {"source"}
 

@@ -103,10 +103,14 @@ class Reporter:
         self.delivered = 0
         self.failures = 0
 
-    def submit(self, index: int, body: dict[str, Any]) -> None:
+    def submit(self, index: int, body: dict[str, Any], force: bool = False) -> None:
+        """Store the latest report; ``force``: send it even if equal to the last one sent
+        (the periodic heartbeat that keeps the registry's copy fresh)."""
         report = Report(index, dict(body))
-        if report == self._latest:
+        if report == self._latest and not force:
             return
+        if force:
+            self._sent = None
         self._latest = report
         self._news.set()
 

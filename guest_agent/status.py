@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from guest_agent.domain import SELF_CELL, letter, matrix_lines
 from guest_agent.safewrite import FileWriteError, write_file
 
 SCHEMA = 1
@@ -58,6 +59,16 @@ class Status:
     last_error_at: float | None = None
     #: authEncryption: the certificate's state (guest_agent/tls.py ``TlsStatus``)
     tls: dict[str, Any] | None = None
+    #: from ``nvidia-imex-ctl -N -j``: the domain status IMEX printed and our own row
+    #: (peer index -> link state); None when the last pass had no valid answer.
+    imex_domain_status: str | None = None
+    imex_row: dict[str, str] | None = None
+    fabric: dict[str, Any] | None = None
+    clique: str | None = None
+    imex_channel0: bool | None = None
+    #: malformed ctl / nvidia-smi output dropped so far
+    domain_errors: int = 0
+    domain_at: float | None = None
     schema: int = SCHEMA
 
     def to_json(self) -> dict[str, Any]:
@@ -125,8 +136,10 @@ def format_table(data: Mapping[str, Any], now: float | None = None) -> str:
         ("last error", f"{data.get('last_error') or '-'}"
          + (f" ({_age(data.get('last_error_at'), now)})" if data.get("last_error") else "")),
     ]
+    rows += _domain_rows(data, now)
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines += _own_row(data, own)
     members = data.get("members") or []
     lines.append("")
     lines.append(f"{'idx':>3}  {'slot':<24}  ip")
@@ -138,3 +151,25 @@ def format_table(data: Mapping[str, Any], now: float | None = None) -> str:
     if not members:
         lines.append("  (no members known)")
     return "\n".join(lines) + "\n"
+
+
+def _domain_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
+    clique = data.get("clique")
+    channel = data.get("imex_channel0")
+    view = data.get("imex_domain_status")
+    return [
+        ("clique", str(clique) if clique else "none (no NVLink fabric reported by nvidia-smi)"),
+        ("channel0", "-" if channel is None else ("present" if channel else "missing")),
+        ("imex view", f"{view or '-'} (nvidia-imex-ctl -N -j, {_age(data.get('domain_at'), now)})"
+         + (f", {data['domain_errors']} dropped" if data.get("domain_errors") else "")),
+    ]
+
+
+def _own_row(data: Mapping[str, Any], own: object) -> list[str]:
+    """This member's row of the link matrix, in the registry's ``?format=matrix`` layout."""
+    row = data.get("imex_row")
+    if not isinstance(row, dict) or not isinstance(own, int):
+        return []
+    peers = sorted({int(k) for k in row if str(k).isdigit()} | {own})
+    cells = [SELF_CELL if p == own else letter(row.get(str(p))) for p in peers]
+    return ["", *matrix_lines(peers, [(own, cells)])]

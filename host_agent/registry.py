@@ -54,6 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from guest_agent.model import EnsembleId, ModelError
 from host_agent import views
 from host_agent.asgi import BodyLimit, RequestMetrics
+from host_agent.domain_schema import FabricIn, ImexDomainIn, index_errors, reduce_links
 from host_agent.registry_auth import (
     AuthFailure,
     IPNetwork,
@@ -121,6 +122,12 @@ class RegistryConfig:
     trusted_proxies: tuple[IPNetwork, ...] = ()
     report_stale_after: float = 120.0
     max_body_bytes: int = 16384
+    #: the status PUT carries an 18-node ``nvidia-imex-ctl -N -j`` (~25 KB) with headroom
+    status_body_bytes: int = 65536
+
+
+#: the status PUT's path (its own body limit, ``status_body_bytes``)
+STATUS_PATH_PATTERN = r"^/v1/ensembles/[^/]+/[^/]+/members/[^/]+/status$"
     longpoll_cap: float = 60.0
     longpoll_default: float = 30.0
 
@@ -179,6 +186,13 @@ class StatusReport(BaseModel):
     cert_not_after: Annotated[
         str | None, Field(default=None, pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
     ]
+    imex_domain: ImexDomainIn | None = Field(
+        default=None, description="nvidia-imex-ctl -N -j as the guest's IMEX printed it")
+    fabric: FabricIn | None = Field(
+        default=None, description="the GPUs' NVLink fabric identity; null: no fabric; "
+        "absent: unknown (the previous report's value stands)")
+    imex_channel0: bool | None = Field(
+        default=None, description="whether /dev/nvidia-caps-imex-channels/channel0 exists")
 
 
 class ErrorOut(BaseModel):
@@ -245,6 +259,29 @@ class ListOut(BaseModel):
 class StatusAccepted(BaseModel):
     generation: int = Field(description="the ensemble's current generation")
     received_at: str
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its ``$defs`` references inlined.
+
+    A request body given through ``openapi_extra`` is copied into the OpenAPI document
+    as is, where ``#/$defs/...`` would point nowhere (the models here are not recursive).
+    """
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(schema)
+    return resolved
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -363,7 +400,10 @@ def create_app(
 
     @app.exception_handler(RegistryError)
     async def on_registry_error(_: Request, exc: RegistryError) -> Response:
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+        body: dict[str, Any] = {"error": exc.message}
+        if exc.detail is not None:
+            body["detail"] = exc.detail
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -524,7 +564,7 @@ def create_app(
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": StatusReport.model_json_schema()}},
+                "content": {"application/json": {"schema": inline_schema(StatusReport)}},
             }
         },
     )
@@ -552,7 +592,7 @@ def create_app(
             message, detail = validation_message(exc.errors())
             return JSONResponse({"error": message, "detail": detail}, status_code=422)
         received = now()
-        guest = GuestReport(received, str(caller), report.model_dump())
+        guest = guest_report(report, snap, index, received, str(caller))
         state.report(ens, index, guest)
         if reports is not None:  # into the API before the answer: no replica loses it
             try:
@@ -572,10 +612,36 @@ def create_app(
 
     add_certificate_routes(app, state, ca_source, metrics_registry, config.trusted_proxies,
                            cert_config)
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes,
-                       per_path=((CERT_PATH_PATTERN, CERT_BODY_LIMIT),))
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes, per_path=(
+        (CERT_PATH_PATTERN, CERT_BODY_LIMIT),
+        (STATUS_PATH_PATTERN, config.status_body_bytes),
+    ))
     app.add_middleware(RequestMetrics, requests=metrics.requests, routes=app.router.routes)
     return app
+
+
+def guest_report(
+    report: StatusReport, snap: EnsembleSnapshot, index: int, received: float, caller: str
+) -> GuestReport:
+    """What is kept of a validated report: its fields, the member's own links, no raw view.
+
+    Raises RegistryError(422) for node ids outside the ensemble. A report without
+    ``fabric`` keeps the one the member reported before (it does not change while a VM
+    runs).
+    """
+    domain = report.imex_domain
+    links = None
+    if domain is not None:
+        errors = index_errors(domain, snap.spec.max_members)
+        if errors:
+            text, detail = validation_message(errors)
+            raise RegistryError(422, text, detail=detail)
+        links = reduce_links(domain, index)
+    fields = report.model_dump(exclude={"imex_domain"})
+    previous = snap.reports.get(index)
+    if "fabric" not in report.model_fields_set and previous is not None:
+        fields["fabric"] = previous.fields.get("fabric")
+    return GuestReport(received, caller, fields, links)
 
 
 # -- serving ----------------------------------------------------------------------------------

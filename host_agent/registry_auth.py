@@ -28,11 +28,14 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 class RegistryError(Exception):
     """A request the registry refuses; ``message`` tells the caller what to do."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None,
+                 detail: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers or {}
+        #: 422: one entry per offending field (``loc``, ``msg``), as for schema errors
+        self.detail = detail
 
 
 

@@ -34,6 +34,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,9 +56,20 @@ def configmap_name(ens: EnsembleId) -> str:
 
 
 def encode_report(report: GuestReport) -> str:
-    doc = {"fields": dict(report.fields), "received_at": report.received_at,
-           "from_ip": report.from_ip}
+    doc: dict[str, object] = {"fields": dict(report.fields), "received_at": report.received_at,
+                              "from_ip": report.from_ip}
+    if report.links is not None:  # the member's own -N -j row, reduced (issue 17)
+        doc["links"] = list(report.links)
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def _links(value: object) -> tuple[str | None, ...] | None:
+    """A persisted link row: state words (or null) by peer index; anything else: none."""
+    if not isinstance(value, list) or len(value) > 1000:
+        return None
+    if not all(v is None or (isinstance(v, str) and 0 < len(v) <= 32) for v in value):
+        return None
+    return tuple(sys.intern(v) if isinstance(v, str) else None for v in value)
 
 
 def decode_report(text: object) -> GuestReport | None:
@@ -73,7 +85,7 @@ def decode_report(text: object) -> GuestReport | None:
     if not isinstance(fields, Mapping) or not isinstance(at, int | float) or not isinstance(
             ip, str):
         return None
-    return GuestReport(float(at), ip, dict(fields))
+    return GuestReport(float(at), ip, dict(fields), _links(doc.get("links")))
 
 
 def reports_of(obj: Mapping[str, Any]) -> tuple[EnsembleId | None, dict[int, GuestReport]]:

@@ -107,11 +107,17 @@ class PublishedMember:
 
 @dataclass(frozen=True, slots=True)
 class GuestReport:
-    """A guest's last status report (the PUT body, validated) and when it came."""
+    """A guest's last status report (the PUT body, validated) and when it came.
+
+    ``fields`` never holds the raw ``imex_domain``: ``links`` is what is kept of it, the
+    state word of each of this member's own links by peer index (None: the report had
+    no domain view of this member).
+    """
 
     received_at: float
     from_ip: str
     fields: Mapping[str, object]
+    links: tuple[str | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 FAKE_IMEX = [PY, str(ROOT / "tests" / "guest_support" / "fake_imex.py")]
-READY_CTL = ["/bin/sh", "-c", "echo READY", "imex-ctl"]
+#: ``-q``: READY; ``-N -j``: an empty but valid domain view
+READY_CTL = ["/bin/sh", "-c", 'if [ "$1" = -N ]; then echo \'{"nodes": {}}\'; else echo READY; fi',
+             "imex-ctl"]
 STANDIN_IMEX = str(ROOT / "tests" / "sandbox" / "bin" / "nvidia-imex")
 STANDIN_CTL = str(ROOT / "tests" / "sandbox" / "bin" / "nvidia-imex-ctl")
 

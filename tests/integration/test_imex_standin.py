@@ -242,7 +242,10 @@ def test_single_node_ready_and_stuck_state(tmp_path: Path, daemons: list[Imex]) 
     dom = imex.domain()
     assert dom["status"] == "DEGRADED"
     assert dom["nodes"]["1"]["status"] == "UNAVAILABLE"
-    assert dom["nodes"]["0"]["connections"]["1"]["status"] == "DISCONNECTED"
+    assert dom["nodes"]["1"]["connections"] == {
+        "0": {"host": "127.0.0.1", "status": "INVALID", "changed": 0}}
+    # never reached: NEVER_CONNECTED, not DISCONNECTED
+    assert dom["nodes"]["0"]["connections"]["1"]["status"] == "NEVER_CONNECTED"
     assert imex.stop() == 0
     assert imex.state()["state"] == "SHUTTING_DOWN"
 
@@ -294,8 +297,8 @@ def test_three_nodes_reach_each_other_by_name(
                        lambda imex=imex: all_connected(imex, [0, 1, 2]))  # type: ignore[misc]
         assert dom["status"] == "DEGRADED"  # slot 3 is absent (127.0.0.2)
         own = dom["nodes"][str(i)]
-        assert own["host"] == slot(i)
-        assert own["connections"]["3"]["status"] == "DISCONNECTED"
+        assert own["hostName"] == slot(i) and own["host"] == fabric.nodes[i].ip
+        assert own["connections"]["3"]["status"] == "NEVER_CONNECTED"
         assert set(own["connections"]) == {"0", "1", "2", "3"} - {str(i)}
     # peers report through the local daemon, as nvidia-imex-ctl -N does; node 0's copy
     # of node 1's view is relayed, so it may trail node 1's own view for a moment

@@ -81,7 +81,8 @@ def render_table(domain: dict[str, Any]) -> str:
                      f"- Version: {node.get('version')}")
         conns = node.get("connections", {})
         if conns:
-            marks = {"CONNECTED": "C", "DISCONNECTED": "D", "MISMATCH": "!M!"}
+            marks = {"CONNECTED": "C", "DISCONNECTED": "D", "NEVER_CONNECTED": "N",
+                     "INVALID": "I", "MISMATCH": "!M!"}
             lines.append("    " + " ".join(f"{k}:{marks.get(v.get('status'), '?')}"
                                            for k, v in conns.items()))
     return "\n".join(lines)

@@ -24,6 +24,11 @@ the parts of IMEX's behaviour that the agent depends on (FACTS.md, "The IMEX dae
   SIGUSR1 inside the window is ignored (counted as received, not acted). SIGTERM, SIGINT
   and SIGQUIT stop cleanly (peers see the connections close). SIGHUP only logs.
 * States: INITIALIZING -> WAITING_FOR_PEERS -> READY (-> SHUTTING_DOWN).
+* ``nvidia-imex-ctl -N -j`` is built from the links the daemon really holds: its own entry
+  lists each outgoing link's state (NEVER_CONNECTED until it first connects, CONNECTED,
+  DISCONNECTED after a loss, MISMATCH), each connected peer's entry is the peer's own
+  view relayed over that link, and a peer without a link is UNAVAILABLE with every
+  connection INVALID (FACTS.md "IMEX: the domain view"). Nothing is read from the files.
 * ``IMEX_CMD_PORT`` (when ``IMEX_CMD_ENABLED=1``) serves the ``nvidia-imex-ctl`` stand-in
   (:mod:`tests.sandbox.imex_ctl`) with one JSON request and one JSON reply per connection.
 * ``DAEMONIZE=1`` forks after the checks; the parent exits 0 only once the child listens
@@ -309,9 +314,16 @@ class Options:
 
 @dataclass
 class PeerLink:
+    """One outgoing connection this daemon holds (or tries to): the row ``-N -j`` prints.
+
+    Words (FACTS.md "IMEX: the domain view"): CONNECTED and INVALID are IMEX's documented
+    JSON words; NEVER_CONNECTED and DISCONNECTED are the legend's names in capitals with
+    underscores, an assumption, since the JSON word for them is undocumented.
+    """
+
     index: int
     host: str
-    status: str = "DISCONNECTED"
+    status: str = "NEVER_CONNECTED"
     changed: int = field(default_factory=lambda: int(time.time()))
     ip: str | None = None
     remote: JsonDict | None = None
@@ -323,6 +335,10 @@ class PeerLink:
         if status != self.status:
             self.status = status
             self.changed = int(time.time())
+
+    def set_lost(self) -> None:
+        """Not connected now: DISCONNECTED once it has been connected, else NEVER_CONNECTED."""
+        self.set_status("DISCONNECTED" if self.connects else "NEVER_CONNECTED")
 
 
 async def _read_json_line(reader: asyncio.StreamReader, timeout: float) -> JsonDict:
@@ -369,24 +385,31 @@ class ImexStandin:
 
     # ---- views
     def own_view(self) -> JsonDict:
+        """This node's entry of ``-N -j``: its state and the links it holds right now."""
         return {
             "status": self.state,
-            "host": self.entries[self.node_id],
+            "host": self.own_ip,
+            "hostName": self.entries[self.node_id],
             "connections": {
-                str(i): {"host": ln.host, "status": ln.status, "changed": ln.changed}
+                str(i): {"host": ln.ip or ln.host, "status": ln.status, "changed": ln.changed}
                 for i, ln in sorted(self.links.items())
             },
             "version": self.opts.version,
         }
 
     def domain_view(self) -> JsonDict:
+        """``-N -j``: our own entry, and each peer's own entry as relayed over our link to
+        it; a peer we hold no link to is UNAVAILABLE with every connection INVALID."""
         nodes: dict[str, JsonDict] = {str(self.node_id): self.own_view()}
         for i, ln in self.links.items():
             if ln.status == "CONNECTED" and ln.remote is not None:
                 nodes[str(i)] = ln.remote
             else:
-                nodes[str(i)] = {"status": "UNAVAILABLE", "host": ln.host, "connections": {},
-                                 "version": ""}
+                nodes[str(i)] = {
+                    "status": "UNAVAILABLE", "host": ln.ip or ln.host, "hostName": ln.host,
+                    "connections": {str(j): {"host": e, "status": "INVALID", "changed": 0}
+                                    for j, e in enumerate(self.entries) if j != i},
+                    "version": ""}
         nodes = dict(sorted(nodes.items(), key=lambda kv: int(kv[0])))
         if self.state != "READY":
             domain = "DOWN"
@@ -470,7 +493,7 @@ class ImexStandin:
         if ln.task is not None:
             ln.task.cancel()
             ln.remote = None
-            ln.set_status("DISCONNECTED")
+            ln.set_lost()
         ln.task = asyncio.get_running_loop().create_task(self._peer_loop(ln),
                                                          name=f"peer-{ln.index}")
 
@@ -525,11 +548,11 @@ class ImexStandin:
                 raise
             except (OSError, ValueError, TimeoutError, ConnectionError, IndexError) as e:
                 msg = str(e) or type(e).__name__
-                if ln.status != "DISCONNECTED" or msg != ln.last_error:
+                if ln.status == "CONNECTED" or msg != ln.last_error:
                     log.info("peer %d (%s): %s; retrying", ln.index, ln.host, msg)
                 ln.last_error = msg
                 ln.remote = None
-                ln.set_status("DISCONNECTED")
+                ln.set_lost()
                 self.write_state()
             finally:
                 if writer is not None:

@@ -31,6 +31,8 @@ from tests.guest_support.agent import (
 )
 
 NS, NAME = "gpu", "rack-r"
+SMI = str(Path(__file__).resolve().parents[3] / "tests" / "sandbox" / "bin" / "nvidia-smi")
+FABRIC = {"cluster_uuid": "0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10", "clique_id": 7}
 ENS = EnsembleId(NS, NAME)
 
 
@@ -119,6 +121,8 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
     registry.publish({0: "10.77.1.10", 1: "10.77.1.11"})
     (tmp_path / "token").write_text("tok-123\n")
     (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+    fabric = tmp_path / "fabric.json"
+    fabric.write_text(json.dumps(FABRIC))
     cfg = write_config(tmp_path / "config.toml", {
         "ensemble": NAME, "namespace": NS, "max_members": 4,
         "registry_url": registry.url, "token_file": str(tmp_path / "token"),
@@ -132,6 +136,9 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
         "own_index": 0, "own_slot": "published",
         "poll_interval": 0.3, "dns_timeout": 0.3, "longpoll_timeout": 5,
         "signal_interval": 1.0,
+        "report_interval": 0.5,
+        "nvidia_smi": [SMI, "--fabric-file", str(fabric)],
+        "imex_channel_device": str(tmp_path / "channel0"),
     })
     agent = AgentProc(cfg, tmp_path / "status.json", tmp_path / "agent.log")
     try:
@@ -151,9 +158,25 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
                                       and b["imex_state"] == "READY"), 10, log=agent.log)
         assert r["path"] == f"/v1/ensembles/{NS}/{NAME}/members/0/status"
         assert r["auth"] == "Bearer tok-123"
-        assert set(r["body"]) == {"imex_state", "generation_applied", "nodes_config_sha256",
-                                  "hosts_sha256", "signals", "restarts", "agent_version"}
+        assert set(r["body"]) - {"imex_domain", "fabric", "imex_channel0"} == {
+            "imex_state", "generation_applied", "nodes_config_sha256", "hosts_sha256",
+            "signals", "restarts", "agent_version"}
         assert r["body"]["hosts_sha256"] == st["hosts_sha256"]
+
+        # Every report_interval: -N -j, the fabric and the channel, sent even if unchanged.
+        full = wait_until("a report with the domain fields", lambda: report(
+            lambda b: "imex_domain" in b and "fabric" in b), 10, log=agent.log)
+        assert full["body"]["imex_domain"] == {"nodes": {}}
+        assert full["body"]["fabric"] == FABRIC and full["body"]["imex_channel0"] is False
+        with registry.cond:
+            seen = len(registry.reports)
+        wait_until("two more heartbeats", lambda: len(registry.reports) >= seen + 2, 5,
+                   log=agent.log)
+        with registry.cond:
+            assert registry.reports[-1]["body"] == registry.reports[-2]["body"]
+        st = agent.wait("status shows the clique",
+                        lambda s: s.get("clique") == f"{FABRIC['cluster_uuid']}.7")
+        assert st["fabric"] == FABRIC and st["domain_errors"] == 0
 
         # A peer moves: the long-poll wakes at once, the file follows, IMEX is signalled.
         registry.publish({0: "10.77.1.10", 1: "10.77.1.99"})

@@ -88,3 +88,22 @@ def test_status_command_json_and_table(tmp_path: Path) -> None:
     assert "may be stale" in table.stdout
     write_status(str(tmp_path / "status.json"), _status(pid=os.getpid()))
     assert json.loads(_cli(tmp_path, "--json").stdout)["agent_running"] is True
+
+
+def test_table_shows_the_own_matrix_row_and_the_clique() -> None:
+    s = Status(ensemble="gb200", namespace="gpu", domain_id="93a7a316", mode="names",
+               agent_version="t", own_index=10, updated_at=100.0)
+    s.imex_row = {str(i): "CONNECTED" for i in range(12) if i != 10} | {"3": "DISCONNECTED"}
+    s.imex_domain_status, s.domain_at = "DEGRADED", 97.0
+    s.clique = "0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10.7"
+    s.imex_channel0, s.domain_errors = True, 2
+    table = format_table(s.to_json(), now=100.0)
+    assert "clique      0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10.7\n" in table
+    assert "channel0    present\n" in table
+    assert "imex view   DEGRADED (nvidia-imex-ctl -N -j, 3s ago), 2 dropped\n" in table
+    assert ("Nodes From\\To  0  1  2  3  4  5  6  7  8  9 10 11\n"
+            "           10  C  C  C  D  C  C  C  C  C  C  .  C\n") in table
+    s.clique, s.imex_row = None, None
+    table = format_table(s.to_json(), now=100.0)
+    assert "clique      none (no NVLink fabric reported by nvidia-smi)" in table
+    assert "Nodes From" not in table

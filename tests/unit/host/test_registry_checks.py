@@ -84,6 +84,9 @@ def test_report_schema() -> None:
         "restarts": 0,
         "agent_version": None,
         "cert_not_after": None,
+        "imex_domain": None,
+        "fabric": None,
+        "imex_channel0": None,
     }
     for bad in (
         '{"imex_state": "READY", "cert_not_after": "tomorrow"}',

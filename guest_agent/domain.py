@@ -1,0 +1,293 @@
+"""IMEX's view of the domain and the GPUs' fabric identity, checked before anything trusts them.
+
+Pure and dependency-free, shared by the guest (which collects) and the host agent (which
+renders the matrix). Why each rule (FACTS.md "IMEX: the domain view, cliques, channels"):
+
+- ``nvidia-imex-ctl -N -j`` prints ``{"nodes": {"<id>": {"status", "host", "hostName",
+  "connections": {"<id>": {"host", "status", "changed"}}, "version"}}, "timestamp",
+  "status"}``; the node id is the line of the nodes file, which is our slot index. The
+  guest forwards it only after :func:`clean_imex_domain` rebuilt it from the known fields
+  of the right types, node ids inside the ensemble, words that are words: a daemon (or
+  anything else on the ctl's path) printing garbage, a truncated line or a hostile
+  document costs a counted error, never a crash, and nothing raw leaves the guest.
+- Link words: IMEX documents CONNECTED and INVALID for the JSON; for the other states of
+  the text legend the JSON word is undocumented, so we assume the legend's name in
+  capitals with underscores (DISCONNECTED, NEVER_CONNECTED, RECOVERING, AUTHENTICATING).
+  MISMATCH is the stand-in's word for a node-map mismatch (``!M!`` in the text table).
+- ``nvidia-smi -q`` prints a ``Fabric`` section per GPU (State, Status, CliqueId,
+  ClusterUUID; ``N/A`` without a fabric). The GPUs of one tray share one clique; GPUs that
+  disagree are reported as an error, not guessed between.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+#: The compact encoding of a cleaned ``imex_domain`` must fit in this, so the whole status
+#: report (a few hundred bytes more) fits in the registry's 64 KiB limit.
+IMEX_DOMAIN_MAX_BYTES: Final = 63 * 1024
+#: Read at most this much of the ctl's / nvidia-smi's output; more is treated as garbage.
+OUTPUT_MAX_BYTES: Final = 1 << 20
+
+#: Link state word -> the letter of nvidia-imex-ctl's connectivity legend.
+STATE_LETTERS: Final[Mapping[str, str]] = {
+    "CONNECTED": "C",
+    "DISCONNECTED": "D",
+    "NEVER_CONNECTED": "N",
+    "INVALID": "I",
+    "RECOVERING": "R",
+    "AUTHENTICATING": "A",
+    "MISMATCH": "M",
+}
+CONNECTED: Final = "CONNECTED"
+SELF_CELL: Final = "."
+UNKNOWN_CELL: Final = "?"
+OTHER_CLIQUE_CELL: Final = "-"
+MATRIX_LABEL: Final = "Nodes From\\To"
+
+_WORD = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
+_INDEX = re.compile(r"^(0|[1-9][0-9]{0,5})$")
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_MAX_TEXT = 255
+_MAX_INT = 2**63 - 1
+_CLIQUE_MAX = 2**32 - 1
+
+
+class DomainError(ValueError):
+    """Output of nvidia-imex-ctl or nvidia-smi that cannot be trusted; says what is wrong."""
+
+
+def letter(state: str | None) -> str:
+    """The matrix letter of a link state word (``?`` when unknown or absent)."""
+    if state is None:
+        return UNKNOWN_CELL
+    return STATE_LETTERS.get(state, UNKNOWN_CELL)
+
+
+# --- nvidia-imex-ctl -N -j ------------------------------------------------------------
+
+
+def _word(value: object, where: str) -> str:
+    if not isinstance(value, str) or not _WORD.match(value):
+        raise DomainError(f"{where}: {_short(value)} is not a state word")
+    return value
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str) or len(value) > _MAX_TEXT or not value.isprintable():
+        raise DomainError(f"{where}: {_short(value)} is not a short printable string")
+    return value
+
+
+def _stamp(value: object, where: str) -> int | float | str:
+    if isinstance(value, bool):
+        raise DomainError(f"{where}: a boolean is not a time")
+    if isinstance(value, int):
+        if not 0 <= value <= _MAX_INT:
+            raise DomainError(f"{where}: {value} is out of range")
+        return value
+    if isinstance(value, float):
+        if not 0.0 <= value < 1e18:
+            raise DomainError(f"{where}: {value} is out of range")
+        return value
+    if isinstance(value, str) and len(value) <= 64 and value.isprintable():
+        return value
+    raise DomainError(f"{where}: {_short(value)} is not a time")
+
+
+def _index(key: object, max_members: int, where: str) -> int:
+    if not isinstance(key, str) or not _INDEX.match(key):
+        raise DomainError(f"{where}: node id {_short(key)} is not a decimal index")
+    index = int(key)
+    if index >= max_members:
+        raise DomainError(
+            f"{where}: node id {index} is outside the ensemble (0..{max_members - 1})"
+        )
+    return index
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise DomainError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def clean_imex_domain(doc: object, max_members: int) -> dict[str, Any]:
+    """``-N -j`` rebuilt from its known fields (raises DomainError naming the bad part).
+
+    Unknown fields are left out; missing optional ones stay missing; ``connections``
+    defaults to empty (a node that is down lists none in some versions).
+    """
+    top = _mapping(doc, "imex_domain")
+    nodes_in = _mapping(top.get("nodes"), "imex_domain.nodes")
+    if len(nodes_in) > max_members:
+        raise DomainError(
+            f"imex_domain.nodes: {len(nodes_in)} nodes, the ensemble has {max_members} slots"
+        )
+    nodes: dict[str, Any] = {}
+    for key, raw in nodes_in.items():
+        where = f"imex_domain.nodes[{_short(key)}]"
+        index = _index(key, max_members, where)
+        node = _mapping(raw, where)
+        out: dict[str, Any] = {"status": _word(node.get("status"), f"{where}.status")}
+        for name in ("host", "hostName", "version"):
+            if name in node:
+                out[name] = _text(node[name], f"{where}.{name}")
+        conns_in = _mapping(node.get("connections", {}), f"{where}.connections")
+        if len(conns_in) > max_members:
+            raise DomainError(f"{where}.connections: {len(conns_in)} entries, too many")
+        conns: dict[str, Any] = {}
+        for ckey, craw in conns_in.items():
+            cwhere = f"{where}.connections[{_short(ckey)}]"
+            peer = _index(ckey, max_members, cwhere)
+            if peer == index:
+                raise DomainError(f"{cwhere}: a node's connection to itself")
+            conn = _mapping(craw, cwhere)
+            c: dict[str, Any] = {"status": _word(conn.get("status"), f"{cwhere}.status")}
+            if "host" in conn:
+                c["host"] = _text(conn["host"], f"{cwhere}.host")
+            if "changed" in conn:
+                c["changed"] = _stamp(conn["changed"], f"{cwhere}.changed")
+            conns[str(peer)] = c
+        out["connections"] = conns
+        nodes[str(index)] = out
+    cleaned: dict[str, Any] = {"nodes": nodes}
+    if "timestamp" in top:
+        cleaned["timestamp"] = _stamp(top["timestamp"], "imex_domain.timestamp")
+    if "status" in top:
+        cleaned["status"] = _word(top["status"], "imex_domain.status")
+    size = len(encode_compact(cleaned))
+    if size > IMEX_DOMAIN_MAX_BYTES:
+        raise DomainError(
+            f"imex_domain: {size} bytes once cleaned, over the {IMEX_DOMAIN_MAX_BYTES} allowed"
+        )
+    return cleaned
+
+
+def parse_imex_domain(output: bytes, max_members: int) -> dict[str, Any]:
+    """The ctl's stdout (``-N -j``) -> a cleaned document, or DomainError."""
+    if len(output) > OUTPUT_MAX_BYTES:
+        raise DomainError(f"nvidia-imex-ctl -N -j printed over {OUTPUT_MAX_BYTES} bytes")
+    try:
+        doc = json.loads(output.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DomainError(f"nvidia-imex-ctl -N -j: not UTF-8 ({exc.reason})") from exc
+    except RecursionError as exc:
+        raise DomainError("nvidia-imex-ctl -N -j: JSON nested too deeply") from exc
+    except ValueError as exc:
+        raise DomainError(f"nvidia-imex-ctl -N -j: not JSON ({exc})") from exc
+    return clean_imex_domain(doc, max_members)
+
+
+def encode_compact(doc: object) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def own_row(doc: Mapping[str, Any], index: int) -> dict[int, str] | None:
+    """Peer index -> link state word from node ``index``'s own entry (None if absent)."""
+    node = doc.get("nodes", {}).get(str(index))
+    if not isinstance(node, dict):
+        return None
+    conns = node.get("connections", {})
+    return {int(k): str(v["status"]) for k, v in conns.items()}
+
+
+# --- the matrix text (docs/host-agent.md "The link matrix") ---------------------------
+
+
+def matrix_lines(columns: Sequence[int], rows: Iterable[tuple[int, Sequence[str]]]) -> list[str]:
+    """Header and one line per row: cells right-aligned to the widest index (at least 2)."""
+    width = max([2, *(len(str(c)) for c in columns)])
+    label = len(MATRIX_LABEL)
+    lines = [MATRIX_LABEL + "".join(" " + str(c).rjust(width) for c in columns)]
+    for index, cells in rows:
+        lines.append(str(index).rjust(label) + "".join(" " + c.rjust(width) for c in cells))
+    return lines
+
+
+# --- nvidia-smi -q --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    """A GPU's NVLink fabric identity; ``key`` is how cliques are named everywhere."""
+
+    cluster_uuid: str
+    clique_id: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.cluster_uuid}.{self.clique_id}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cluster_uuid": self.cluster_uuid, "clique_id": self.clique_id}
+
+
+def check_fabric(cluster_uuid: object, clique_id: object) -> Fabric:
+    """A validated Fabric (raises DomainError)."""
+    if not isinstance(cluster_uuid, str) or not _UUID.match(cluster_uuid):
+        raise DomainError(f"fabric.cluster_uuid {_short(cluster_uuid)} is not a UUID")
+    if isinstance(clique_id, bool) or not isinstance(clique_id, int):
+        raise DomainError(f"fabric.clique_id {_short(clique_id)} is not an integer")
+    if not 0 <= clique_id <= _CLIQUE_MAX:
+        raise DomainError(f"fabric.clique_id {clique_id} is out of range 0..{_CLIQUE_MAX}")
+    return Fabric(cluster_uuid, clique_id)
+
+
+def _fabric_sections(text: str) -> list[dict[str, str]]:
+    """The ``Key : Value`` lines directly under each ``Fabric`` heading."""
+    sections: list[dict[str, str]] = []
+    current: dict[str, str] | None = None
+    depth = -1
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped:
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if current is not None:
+            if indent <= depth:
+                current = None
+            else:
+                key, sep, value = stripped.partition(":")
+                if sep and key.strip() and key.strip() not in current:
+                    current[key.strip()] = value.strip()
+                continue
+        if stripped == "Fabric":
+            current = {}
+            depth = indent
+            sections.append(current)
+    return sections
+
+
+def parse_fabric(output: bytes) -> Fabric | None:
+    """The tray's fabric from ``nvidia-smi -q``: None without one, DomainError on garbage."""
+    if len(output) > OUTPUT_MAX_BYTES:
+        raise DomainError(f"nvidia-smi -q printed over {OUTPUT_MAX_BYTES} bytes")
+    try:
+        text = output.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DomainError(f"nvidia-smi -q: not UTF-8 ({exc.reason})") from exc
+    found: set[Fabric] = set()
+    for section in _fabric_sections(text):
+        uuid = section.get("ClusterUUID", "N/A")
+        clique = section.get("CliqueId", "N/A")
+        if uuid in ("N/A", "") or clique in ("N/A", ""):
+            continue  # this GPU has no fabric (not an NVLink-fabric GPU, or not set up)
+        if section.get("State", "Completed") != "Completed":
+            continue  # registration still in progress: no identity yet
+        if not clique.isdigit():
+            raise DomainError(f"nvidia-smi -q: CliqueId {_short(clique)} is not a number")
+        found.add(check_fabric(uuid, int(clique)))
+    if len(found) > 1:
+        keys = ", ".join(sorted(f.key for f in found))
+        raise DomainError(f"nvidia-smi -q: the GPUs report different cliques ({keys})")
+    return next(iter(found), None)
