@@ -71,6 +71,8 @@ from host_agent.registry_certs import (
     CertConfig,
     add_certificate_routes,
 )
+from host_agent.registry_domain import add_domain_routes
+from host_agent.registry_params import Name, Namespace
 from host_agent.state import EnsembleSnapshot, GuestReport, State
 
 __all__ = [
@@ -90,7 +92,6 @@ log = logging.getLogger(__name__)
 
 
 
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _TEXT = "text/plain; charset=utf-8"
 _GENERATION_HEADER = "X-Imex-Generation"
 #: Set on answers of a replica that is shutting down (guest_agent.registry_client reads it).
@@ -124,12 +125,12 @@ class RegistryConfig:
     max_body_bytes: int = 16384
     #: the status PUT carries an 18-node ``nvidia-imex-ctl -N -j`` (~25 KB) with headroom
     status_body_bytes: int = 65536
+    longpoll_cap: float = 60.0
+    longpoll_default: float = 30.0
 
 
 #: the status PUT's path (its own body limit, ``status_body_bytes``)
 STATUS_PATH_PATTERN = r"^/v1/ensembles/[^/]+/[^/]+/members/[^/]+/status$"
-    longpoll_cap: float = 60.0
-    longpoll_default: float = 30.0
 
 
 # -- metrics ------------------------------------------------------------------
@@ -224,6 +225,8 @@ class MemberOut(BaseModel):
     ready: bool | None
     since: str
     guest: GuestOut | None
+    clique: str | None = Field(
+        description='"<cluster_uuid>.<clique_id>" from its guest\'s report; null: unknown')
 
 
 class EnsembleOut(BaseModel):
@@ -295,21 +298,6 @@ _TEXT_200: dict[int | str, dict[str, Any]] = {
 }
 
 
-Namespace = Annotated[
-    str,
-    Path(
-        pattern=_DNS_LABEL, max_length=63, description="the Service's namespace", examples=["gpu"]
-    ),
-]
-Name = Annotated[
-    str,
-    Path(
-        pattern=_DNS_LABEL,
-        max_length=63,
-        description="the ensemble Service's name",
-        examples=["gb200"],
-    ),
-]
 Wait = Annotated[
     int | None,
     Query(ge=0, description="hold the answer until the generation differs from this"),
@@ -612,6 +600,8 @@ def create_app(
 
     add_certificate_routes(app, state, ca_source, metrics_registry, config.trusted_proxies,
                            cert_config)
+    app.state.domain = add_domain_routes(
+        app, state, config.report_stale_after, lookup, metrics_registry)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, per_path=(
         (CERT_PATH_PATTERN, CERT_BODY_LIMIT),
         (STATUS_PATH_PATTERN, config.status_body_bytes),

@@ -120,6 +120,29 @@ class GuestReport:
     links: tuple[str | None, ...] | None = None
 
 
+def report_counts(pub: PublishedMember, report: GuestReport | None) -> bool:
+    """Whether ``report`` speaks for the member now: it came after the slot got its
+    current address (a report from the slot's previous VM, or from before a migration,
+    does not)."""
+    return report is not None and report.received_at >= pub.since
+
+
+def member_cliques(
+    members: Iterable[PublishedMember], reports: Mapping[int, GuestReport]
+) -> dict[int, str]:
+    """index -> ``"<cluster_uuid>.<clique_id>"`` of the members whose clique is known."""
+    out: dict[int, str] = {}
+    for pub in members:
+        report = reports.get(pub.index)
+        if not report_counts(pub, report):
+            continue
+        assert report is not None
+        fabric = report.fields.get("fabric")
+        if isinstance(fabric, Mapping):
+            out[pub.index] = f"{fabric.get('cluster_uuid')}.{fabric.get('clique_id')}"
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class GuestView:
     """What any guest of the ensemble would write, and nothing else.

@@ -20,7 +20,8 @@ from typing import Any
 from guest_agent.hostsfile import merge_hosts
 from guest_agent.model import ABSENT_IP
 from guest_agent.render import Mode, render_nodes_config
-from host_agent.state import EnsembleSnapshot, GuestReport, PublishedMember
+from host_agent.domain_view import aggregate, membership_problems
+from host_agent.state import EnsembleSnapshot, GuestReport, PublishedMember, member_cliques
 
 #: The fields a guest reports (PUT .../members/{index}/status), in display order.
 REPORT_FIELDS: tuple[str, ...] = (
@@ -63,7 +64,8 @@ def guest_json(report: GuestReport | None, now: float, stale_after: float) -> di
 
 
 def member_json(
-    snap: EnsembleSnapshot, pub: PublishedMember, now: float, stale_after: float
+    snap: EnsembleSnapshot, pub: PublishedMember, now: float, stale_after: float,
+    clique: str | None = None,
 ) -> dict[str, Any]:
     m = pub.member
     return {
@@ -76,12 +78,19 @@ def member_json(
         "ready": m.ready,
         "since": rfc3339(pub.since),
         "guest": guest_json(snap.reports.get(m.index), now, stale_after),
+        "clique": clique,
     }
 
 
 def ensemble_json(snap: EnsembleSnapshot, now: float, stale_after: float) -> dict[str, Any]:
-    """``GET /v1/ensembles/{ns}/{name}``: the whole ensemble, members in index order."""
+    """``GET /v1/ensembles/{ns}/{name}``: the whole ensemble, members in index order.
+
+    ``clique`` is the member's ``"<cluster_uuid>.<clique_id>"`` (null: unknown); the
+    problems end with the domain's membership problems (a clique split, a member whose
+    nodes file differs).
+    """
     spec = snap.spec
+    cliques = member_cliques(snap.members, snap.reports)
     return {
         "namespace": spec.ens.namespace,
         "name": spec.ens.name,
@@ -89,8 +98,9 @@ def ensemble_json(snap: EnsembleSnapshot, now: float, stale_after: float) -> dic
         "generation": snap.generation,
         "max_members": spec.max_members,
         "port": spec.port,
-        "members": [member_json(snap, p, now, stale_after) for p in snap.members],
-        "problems": list(snap.problems),
+        "members": [member_json(snap, p, now, stale_after, cliques.get(p.index))
+                    for p in snap.members],
+        "problems": all_problems(snap, now, stale_after),
         "tls": tls_json(snap),
     }
 
@@ -108,6 +118,12 @@ def tls_json(snap: EnsembleSnapshot) -> dict[str, Any] | None:
         "ca_sha256": snap.ca.sha256 if snap.ca is not None else None,
         "ca_bundle_sha256": snap.ca.bundle_sha256 if snap.ca is not None else None,
     }
+
+
+def all_problems(snap: EnsembleSnapshot, now: float, stale_after: float) -> list[str]:
+    """The reconciler's problems, then the domain's membership problems."""
+    extra = membership_problems(aggregate(snap, now, stale_after)) if snap.reports else []
+    return [*snap.problems, *extra]
 
 
 def summary_json(snap: EnsembleSnapshot) -> dict[str, Any]:
@@ -194,9 +210,10 @@ def ensemble_table(snap: EnsembleSnapshot, now: float, stale_after: float) -> st
     lines.append(f"{len(published)} of {spec.max_members} slots published")
     if absent:
         lines.append(f"absent (pinned to {ABSENT_IP}): " + ", ".join(absent))
-    if snap.problems:
+    problems = all_problems(snap, now, stale_after)
+    if problems:
         lines.append("problems:")
-        lines += [f"  - {p}" for p in snap.problems]
+        lines += [f"  - {p}" for p in problems]
     return "\n".join(lines) + "\n"
 
 

@@ -87,8 +87,8 @@ async def test_ensemble_json_has_exactly_the_contract_fields(registry: Running) 
     assert (body["max_members"], body["port"]) == (4, 50000)
     assert body["problems"] == ["VMI gb200-9 has index 9, beyond max-members 4"]
     assert [list(m) for m in body["members"]] == [
-        ["index", "slot", "ip", "vmi", "node", "phase", "ready", "since", "guest"]
-    ] * 2
+        ["index", "slot", "ip", "vmi", "node", "phase", "ready", "since", "guest", "clique"]
+    ] * 2  # clique: issue 17
     first, second = body["members"]
     assert first["slot"] == ENS.slot(0) and first["ip"] == "10.213.0.10"
     assert (first["vmi"], first["node"], first["phase"], first["ready"]) == (

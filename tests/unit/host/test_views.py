@@ -62,6 +62,7 @@ def test_ensemble_json_follows_the_contract() -> None:
                 "ready": True,
                 "since": "2027-01-15T08:00:00.000Z",
                 "guest": None,
+                "clique": None,
             },
             {
                 "index": 2,
@@ -73,6 +74,7 @@ def test_ensemble_json_follows_the_contract() -> None:
                 "ready": False,
                 "since": "2027-01-15T08:00:02.000Z",
                 "guest": None,
+                "clique": None,
             },
         ],
         "problems": ["dup index 1"],
