@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from guest_agent.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
+from guest_agent.cliques import pins_for
 from guest_agent.collect import Collected, DomainCollector
 from guest_agent.config import Settings
 from guest_agent.domain import own_row
@@ -272,6 +273,8 @@ class Agent:
         self.applier = Applier(settings)
         self.published: dict[int, str] = {}
         self.vmis: dict[int, str] = {}
+        #: index -> NVLink clique of the members, from the last registry view (DNS says none)
+        self.cliques: dict[int, str] = {}
         self.learned = False
         self.generation: int | None = None
         self.source: str | None = None
@@ -419,6 +422,7 @@ class Agent:
         self.published = merge_view(self.published, view)
         if view.source == "registry":
             self.vmis = {m.index: m.vmi for m in view.members if m.vmi}
+            self.cliques = {m.index: m.clique for m in view.members if m.clique}
         self.learned = True
         self.source = view.source
         if view.generation is not None:
@@ -451,8 +455,9 @@ class Agent:
             log.info("own slot: %s", own.note)
         self.own = own
         pins = local_pins(self.published, own.index, own.pin_ip)
+        hosts_pins = pins_for(pins, self.cliques, own.index)
         try:
-            result = self.applier.apply(pins)
+            result = self.applier.apply(pins, hosts_pins)
         except ApplyError as exc:
             log.error("apply failed: %s", exc)
             self.record_error(f"apply: {exc}")
@@ -467,7 +472,10 @@ class Agent:
             self.keeper.set_slot(own.index, self.ens.slot(own.index)
                                  if own.index is not None else None)
             creds = self.keeper.creds_digest()
-        self.supervisor.update(pins, result.nodes_sha256, own.pin_ip is not None, own.pin_ip,
+        # names mode: IMEX resolves through the hosts block, so a clique split is news for
+        # it (SIGUSR1); ips mode: the nodes file holds the addresses and the split is not.
+        told = hosts_pins if self.settings.mode == "names" else pins
+        self.supervisor.update(told, result.nodes_sha256, own.pin_ip is not None, own.pin_ip,
                                creds=creds, creds_needed=self.keeper is not None)
         s = self.status
         s.applies += 1
@@ -479,7 +487,8 @@ class Agent:
         s.source = self.source
         s.generation_applied = self.generation
         s.members = [
-            {"index": i, "slot": self.ens.slot(i), "ip": ip, "local_ip": pins.get(i)}
+            {"index": i, "slot": self.ens.slot(i), "ip": ip, "local_ip": hosts_pins.get(i),
+             "clique": self.cliques.get(i)}
             for i, ip in sorted(self.published.items())
         ]
         s.nodes_config_sha256 = result.nodes_sha256
@@ -652,6 +661,7 @@ async def run_once(settings: Settings) -> int:
         return EXIT_NOTHING_LEARNED
     agent.published = merge_view({}, view)
     agent.vmis = {m.index: m.vmi for m in view.members if m.vmi}
+    agent.cliques = {m.index: m.clique for m in view.members if m.clique}
     agent.learned = True
     agent.source = view.source
     agent.generation = view.generation
@@ -661,7 +671,7 @@ async def run_once(settings: Settings) -> int:
     log.info("own slot: %s", own.note)
     pins = local_pins(agent.published, own.index, own.pin_ip)
     try:
-        result = agent.applier.apply(pins)
+        result = agent.applier.apply(pins, pins_for(pins, agent.cliques, own.index))
     except ApplyError as exc:
         print(f"imex-guest-agent: error: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -101,6 +101,8 @@ class Applier:
         self.settings = settings
         self.ens = EnsembleId(settings.namespace, settings.ensemble)
         self.pins: dict[int, str] | None = None
+        #: what the hosts block holds: ``pins`` less the members of other NVLink cliques
+        self.hosts_pins: dict[int, str] | None = None
         self.last: ApplyResult | None = None
         #: what we last left in each file, to tell a foreign write from our own
         self._left: dict[str, bytes] = {}
@@ -116,23 +118,31 @@ class Applier:
         block = read_block(hosts, self.ens) if hosts is not None else None
         return block, sha256(nodes)
 
-    def apply(self, pins: Mapping[int, str]) -> ApplyResult:
-        """Make both files hold ``pins``; remembers them for ``assert_files``."""
+    def apply(
+        self, pins: Mapping[int, str], hosts_pins: Mapping[int, str] | None = None
+    ) -> ApplyResult:
+        """Make both files hold ``pins``; remembers them for ``assert_files``.
+
+        ``hosts_pins`` (default ``pins``) is what the hosts block pins when the ensemble
+        spans NVLink cliques (``guest_agent.cliques``): the nodes file never depends on
+        it, so a split costs IMEX a SIGUSR1, not a restart.
+        """
         self.pins = dict(pins)
-        return self._write(self.pins)
+        self.hosts_pins = dict(hosts_pins) if hosts_pins is not None else self.pins
+        return self._write(self.pins, self.hosts_pins)
 
     def assert_files(self) -> ApplyResult | None:
         """Re-render the last applied pins over whatever is on disk (None before any apply)."""
-        if self.pins is None:
+        if self.pins is None or self.hosts_pins is None:
             return None
-        return self._write(self.pins)
+        return self._write(self.pins, self.hosts_pins)
 
     def _foreign(self, path: str, found: bytes | None, wanted: bytes) -> bool:
         """Someone else changed ``path`` since our last write, and we must write it again."""
         left = self._left.get(path)
         return left is not None and found != left and found != wanted
 
-    def _write(self, pins: Mapping[int, str]) -> ApplyResult:
+    def _write(self, pins: Mapping[int, str], hosts_pins: Mapping[int, str]) -> ApplyResult:
         s = self.settings
         nodes = self.nodes_bytes(pins)
         foreign = False
@@ -143,7 +153,7 @@ class Applier:
             nodes_written = write_file(s.nodes_config, nodes)
             self._left[s.nodes_config] = nodes
             existing = read_bytes(s.hosts_file)
-            hosts = merge_hosts(existing or b"", self.ens, s.max_members, pins)
+            hosts = merge_hosts(existing or b"", self.ens, s.max_members, hosts_pins)
             foreign |= self._foreign(s.hosts_file, existing, hosts)
             hosts_written = write_file(s.hosts_file, hosts)
             self._left[s.hosts_file] = hosts

@@ -210,6 +210,8 @@ class Member:
     node: str | None = None
     phase: str | None = None
     ready: bool | None = None
+    #: ``"<cluster_uuid>.<clique_id>"`` of its GPUs' NVLink fabric, as the registry says
+    clique: str | None = None
 
     @classmethod
     def checked(
@@ -222,6 +224,7 @@ class Member:
         node: str | None = None,
         phase: str | None = None,
         ready: bool | None = None,
+        clique: str | None = None,
     ) -> Member:
         """Build a member after validating index and address (raises ModelError)."""
         return cls(
@@ -231,6 +234,7 @@ class Member:
             node=node,
             phase=phase,
             ready=ready,
+            clique=clique,
         )
 
 

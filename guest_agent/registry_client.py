@@ -22,6 +22,7 @@ A 404 (the registry does not know the ensemble yet, e.g. still syncing) is
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -90,6 +91,15 @@ def _opt_int(doc: Mapping[str, object], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+_CLIQUE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                     r"[0-9a-fA-F]{12}\.(0|[1-9][0-9]{0,9})$")
+
+
+def _clique(value: object) -> str | None:
+    """A member's ``clique`` (``"<cluster_uuid>.<clique_id>"``); anything else: unknown."""
+    return value if isinstance(value, str) and _CLIQUE.match(value) else None
+
+
 def parse_ensemble(
     data: object, ens: EnsembleId, max_members: int, warn: Warn | None = None
 ) -> RegistrySnapshot:
@@ -142,6 +152,7 @@ def parse_ensemble(
                 node=_opt_str(entry, "node"),
                 phase=_opt_str(entry, "phase"),
                 ready=ready if isinstance(ready, bool) else None,
+                clique=_clique(entry.get("clique")),
             )
         except ModelError as exc:
             say(f"{where}: ignored: {exc}")

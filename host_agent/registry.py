@@ -73,6 +73,7 @@ from host_agent.registry_certs import (
 )
 from host_agent.registry_domain import add_domain_routes
 from host_agent.registry_params import Name, Namespace
+from host_agent.registry_ui import add_ui_routes
 from host_agent.state import EnsembleSnapshot, GuestReport, State
 
 __all__ = [
@@ -313,6 +314,11 @@ Timeout = Annotated[
 ]
 Format = Annotated[Literal["json", "table"], Query(description="json (default) or table")]
 NodesMode = Annotated[Literal["names", "ips"], Query(description="names (default) or ips")]
+HostsMember = Annotated[
+    int | None,
+    Query(ge=0, le=2**31, description="the bytes this member writes: members of other "
+          "NVLink cliques pinned to 127.0.0.2 (default: every published member pinned)"),
+]
 SlotIndex = Annotated[
     int, Path(ge=0, le=2**31, description="the member's slot index", examples=[0])
 ]
@@ -536,11 +542,16 @@ def create_app(
         responses={**_TEXT_200, **_errors(404, 422, 500)},
     )
     async def get_hosts(
-        ns: Namespace, name: Name, wait: Wait = None, timeout: Timeout = None
+        ns: Namespace, name: Name, wait: Wait = None, timeout: Timeout = None,
+        member: HostsMember = None,
     ) -> Response:
         snap = await current(EnsembleId(ns, name), wait, timeout)
+        if member is not None and snap.member(member) is None:
+            published = ", ".join(str(p.index) for p in snap.members) or "none"
+            raise RegistryError(404, f"ensemble {snap.ens.key} has no published member "
+                                     f"{member} (published: {published})")
         try:
-            return text(views.hosts(snap), snap)
+            return text(views.hosts(snap, member), snap)
         except ModelError as exc:
             raise RegistryError(500, f"cannot render hosts of {snap.ens.key}: {exc}") from exc
 
@@ -602,6 +613,7 @@ def create_app(
                            cert_config)
     app.state.domain = add_domain_routes(
         app, state, config.report_stale_after, lookup, metrics_registry)
+    add_ui_routes(app, state, app.state.domain, lookup, config.report_stale_after)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, per_path=(
         (CERT_PATH_PATTERN, CERT_BODY_LIMIT),
         (STATUS_PATH_PATTERN, config.status_body_bytes),

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from guest_agent.cliques import split
 from guest_agent.model import EnsembleId, Member
 from guest_agent.render import Mode
 from host_agent.selectors import LabelSelector
@@ -159,14 +160,23 @@ class GuestView:
     #: sha256 of the CA bundle guests trust (authEncryption): a new bundle (a rotation
     #: starting or its overlap ending) must reach every guest at once, so it renews.
     ca_bundle_sha256: str | None = None
+    #: (index, clique) of the members whose NVLink clique is known, when they span two
+    #: or more cliques (each guest then pins only its own clique's peers); empty otherwise,
+    #: since one clique (or none known) changes nothing any guest writes.
+    cliques: tuple[tuple[int, str], ...] = ()
 
     @classmethod
     def of(
-        cls, members: Iterable[PublishedMember], ca: CaPublished | None = None
+        cls,
+        members: Iterable[PublishedMember],
+        ca: CaPublished | None = None,
+        reports: Mapping[int, GuestReport] | None = None,
     ) -> GuestView:
+        listed = tuple(members)
         return cls(
-            pins=tuple((p.member.index, p.member.ip) for p in members),
+            pins=tuple((p.member.index, p.member.ip) for p in listed),
             ca_bundle_sha256=ca.bundle_sha256 if ca is not None else None,
+            cliques=tuple(sorted(split(member_cliques(listed, reports or {})).items())),
         )
 
 
@@ -281,8 +291,10 @@ class State:
             )
             for m in ordered
         )
-        changed = GuestView.of(published, ca) != GuestView.of(old.members, old.ca)
-        reports = {i: r for i, r in old.reports.items() if any(m.index == i for m in ordered)}
+        indices = {m.index for m in ordered}
+        reports = {i: r for i, r in old.reports.items() if i in indices}
+        changed = GuestView.of(published, ca, reports) != GuestView.of(
+            old.members, old.ca, old.reports)
         snap = EnsembleSnapshot(
             spec,
             old.generation + 1 if changed else old.generation,
@@ -386,13 +398,22 @@ class State:
         return True
 
     def report(self, ens: EnsembleId, index: int, report: GuestReport) -> EnsembleSnapshot | None:
-        """Store a guest's report; does not change the generation."""
+        """Store a guest's report. The generation grows only when the report changes
+        ``GuestView`` (its clique splits the ensemble, or moves a member between cliques)."""
         entry = self._entries.get(ens)
         if entry is None:
             return None
-        reports = dict(entry.snapshot.reports)
+        old = entry.snapshot
+        reports = dict(old.reports)
         reports[index] = report
-        entry.snapshot = replace(entry.snapshot, reports=reports)
+        changed = GuestView.of(old.members, old.ca, reports) != GuestView.of(
+            old.members, old.ca, old.reports)
+        if not changed:
+            entry.snapshot = replace(old, reports=reports)
+            return entry.snapshot
+        entry.snapshot = replace(old, reports=reports, generation=old.generation + 1,
+                                 changed_at=self._clock())
+        entry.wake()
         return entry.snapshot
 
     def mark_synced(self) -> None:

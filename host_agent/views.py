@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from guest_agent.cliques import pins_for
 from guest_agent.hostsfile import merge_hosts
 from guest_agent.model import ABSENT_IP
 from guest_agent.render import Mode, render_nodes_config
@@ -222,6 +223,13 @@ def nodes_config(snap: EnsembleSnapshot, mode: Mode = "names") -> bytes:
     return render_nodes_config(snap.ens, snap.spec.max_members, mode, snap.pins())
 
 
-def hosts(snap: EnsembleSnapshot) -> bytes:
-    """The managed ``/etc/hosts`` block a guest writes (merged into an empty file)."""
-    return merge_hosts(b"", snap.ens, snap.spec.max_members, snap.pins())
+def hosts(snap: EnsembleSnapshot, member: int | None = None) -> bytes:
+    """The managed ``/etc/hosts`` block a guest writes (merged into an empty file).
+
+    ``member``: the block that member writes, where the ensemble spans NVLink cliques
+    (members of other cliques at 127.0.0.2; ``guest_agent.cliques``, the guest's rule).
+    """
+    pins = snap.pins()
+    if member is not None:
+        pins = pins_for(pins, member_cliques(snap.members, snap.reports), member)
+    return merge_hosts(b"", snap.ens, snap.spec.max_members, pins)

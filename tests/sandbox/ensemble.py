@@ -72,6 +72,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 STANDIN_IMEX = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-imex")
 STANDIN_CTL = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-imex-ctl")
+STANDIN_SMI = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-smi")
+#: the rack every sandbox VM's GPUs are in unless a test moves it (``Sandbox.fabrics``)
+RACK_CLUSTER_UUID = "5e1f0c2a-7b3d-4c8e-9a61-2d4f8b0e3c17"
 PID_DIR = Path("/run/imex-sandbox")
 PR_SET_PDEATHSIG = 1
 
@@ -110,6 +113,11 @@ class SandboxSettings:
         "shutdown_grace": 2.0})
     #: report_stale_after for the registry (seconds)
     report_stale_after: float = 30.0
+    #: the guests' report_interval (-N -j collection and heartbeat), seconds
+    report_interval: float = 10.0
+    #: the NVLink clique of every VM's GPUs (nvidia-smi stand-in), unless set per VM
+    default_fabric: Mapping[str, object] | None = field(default_factory=lambda: {
+        "cluster_uuid": RACK_CLUSTER_UUID, "clique_id": 1})
     workdir: Path | None = None
     keep_workdir: bool = False
     #: Interpreter of the guest agents (run from the repository root, so it only needs
@@ -360,6 +368,9 @@ class Vm:
     def write_config(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         write_standin_files(self.dir / "imex", [])
+        fabric = self.sandbox.fabrics.get((self.spec.namespace, self.vmi),
+                                          self.sandbox.settings.default_fabric)
+        (self.dir / "fabric.json").write_text(json.dumps(fabric))
         token = self.dir / "token"
         token.write_text(self.spec.token + "\n")
         token.chmod(0o600)
@@ -378,6 +389,9 @@ class Vm:
             "imex_command": [STANDIN_IMEX, "-c", str(self.imex_cfg),
                              "--state-file", str(self.imex_state_file)],
             "imex_ctl": [STANDIN_CTL, "-c", str(self.imex_cfg)],
+            "nvidia_smi": [STANDIN_SMI, "--fabric-file", str(self.dir / "fabric.json")],
+            "imex_channel_device": str(self.dir / "channel0"),
+            "report_interval": s.report_interval,
             "poll_interval": s.poll_interval,
             "signal_interval": s.signal_interval,
             "dns_timeout": s.dns_timeout,
@@ -459,6 +473,8 @@ class Sandbox:
         self.host_agent: subprocess.Popen[bytes] | None = None
         self.host_agent_starts = 0
         self.vms: dict[tuple[str, str], Vm] = {}
+        #: (namespace, vmi) -> the fabric its GPUs report from its next boot (None: none)
+        self.fabrics: dict[tuple[str, str], Mapping[str, object] | None] = {}
         self._spare: list[Node] = []
         self._pidfile: Path | None = None
         #: keep the work directory at close (a test session sets it after a failure)
@@ -798,15 +814,19 @@ class Sandbox:
         self._route_all("replace" if blocked else "del", self.dns_ip)
 
     # ---- waiting
-    def converged(self, spec: EnsembleSpec, expect: Mapping[int, str] | None = None
-                  ) -> str | None:
+    def converged(self, spec: EnsembleSpec, expect: Mapping[int, str] | None = None,
+                  cliques: Mapping[int, str] | None = None) -> str | None:
         """None when every running VM of ``spec`` pins exactly ``expect`` (default: the
         running VMs' addresses) with absent slots at 127.0.0.2 and its IMEX sees every
-        other running member CONNECTED; else a short reason."""
+        other running member CONNECTED; else a short reason. With ``cliques`` (index ->
+        clique) a VM expects only the members of its own clique (``guest_agent.cliques``)."""
+        from guest_agent.cliques import pins_for
+
         vms = self.vms_of(spec)
-        want = dict(expect) if expect is not None else {vm.index: vm.ip for vm in vms}
-        block = {i: want.get(i, "127.0.0.2") for i in range(spec.max_members)}
+        everyone = dict(expect) if expect is not None else {vm.index: vm.ip for vm in vms}
         for vm in vms:
+            want = pins_for(everyone, cliques or {}, vm.index)
+            block = {i: want.get(i, "127.0.0.2") for i in range(spec.max_members)}
             got = vm.hosts_block()
             if got != block:
                 diff = {i: (got or {}).get(i) for i in block if (got or {}).get(i) != block[i]}
@@ -818,13 +838,14 @@ class Sandbox:
         return None
 
     def wait_converged(self, spec: EnsembleSpec, timeout: float = 60.0,
-                       expect: Mapping[int, str] | None = None) -> float:
+                       expect: Mapping[int, str] | None = None,
+                       cliques: Mapping[int, str] | None = None) -> float:
         """Wait until :meth:`converged`; returns the seconds it took."""
         t0 = time.monotonic()
         reason: list[str | None] = [None]
 
         def probe() -> bool:
-            reason[0] = self.converged(spec, expect)
+            reason[0] = self.converged(spec, expect, cliques)
             return reason[0] is None
 
         wait_for(f"{spec.key} to converge", probe, timeout, 0.25,

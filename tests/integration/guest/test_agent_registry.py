@@ -40,6 +40,7 @@ class FakeRegistry:
     def __init__(self) -> None:
         self.generation = 1_700_000_000_000
         self.members: dict[int, str] = {}
+        self.cliques: dict[int, str] = {}
         self.reports: list[dict[str, Any]] = []
         self.cond = threading.Condition()
         registry = self
@@ -84,13 +85,15 @@ class FakeRegistry:
         return {"namespace": NS, "name": NAME, "domain_id": ENS.domain_id,
                 "generation": self.generation, "max_members": 4, "port": 50000,
                 "members": [{"index": i, "slot": ENS.slot(i), "ip": ip, "vmi": f"vm-{i}",
-                             "node": "n1", "phase": "Running", "ready": True}
+                             "node": "n1", "phase": "Running", "ready": True,
+                             "clique": self.cliques.get(i)}
                             for i, ip in sorted(self.members.items())],
                 "problems": []}
 
-    def publish(self, members: dict[int, str]) -> None:
+    def publish(self, members: dict[int, str], cliques: dict[int, str] | None = None) -> None:
         with self.cond:
             self.members = dict(members)
+            self.cliques = dict(cliques or {})
             self.generation += 1
             self.cond.notify_all()
 
@@ -187,5 +190,44 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
                                        if e["event"] == "usr1"], 5, log=agent.log)
         wait_until("report of the signal", lambda: report(
             lambda b: b["generation_applied"] == g1 and b["signals"] == 1), 10, log=agent.log)
+    finally:
+        assert agent.stop() == 0, agent.log()
+
+
+def test_members_of_another_clique_are_pinned_away_with_a_signal_not_a_restart(
+    tmp_path: Path, registry: FakeRegistry
+) -> None:
+    a, b = f"{FABRIC['cluster_uuid']}.1", f"{FABRIC['cluster_uuid']}.2"
+    ips = {0: "10.77.1.10", 1: "10.77.1.11", 2: "10.77.1.12", 3: "10.77.1.13"}
+    registry.publish(ips)
+    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+    cfg = write_config(tmp_path / "config.toml", {
+        "ensemble": NAME, "namespace": NS, "max_members": 4,
+        "registry_url": registry.url, "nameservers": [f"127.0.0.1:{_closed_port()}"],
+        "hosts_file": str(tmp_path / "hosts"),
+        "nodes_config": str(tmp_path / "imex" / "nodes_config.cfg"),
+        "status_file": str(tmp_path / "status.json"),
+        "imex_control": "process",
+        "imex_command": [*FAKE_IMEX, "--log", str(tmp_path / "imex.log")],
+        "imex_ctl": READY_CTL, "own_index": 0, "own_slot": "published",
+        "poll_interval": 0.3, "dns_timeout": 0.3, "longpoll_timeout": 5,
+        "signal_interval": 1.0, "nvidia_smi": [str(tmp_path / "none")],
+    })
+    agent = AgentProc(cfg, tmp_path / "status.json", tmp_path / "agent.log")
+    try:
+        agent.wait("IMEX up", lambda s: s.get("starts") == 1 and s.get("imex_state") == "READY")
+        nodes = (tmp_path / "imex" / "nodes_config.cfg").read_bytes()
+        assert read_block((tmp_path / "hosts").read_bytes(), ENS) == ips
+        registry.publish(ips, {0: a, 1: a, 2: b, 3: b})  # 2 and 3 are on another rack
+        g = registry.generation
+        agent.wait("split applied", lambda s: s.get("generation_applied") == g, 5)
+        assert read_block((tmp_path / "hosts").read_bytes(), ENS) == {
+            0: ips[0], 1: ips[1], 2: "127.0.0.2", 3: "127.0.0.2"}
+        assert (tmp_path / "imex" / "nodes_config.cfg").read_bytes() == nodes
+        wait_until("SIGUSR1", lambda: [e for e in read_events(tmp_path / "imex.log")
+                                       if e["event"] == "usr1"], 5, log=agent.log)
+        st = agent.wait("status", lambda s: s.get("signals") == 1, 5)
+        assert st["restarts"] == 0 and st["starts"] == 1
+        assert [m["clique"] for m in st["members"]] == [a, a, b, b]
     finally:
         assert agent.stop() == 0, agent.log()

@@ -99,3 +99,33 @@ async def test_metrics_count_states_never_one_series_per_link() -> None:
     assert reg.sample("imex_ensemble_links", namespace="gpu", ensemble="nvl",
                       state="CONNECTED") == expected - 1
     assert len([ln for ln in lines if ln.startswith("imex_ensemble_links{")]) == 9
+
+
+async def test_a_split_wakes_long_polls_and_hosts_per_member_is_what_each_writes() -> None:
+    import asyncio
+
+    from guest_agent.cliques import pins_for
+    from guest_agent.hostsfile import merge_hosts
+
+    async with serve(state_of(4), TRUSTED) as reg, httpx.AsyncClient(base_url=reg.url) as c:
+        g = (await c.get(BASE)).json()["generation"]
+        for i in range(3):
+            await put(c, i, view_of(i, 4, set()), fabric=A)
+        assert (await c.get(BASE)).json()["generation"] == g  # one clique: nothing new
+        parked = asyncio.create_task(c.get(f"{BASE}?wait={g}&timeout=20"))
+        await reg.until(lambda: reg.sample("imex_registry_longpoll_waiters") == 1)
+        await put(c, 3, view_of(3, 4, set()), fabric=B)
+        woke = (await asyncio.wait_for(parked, 5)).json()
+        assert woke["generation"] == g + 1
+        assert [m["clique"] for m in woke["members"]] == [f"{A['cluster_uuid']}.{x}"
+                                                          for x in (1, 1, 1, 2)]
+        assert any(p.startswith("the members span 2 NVLink cliques") for p in woke["problems"])
+        pins = {i: f"10.213.0.{10 + i}" for i in range(4)}
+        cliques = {m["index"]: m["clique"] for m in woke["members"]}
+        for i in range(4):
+            body = (await c.get(f"{BASE}/hosts?member={i}")).content
+            assert body == merge_hosts(b"", ENS, 18, pins_for(pins, cliques, i))
+        assert b"127.0.0.2\timex-" in (await c.get(f"{BASE}/hosts?member=3")).content
+        assert (await c.get(f"{BASE}/hosts")).content == merge_hosts(b"", ENS, 18, pins)
+        missing = await c.get(f"{BASE}/hosts?member=9")
+        assert missing.status_code == 404 and "no published member 9" in missing.json()["error"]
