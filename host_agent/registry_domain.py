@@ -31,7 +31,7 @@ from host_agent.domain_view import (
     domain_json,
     matrix_text,
 )
-from host_agent.registry_params import Name, Namespace
+from host_agent.registry_params import Name, Namespace, error_responses
 from host_agent.state import EnsembleSnapshot, State
 
 Lookup = Callable[[EnsembleId], EnsembleSnapshot]
@@ -124,7 +124,8 @@ def add_domain_routes(
     @app.get(
         "/v1/ensembles/{ns}/{name}/domain",
         summary="The IMEX domain: member states, links, partitions, cliques (?format=matrix)",
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+                   **error_responses(404, 422)},
     )
     async def get_domain(
         ns: Namespace,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Path
 
@@ -23,3 +23,17 @@ Name = Annotated[
         examples=["gb200"],
     ),
 ]
+
+
+_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"error": {"type": "string"},
+                   "detail": {"type": "array", "items": {"type": "object"}}},
+    "required": ["error"],
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for error answers: always ``{"error": ...}`` JSON (422 adds detail)."""
+    return {code: {"content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+            for code in codes}

@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from guest_agent.model import EnsembleId
 from host_agent import ui
 from host_agent.registry_domain import DomainCache, Lookup
-from host_agent.registry_params import Name, Namespace
+from host_agent.registry_params import Name, Namespace, error_responses
 from host_agent.state import State
 from host_agent.ui_assets import CSP
 
@@ -58,7 +58,7 @@ def add_ui_routes(app: FastAPI, state: State, cache: DomainCache, lookup: Lookup
         return JSONResponse({"items": items}, headers={"Cache-Control": "no-store"})
 
     @app.get("/ui/ensembles/{ns}/{name}", summary="The operator's page: one ensemble",
-             response_class=HTMLResponse)
+             response_class=HTMLResponse, responses=error_responses(404, 422))
     async def ui_ensemble(ns: Namespace, name: Name) -> Response:
         snap = lookup(EnsembleId(ns, name))
         now = time.time()
