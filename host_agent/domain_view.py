@@ -36,7 +36,7 @@ from guest_agent.domain import (
     letter,
     matrix_lines,
 )
-from host_agent.state import EnsembleSnapshot, GuestReport, member_cliques, report_counts
+from host_agent.state import EnsembleSnapshot, GuestReport, report_counts, served_cliques
 
 READY: Final = "READY"
 STATUSES: Final = ("UP", "DEGRADED", "DOWN", "UNKNOWN")
@@ -148,7 +148,7 @@ def _drift(reporting: Mapping[int, GuestReport]) -> tuple[list[int], str | None,
 
 def aggregate(snap: EnsembleSnapshot, now: float, stale_after: float) -> DomainView:
     """The domain view of ``snap`` at ``now``; see the module docstring for the rules."""
-    cliques = member_cliques(snap.members, snap.reports)
+    cliques = served_cliques(snap)
     groups = split(cliques)
     published = [p.index for p in snap.members]
     members: list[MemberDomain] = []

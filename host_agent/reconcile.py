@@ -154,6 +154,9 @@ class Reconciler:
         #: where the (generation, view) pair is persisted; None: counted locally (sidecar)
         self._pairs = pairs
         self._state = state
+        # a report that changes what guests write (a clique split) needs a pass, so the
+        # leader persists the new GuestView (issue 17)
+        state.on_view_news = lambda ens: self.enqueue((ens.namespace, ens.name))
         self._vmis = vmis
         self._services = services
         self._slices = slices

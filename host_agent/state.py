@@ -144,6 +144,12 @@ def member_cliques(
     return out
 
 
+def served_cliques(snap: EnsembleSnapshot) -> dict[int, str]:
+    """index -> clique as guests are told: the served split when there is one (what
+    they pin follows it), else what this replica's reports say (changes nothing)."""
+    return dict(snap.cliques) if snap.cliques else member_cliques(snap.members, snap.reports)
+
+
 @dataclass(frozen=True, slots=True)
 class GuestView:
     """What any guest of the ensemble would write, and nothing else.
@@ -204,6 +210,9 @@ class EnsembleSnapshot:
     reports: Mapping[int, GuestReport] = field(default_factory=dict)
     #: the ensemble's CA (authEncryption on and the CA exists), else None.
     ca: CaPublished | None = None
+    #: the served ``GuestView.cliques``: (index, clique) when the members span two or more
+    #: NVLink cliques, else empty. What guests pin follows this, not this replica's reports.
+    cliques: tuple[tuple[int, str], ...] = ()
 
     @property
     def ens(self) -> EnsembleId:
@@ -221,10 +230,12 @@ class EnsembleSnapshot:
 
 
 class _Entry:
-    __slots__ = ("snapshot", "waits")
+    __slots__ = ("observed", "snapshot", "waits")
 
-    def __init__(self, snapshot: EnsembleSnapshot) -> None:
+    def __init__(self, snapshot: EnsembleSnapshot, observed: bool = False) -> None:
         self.snapshot = snapshot
+        #: served from an observed (generation, GuestView) pair: the leader counts
+        self.observed = observed
         #: deadline bucket -> the future its waiters share
         self.waits: dict[int, asyncio.Future[None]] = {}
 
@@ -248,6 +259,9 @@ class State:
         self._floor: dict[EnsembleId, int] = {}
         self.synced = False
         self.closed = False
+        #: called with an ensemble whose reports changed what guests would write while it
+        #: is served from an observed pair (the reconciler queues a pass)
+        self.on_view_news: Callable[[EnsembleId], None] | None = None
 
     # -- writing (reconciler) ------------------------------------------------
 
@@ -279,6 +293,7 @@ class State:
             snap = EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca)
             self._entries[spec.ens] = _Entry(snap)
             return snap, True
+        entry.observed = False
         old = entry.snapshot
         old_by_index = {p.member.index: p for p in old.members}
         published = tuple(
@@ -293,8 +308,8 @@ class State:
         )
         indices = {m.index for m in ordered}
         reports = {i: r for i, r in old.reports.items() if i in indices}
-        changed = GuestView.of(published, ca, reports) != GuestView.of(
-            old.members, old.ca, old.reports)
+        view = GuestView.of(published, ca, reports)
+        changed = view != GuestView.of(old.members, old.ca, old.reports)
         snap = EnsembleSnapshot(
             spec,
             old.generation + 1 if changed else old.generation,
@@ -303,6 +318,7 @@ class State:
             now if changed else old.changed_at,
             reports,
             ca,
+            view.cliques,
         )
         entry.snapshot = snap
         if changed:
@@ -344,7 +360,9 @@ class State:
         local = {m.index: m for m in members}
         published = self._published(spec, ((i, m.ip) for i, m in local.items()), local,
                                     addresses or {}, {}, self._clock())
-        return GuestView.of(published, ca), {p.index: p.since for p in published}
+        current = self.get(spec.ens)
+        reports = current.reports if current is not None else {}
+        return GuestView.of(published, ca, reports), {p.index: p.since for p in published}
 
     def served_floor(self, ens: EnsembleId) -> int:
         """The largest generation this process ever served for ``ens`` (0: none)."""
@@ -373,16 +391,19 @@ class State:
         entry = self._entries.get(spec.ens)
         problems_t = tuple(problems)
         if entry is None:
-            snap = EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca)
-            self._entries[spec.ens] = _Entry(snap)
+            snap = EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca,
+                                    cliques=view.cliques)
+            self._entries[spec.ens] = _Entry(snap, observed=True)
             changed = True
         else:
             old = entry.snapshot
+            entry.observed = True
             changed = generation != old.generation
             pinned = {p.index for p in published}
             reports = {i: r for i, r in old.reports.items() if i in pinned}
             snap = EnsembleSnapshot(spec, generation, published, problems_t,
-                                    now if changed else old.changed_at, reports, ca)
+                                    now if changed else old.changed_at, reports, ca,
+                                    view.cliques)
             entry.snapshot = snap
             if changed:
                 entry.wake()
@@ -398,21 +419,31 @@ class State:
         return True
 
     def report(self, ens: EnsembleId, index: int, report: GuestReport) -> EnsembleSnapshot | None:
-        """Store a guest's report. The generation grows only when the report changes
-        ``GuestView`` (its clique splits the ensemble, or moves a member between cliques)."""
+        """Store a guest's report.
+
+        A report that changes ``GuestView`` (its clique splits the ensemble, or moves a
+        member between cliques) moves the generation here when this process counts; when
+        it serves observed pairs it calls ``on_view_news`` instead, so the leader's next
+        pass persists the new view (and every replica serves it).
+        """
         entry = self._entries.get(ens)
         if entry is None:
             return None
         old = entry.snapshot
         reports = dict(old.reports)
         reports[index] = report
-        changed = GuestView.of(old.members, old.ca, reports) != GuestView.of(
-            old.members, old.ca, old.reports)
-        if not changed:
+        cliques = GuestView.of(old.members, old.ca, reports).cliques
+        if cliques == old.cliques:
             entry.snapshot = replace(old, reports=reports)
             return entry.snapshot
+        if entry.observed:
+            entry.snapshot = replace(old, reports=reports)
+            if self.on_view_news is not None:
+                self.on_view_news(ens)
+            return entry.snapshot
         entry.snapshot = replace(old, reports=reports, generation=old.generation + 1,
-                                 changed_at=self._clock())
+                                 changed_at=self._clock(), cliques=cliques)
+        self._floor[ens] = max(self._floor.get(ens, 0), entry.snapshot.generation)
         entry.wake()
         return entry.snapshot
 

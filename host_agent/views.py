@@ -22,7 +22,7 @@ from guest_agent.hostsfile import merge_hosts
 from guest_agent.model import ABSENT_IP
 from guest_agent.render import Mode, render_nodes_config
 from host_agent.domain_view import aggregate, membership_problems
-from host_agent.state import EnsembleSnapshot, GuestReport, PublishedMember, member_cliques
+from host_agent.state import EnsembleSnapshot, GuestReport, PublishedMember, served_cliques
 
 #: The fields a guest reports (PUT .../members/{index}/status), in display order.
 REPORT_FIELDS: tuple[str, ...] = (
@@ -91,7 +91,7 @@ def ensemble_json(snap: EnsembleSnapshot, now: float, stale_after: float) -> dic
     nodes file differs).
     """
     spec = snap.spec
-    cliques = member_cliques(snap.members, snap.reports)
+    cliques = served_cliques(snap)
     return {
         "namespace": spec.ens.namespace,
         "name": spec.ens.name,
@@ -231,5 +231,5 @@ def hosts(snap: EnsembleSnapshot, member: int | None = None) -> bytes:
     """
     pins = snap.pins()
     if member is not None:
-        pins = pins_for(pins, member_cliques(snap.members, snap.reports), member)
+        pins = pins_for(pins, dict(snap.cliques), member)
     return merge_hosts(b"", snap.ens, snap.spec.max_members, pins)

@@ -86,3 +86,26 @@ def test_a_new_address_forgets_the_clique_until_the_new_vm_reports() -> None:
     snap = state.report(ENS, 2, rep(clock, 2))  # type: ignore[assignment]
     assert snap.generation == g + 2
     assert read_block(views.hosts(snap, 0), ENS)[2] == "127.0.0.2"  # type: ignore[index]
+
+
+def test_with_observed_pairs_a_split_is_the_leaders_to_persist_not_counted_here() -> None:
+    clock = Clock()
+    state = State(clock=clock)
+    news: list[EnsembleId] = []
+    state.on_view_news = news.append
+    view, since = state.desired_view(SPEC, members(3))
+    snap, _ = state.set_observed(SPEC, members(3), [], None, 500, view, since)
+    clock.t += 1
+    state.report(ENS, 0, rep(clock, 1))
+    state.report(ENS, 1, rep(clock, 1))
+    assert news == []
+    state.report(ENS, 2, rep(clock, 2))
+    assert news == [ENS]  # the reconciler queues a pass ...
+    after = state.get(ENS)
+    assert after is not None and after.generation == 500 and after.cliques == ()
+    wanted, since = state.desired_view(SPEC, members(3))  # ... where the leader sees it
+    a, b = f"{UUID}.1", f"{UUID}.2"
+    assert wanted.cliques == ((0, a), (1, a), (2, b))
+    served, changed = state.set_observed(SPEC, members(3), [], None, 501, wanted, since)
+    assert changed and served.cliques == wanted.cliques
+    assert read_block(views.hosts(served, 2), ENS)[0] == "127.0.0.2"  # type: ignore[index]
