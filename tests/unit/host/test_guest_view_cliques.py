@@ -94,7 +94,7 @@ def test_with_observed_pairs_a_split_is_the_leaders_to_persist_not_counted_here(
     news: list[EnsembleId] = []
     state.on_view_news = news.append
     view, since = state.desired_view(SPEC, members(3))
-    snap, _ = state.set_observed(SPEC, members(3), [], None, 500, view, since)
+    state.set_observed(SPEC, members(3), [], None, 500, view, since)
     clock.t += 1
     state.report(ENS, 0, rep(clock, 1))
     state.report(ENS, 1, rep(clock, 1))
