@@ -66,6 +66,10 @@ def test_apply_the_crd_then_the_base_then_an_ensemble(kubectl: Run) -> None:
                  "clusterrole.rbac.authorization.k8s.io/imex-ensemble-edit created",
                  "deployment.apps/imex-host-agent created"):
         assert line in base.stdout, base.stdout
+    again = run("apply", "-k", str(REPO / "manifests/base"))
+    assert again.returncode == 0, again.stderr
+    assert [line for line in again.stdout.splitlines() if not line.endswith(" unchanged")] \
+        == [], again.stdout  # nothing a second apply would rewrite
     made = run("apply", "-f", "-", stdin=ENSEMBLE)
     assert made.returncode == 0, made.stderr
     wide = run("get", "imexens", "-o", "wide").stdout.splitlines()

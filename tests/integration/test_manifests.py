@@ -309,6 +309,8 @@ def test_service_writes_are_narrowed_by_an_admission_policy() -> None:
     binding = one("base", "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == vap["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
+    # cluster-scoped: no namespace, or kubectl "configures" them on every apply
+    assert "namespace" not in vap["metadata"] and "namespace" not in binding["metadata"]
     (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
     assert (rule["apiGroups"], rule["resources"]) == ([""], ["services"])
     assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}

@@ -39,35 +39,45 @@ class HostAgentProc:
         return 0.0
 
 
+#: What of the base kustomization makes up the agent's identity and its limits (the
+#: Deployment, Service, NetworkPolicy and the CRD are not applied by this helper).
+#: kind -> (apiVersion, plural, namespaced).
+IDENTITY_KINDS = {
+    "Namespace": ("v1", "namespaces", False),
+    "ServiceAccount": ("v1", "serviceaccounts", True),
+    "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "ValidatingAdmissionPolicy": ("admissionregistration.k8s.io/v1",
+                                  "validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": ("admissionregistration.k8s.io/v1",
+                                         "validatingadmissionpolicybindings", False),
+}
+
+
+def object_path(obj: dict[str, object]) -> str:
+    """The REST path of one object of IDENTITY_KINDS."""
+    api_version, plural, namespaced = IDENTITY_KINDS[str(obj["kind"])]
+    meta = obj["metadata"]
+    assert isinstance(meta, dict)
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespaced:
+        return f"{base}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
+    return f"{base}/{plural}/{meta['name']}"
+
+
 def apply_base_rbac(cp: ControlPlane) -> None:
-    """Apply the base kustomization's Namespace, ServiceAccount, ClusterRoles (the agent's
-    and the aggregated user roles), binding and the Service admission policy with its
-    binding, exactly as committed (the
-    kustomization's namespace is imex-system throughout); returns once the policy is
-    enforced, so the agent never runs a moment without it."""
+    """Apply every Namespace, ServiceAccount, (Cluster)Role, binding and admission
+    policy of the base kustomization exactly as `kubectl kustomize manifests/base`
+    renders it (the pinned kubectl), so a role another file adds comes along; returns
+    once the Service policy is enforced, so the agent never runs a moment without it."""
     admin = cp.admin
     assert admin is not None
-    vap = "/apis/admissionregistration.k8s.io/v1/"
-    paths = {
-        "Namespace": lambda m: f"/api/v1/namespaces/{m['name']}",
-        "ServiceAccount": lambda m: (f"/api/v1/namespaces/{AGENT_SA_NAMESPACE}"
-                                     f"/serviceaccounts/{m['name']}"),
-        "ClusterRole": lambda m: f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{m['name']}",
-        "ClusterRoleBinding": lambda m: ("/apis/rbac.authorization.k8s.io/v1/"
-                                         f"clusterrolebindings/{m['name']}"),
-        "ValidatingAdmissionPolicy": lambda m: f"{vap}validatingadmissionpolicies/{m['name']}",
-        "ValidatingAdmissionPolicyBinding": lambda m: (f"{vap}validatingadmissionpolicybindings/"
-                                                       f"{m['name']}"),
-    }
-    for fname in ("namespace.yaml", "serviceaccount.yaml", "clusterrole.yaml",
-                  "clusterrolebinding.yaml", "clusterrole-aggregate.yaml",
-                  "validatingadmissionpolicy.yaml"):
-        for obj in yaml.safe_load_all((MANIFESTS / fname).read_text()):
-            if obj is None:
-                continue
-            if obj["kind"] == "ServiceAccount":
-                obj["metadata"]["namespace"] = AGENT_SA_NAMESPACE
-            admin.apply(paths[obj["kind"]](obj["metadata"]), obj)
+    rendered = cp.kubectl("kustomize", str(MANIFESTS)).stdout
+    for obj in yaml.safe_load_all(rendered):
+        if isinstance(obj, dict) and obj.get("kind") in IDENTITY_KINDS:
+            admin.apply(object_path(obj), obj)
     wait_policy_enforced(admin, AGENT_USER)
 
 

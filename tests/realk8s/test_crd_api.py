@@ -23,6 +23,7 @@ from tests.realk8s.agentproc import (
     AGENT_SA,
     AGENT_SA_NAMESPACE,
     AGENT_USER,
+    MANIFESTS,
     apply_base_rbac,
     foreign_service,
     granted_rights,
@@ -241,6 +242,20 @@ def test_the_policy_lets_the_agent_write_only_ensemble_services(
     assert _as_agent(agent_api, "DELETE", f"{svcs}/rack").status_code == 200
     # and nobody else is bound by the policy
     assert admin.request("POST", svcs, foreign_service(namespace, "lb2")).status_code == 201
+
+
+def test_kubectl_applies_the_whole_base(control_plane: ControlPlane,
+                                        imex_crd: dict[str, Any]) -> None:
+    """What an operator runs: every object of manifests/base is accepted as rendered
+    (kustomize stamps its namespace on the cluster-scoped policies; kubectl drops it)."""
+    proc = control_plane.kubectl("apply", "-k", str(MANIFESTS))
+    for kind in ("customresourcedefinition.apiextensions.k8s.io/imexensembles.imex-ensemble.io",
+                 "validatingadmissionpolicy.admissionregistration.k8s.io/imex-host-agent-services",
+                 "clusterrole.rbac.authorization.k8s.io/imex-ensemble-view",
+                 "deployment.apps/imex-host-agent"):
+        assert kind in proc.stdout, proc.stdout
+    again = control_plane.kubectl("apply", "-k", str(MANIFESTS), "--dry-run=server")
+    assert "configured" not in again.stdout.replace("unchanged", ""), again.stdout
 
 
 def test_namespace_users_get_ensembles_through_aggregation(
