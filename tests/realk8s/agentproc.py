@@ -17,6 +17,7 @@ AGENT_SA_NAMESPACE = "imex-system"
 AGENT_SA = "imex-host-agent"
 AGENT_USER = f"system:serviceaccount:{AGENT_SA_NAMESPACE}:{AGENT_SA}"
 Right = tuple[str, str, str]  # (API group, resource[/subresource], verb)
+Grant = tuple[str, str, str, str]  # a Right and its namespace ("" for cluster-wide)
 
 
 @dataclass
@@ -124,17 +125,48 @@ def may(admin: Api, user: str, group: str, resource: str, verb: str,
     return bool(review["status"].get("allowed"))
 
 
-def rights_used(cp: ControlPlane, user: str = AGENT_USER, after: int = 0) -> set[Right]:
-    """What ``user`` did, from the audit log (after the mark ``after``): a server-side
-    apply that created its object was authorized as create too, though the audit event
-    only names patch."""
-    used: set[Right] = set()
+def rights_used(cp: ControlPlane, user: str = AGENT_USER, after: int = 0) -> set[Grant]:
+    """What ``user`` did and where, from the audit log (after the mark ``after``): a
+    server-side apply that created its object was authorized as create too, though the
+    audit event only names patch. The namespace is "" for cluster-wide requests."""
+    used: set[Grant] = set()
     for e in cp.audit_events(user, after):
         if e.get("stage") != "ResponseComplete" or "objectRef" not in e:
             continue
         ref = e["objectRef"]
         res = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        used.add((ref.get("apiGroup", ""), res, e["verb"]))
+        ns = ref.get("namespace", "")
+        used.add((ref.get("apiGroup", ""), res, e["verb"], ns))
         if e["verb"] == "patch" and e.get("responseStatus", {}).get("code") == 201:
-            used.add((ref.get("apiGroup", ""), res, "create"))
+            used.add((ref.get("apiGroup", ""), res, "create", ns))
     return used
+
+
+def agent_grants(cp: ControlPlane, sa_namespace: str = AGENT_SA_NAMESPACE,
+                 sa: str = AGENT_SA) -> set[Grant]:
+    """Every right the base kustomization gives the ServiceAccount, through each
+    binding naming it: cluster-wide for ClusterRoleBindings (namespace ""), in the
+    binding's namespace for RoleBindings."""
+    objs = [o for o in yaml.safe_load_all(cp.kubectl("kustomize", str(MANIFESTS)).stdout)
+            if isinstance(o, dict)]
+    roles = {(o["kind"], o["metadata"].get("namespace", "") if o["kind"] == "Role" else "",
+              o["metadata"]["name"]): o.get("rules") or []
+             for o in objs if o["kind"] in ("Role", "ClusterRole")}
+    out: set[Grant] = set()
+    for b in objs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == sa
+                   and s.get("namespace") == sa_namespace for s in b.get("subjects") or []):
+            continue
+        ns = b["metadata"].get("namespace", "") if b["kind"] == "RoleBinding" else ""
+        ref = b["roleRef"]
+        rules = roles[(ref["kind"], ns if ref["kind"] == "Role" else "", ref["name"])]
+        out |= {(g, r, v, ns) for rule in rules for g in rule["apiGroups"]
+                for r in rule["resources"] for v in rule["verbs"]}
+    return out
+
+
+def covers(grant: Grant, used: Grant) -> bool:
+    """A cluster-wide grant covers a use anywhere; a namespaced one, in its namespace."""
+    return grant[:3] == used[:3] and grant[3] in ("", used[3])

@@ -255,7 +255,11 @@ def test_kubectl_applies_the_whole_base(control_plane: ControlPlane,
                  "deployment.apps/imex-host-agent"):
         assert kind in proc.stdout, proc.stdout
     again = control_plane.kubectl("apply", "-k", str(MANIFESTS), "--dry-run=server")
-    assert "configured" not in again.stdout.replace("unchanged", ""), again.stdout
+    # A PodDisruptionBudget's spec.selector has patchStrategy=replace, so kubectl sends
+    # it on every apply (and says "configured") whatever the manifest says.
+    rewritten = [line for line in again.stdout.splitlines() if " configured" in line
+                 and not line.startswith("poddisruptionbudget.policy/")]
+    assert not rewritten, again.stdout
 
 
 def test_namespace_users_get_ensembles_through_aggregation(
