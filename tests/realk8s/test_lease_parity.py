@@ -1,0 +1,191 @@
+"""The API double answers the calls of leader election and fencing as kube-apiserver does.
+
+The same script runs against both servers, each in a fresh namespace: Lease create,
+a second create (409 AlreadyExists), get, a stale update (409 Conflict), an invalid
+duration (422 naming the field), a renewTime without microseconds (400, as MicroTime
+decoding fails), a release with the right resourceVersion; then the preconditions
+the agent's writes carry: a Service merge patch with a stale resourceVersion, a
+server-side apply of a slice with a stale one, with the current one, and a delete
+with a stale precondition (409 each), and an apply that creates with a made-up one
+(201: ignored on create). Answers are reduced to what clients act on (code, reason,
+the fields a 422 names, a projection of the object) and must be equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from guest_agent.model import EnsembleId
+from tests.realk8s.fixtures import contract_slice, ensemble_service
+from tests.realk8s.harness import Api, ControlPlane
+from tests.realk8s.kubeops import SERVICES, SLICES
+from tests.sandbox.kube_api.server import ThreadedKubeApi
+
+pytestmark = pytest.mark.realk8s
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
+Ctx = dict[str, Any]
+Call = Callable[[Api, str, Ctx], httpx.Response]
+
+
+def lease(ns: str, holder: str = "a", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "l", "namespace": ns},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                     "acquireTime": "2026-01-01T00:00:00.000000Z",
+                     "renewTime": "2026-01-01T00:00:00.000000Z", "leaseTransitions": 0,
+                     **spec}}
+
+
+def put_lease(mutate: Callable[[dict[str, Any], Ctx], None]) -> Call:
+    def call(api: Api, ns: str, ctx: Ctx) -> httpx.Response:
+        body = copy.deepcopy(ctx["lease"])
+        mutate(body, ctx)
+        return api.request("PUT", f"{LEASES.format(ns=ns)}/l", body)
+    return call
+
+
+def remember(key: str) -> Callable[[httpx.Response, Ctx], None]:
+    def keep(resp: httpx.Response, ctx: Ctx) -> None:
+        if resp.status_code < 300:
+            ctx[key] = resp.json()
+    return keep
+
+
+def slice_body(ns: str, ctx: Ctx, rv: str | None = None) -> dict[str, Any]:
+    body = contract_slice(EnsembleId(ns, "ens"), ctx["svc"]["metadata"]["uid"],
+                          [{"index": 0, "ip": "10.1.0.5", "vmi": "ens-0", "node": "n1",
+                            "ready": True}])
+    if rv is not None:
+        body["metadata"]["resourceVersion"] = rv
+    return body
+
+
+STEPS: list[tuple[str, Call, Callable[[httpx.Response, Ctx], None]]] = [
+    ("create Lease",
+     lambda api, ns, ctx: api.request("POST", LEASES.format(ns=ns), lease(ns)), remember("lease")),
+    ("create Lease again: AlreadyExists",
+     lambda api, ns, ctx: api.request("POST", LEASES.format(ns=ns), lease(ns)), remember("_")),
+    ("get Lease", lambda api, ns, ctx: api.request("GET", f"{LEASES.format(ns=ns)}/l"),
+     remember("lease")),
+    ("update with a stale resourceVersion: Conflict",
+     put_lease(lambda b, ctx: b["metadata"].update(resourceVersion="1")), remember("_")),
+    ("leaseDurationSeconds 0: Invalid",
+     put_lease(lambda b, ctx: b["spec"].update(leaseDurationSeconds=0)), remember("_")),
+    ("renewTime without microseconds: BadRequest",
+     put_lease(lambda b, ctx: b["spec"].update(renewTime="2026-01-01T00:00:00Z")),
+     remember("_")),
+    ("take it: holder b, current resourceVersion",
+     put_lease(lambda b, ctx: b["spec"].update(holderIdentity="b", leaseTransitions=1)),
+     remember("lease")),
+    ("the old version again: Conflict",
+     put_lease(lambda b, ctx: b["spec"].update(holderIdentity="a")), remember("_")),
+    ("release: no holder",
+     lambda api, ns, ctx: api.request("PUT", f"{LEASES.format(ns=ns)}/l", {
+         **ctx["lease"], "spec": {**ctx["lease"]["spec"], "holderIdentity": "",
+                                  "leaseDurationSeconds": 1}}), remember("lease")),
+    ("get a missing Lease: NotFound",
+     lambda api, ns, ctx: api.request("GET", f"{LEASES.format(ns=ns)}/nope"), remember("_")),
+    ("create the ensemble Service",
+     lambda api, ns, ctx: api.request("POST", SERVICES.format(ns=ns), ensemble_service(ns, "ens")),
+     remember("svc")),
+    ("merge patch with a stale resourceVersion: Conflict",
+     lambda api, ns, ctx: api.request(
+         "PATCH", f"{SERVICES.format(ns=ns)}/ens",
+         {"metadata": {"resourceVersion": "1", "annotations": {"x": "y"}}}, MERGE),
+     remember("_")),
+    ("merge patch with the current resourceVersion",
+     lambda api, ns, ctx: api.request(
+         "PATCH", f"{SERVICES.format(ns=ns)}/ens",
+         {"metadata": {"resourceVersion": ctx["svc"]["metadata"]["resourceVersion"],
+                       "annotations": {"x": "y"}}}, MERGE, params={"fieldManager": "t"}),
+     remember("svc")),
+    ("apply a new slice with a made-up resourceVersion: created",
+     lambda api, ns, ctx: api.request(
+         "PATCH", f"{SLICES.format(ns=ns)}/ens-imex", slice_body(ns, ctx, "12345"), APPLY,
+         params={"fieldManager": "imex-host-agent", "force": "true"}), remember("slice")),
+    ("apply with a stale resourceVersion: Conflict",
+     lambda api, ns, ctx: api.request(
+         "PATCH", f"{SLICES.format(ns=ns)}/ens-imex", slice_body(ns, ctx, "1"), APPLY,
+         params={"fieldManager": "imex-host-agent", "force": "true"}), remember("_")),
+    ("apply with the current resourceVersion",
+     lambda api, ns, ctx: api.request(
+         "PATCH", f"{SLICES.format(ns=ns)}/ens-imex",
+         slice_body(ns, ctx, ctx["slice"]["metadata"]["resourceVersion"]), APPLY,
+         params={"fieldManager": "imex-host-agent", "force": "true"}), remember("slice")),
+    ("delete with a stale precondition: Conflict",
+     lambda api, ns, ctx: api.request(
+         "DELETE", f"{SLICES.format(ns=ns)}/ens-imex",
+         {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": "1"}}),
+     remember("_")),
+    ("delete with the current precondition",
+     lambda api, ns, ctx: api.request(
+         "DELETE", f"{SLICES.format(ns=ns)}/ens-imex",
+         {"apiVersion": "v1", "kind": "DeleteOptions",
+          "preconditions": {"resourceVersion": ctx["slice"]["metadata"]["resourceVersion"]}}),
+     remember("_")),
+]
+
+
+def reduce(resp: httpx.Response) -> Any:
+    try:
+        obj = resp.json()
+    except ValueError:
+        obj = {}
+    if resp.status_code >= 400:
+        causes = sorted({c.get("field", "") for c in (obj.get("details") or {}).get("causes")
+                         or []}) if resp.status_code == 422 else None
+        return (resp.status_code, obj.get("reason"), causes)
+    spec = obj.get("spec") if obj.get("kind") == "Lease" else None
+    return (resp.status_code, obj.get("kind"),
+            (spec.get("holderIdentity"), spec.get("leaseDurationSeconds"),
+             spec.get("leaseTransitions")) if spec else None)
+
+
+def run(api: Api, ns: str) -> list[Any]:
+    api.ok("POST", "/api/v1/namespaces",
+           {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    ctx: Ctx = {}
+    out = []
+    for _, call, after in STEPS:
+        resp = call(api, ns, ctx)
+        after(resp, ctx)
+        out.append(reduce(resp))
+    return out
+
+
+@pytest.fixture
+def double() -> Iterator[Api]:
+    with ThreadedKubeApi() as srv:
+        api = Api(srv.url, None, srv.token)
+        try:
+            yield api
+        finally:
+            api.close()
+
+
+def test_double_answers_leases_and_preconditions_as_the_real_apiserver(
+        control_plane: ControlPlane, double: Api) -> None:
+    admin = control_plane.admin
+    assert admin is not None
+    ns = f"rk8s-lease-{uuid.uuid4().hex[:6]}"
+    try:
+        real = run(admin, ns)
+    finally:
+        admin.delete(f"/api/v1/namespaces/{ns}")
+    fake = run(double, ns)
+    diffs = [f"{name}:\n    real:   {r!r}\n    double: {f!r}"
+             for (name, _, _), r, f in zip(STEPS, real, fake, strict=True) if r != f]
+    assert not diffs, "the API double disagrees with kube-apiserver:\n" + "\n".join(diffs)
+    # the script means what it says on the real server
+    codes = [r[0] for r in real]
+    assert codes[1] == 409 and codes[3] == 409 and codes[4] == 422 and codes[5] == 400
+    assert codes[14] == 409 and codes[16] == 409
