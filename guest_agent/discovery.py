@@ -32,8 +32,9 @@ Handover between registry replicas (host agents with leader election, behind one
   the next request goes out at once, through the Service, so another replica holds it. A
   long-poll the replica ended without an answer (:class:`RegistryDropped`: it closed, or
   TCP keepalive found its node gone) is asked again at once too. Neither is a registry
-  failure: for half a ``poll_interval`` after one, connection errors are retried every
-  0.05-0.5 s without counting, so a rolling restart never sends a guest to DNS (a registry
+  failure: connection errors of attempts begun within half a ``poll_interval`` after
+  one (a connect that then times out included) are retried every 0.05-0.5 s without
+  counting, so a rolling restart never sends a guest to DNS (a registry
   that is really gone still hands over to DNS within ``poll_interval``). A second drop
   without an answer in between is not a handover.
 * An answer whose generation is **below** the one the guest holds comes from a replica that
@@ -306,6 +307,7 @@ class Discovery:
         pause = 0.05
         window = self.settings.poll_interval / 2
         while True:
+            started = time.monotonic()  # an attempt begun inside the window may end after it
             try:
                 snap = await self.registry.fetch(wait)
             except RegistryDropped as exc:
@@ -313,16 +315,19 @@ class Discovery:
                     self._handover_armed = False
                     self.handovers += 1
                     self._handover_until = time.monotonic() + window
+                    # the request parks anew on another replica: the registry is in charge
+                    # for a whole long-poll from now, not from the last answer
+                    self._registry_ok_at = time.monotonic()
                     log.info("registry: request dropped by the replica (%s); asking again",
                              exc)
                     continue
-                if time.monotonic() >= self._handover_until:
+                if started >= self._handover_until:
                     raise
                 await asyncio.sleep(pause)
                 pause = min(0.5, pause * 2)
                 continue
             except RegistryUnavailable:
-                if time.monotonic() >= self._handover_until:
+                if started >= self._handover_until:
                     raise
                 await asyncio.sleep(pause)
                 pause = min(0.5, pause * 2)
