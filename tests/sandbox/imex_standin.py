@@ -12,7 +12,12 @@ the parts of IMEX's behaviour that the agent depends on (FACTS.md, "The IMEX dae
   addresses in the node configuration file", as IMEX does.
 * It listens on ``SERVER_PORT`` on its own address and keeps one outgoing connection to
   every other node, retrying forever (500 ms doubling to 3 s) and resolving the name again
-  on every attempt. A missing peer does not keep it from READY.
+  on every attempt through the system resolver (``getaddrinfo``, any family: glibc asks
+  ``/etc/hosts``, then DNS with the search list, A and AAAA). A missing peer does not keep
+  it from READY. When a name gives several addresses they are dialled in the order the
+  resolver returns them until one connects (gRPC's ``pick_first``, without its Happy
+  Eyeballs stagger); FACTS.md does not say which address IMEX takes, this is the
+  assumption.
 * Peers exchange a hash of their nodes file and their node id in a one-line handshake. A
   different hash marks the connection as a node-map mismatch (``MISMATCH``; ``!M!`` in
   ``nvidia-imex-ctl -N``), communication disabled until a restart, as IMEX does. A peer
@@ -36,7 +41,10 @@ the parts of IMEX's behaviour that the agent depends on (FACTS.md, "The IMEX dae
 
 For tests, ``--state-file PATH`` keeps a JSON file with the state, node id, peers (name,
 resolved address, status) and counters: ``starts`` (kept across restarts with the same
-file), ``signals_received``, ``signals_acted``, ``signals_ignored`` and a ``signal_log``.
+file), ``signals_received``, ``signals_acted``, ``signals_ignored``, a ``signal_log`` and
+``attempts_by_ip`` (outgoing connection attempts per target address). ``--attempt-log
+PATH`` appends one JSON line per outgoing attempt and per lost link (:class:`AttemptLog`),
+so a benchmark can time the first CONNECTED to an address and count attempts to a dead one.
 ``--ready-delay`` and ``--stuck-state`` let tests hold the daemon out of READY.
 
 For test code, :func:`write_standin_files` writes a config.cfg + nodes file pair and
@@ -67,6 +75,7 @@ if __name__ == "__main__":
 import argparse
 import asyncio
 import contextlib
+import errno
 import hashlib
 import ipaddress
 import json
@@ -310,6 +319,7 @@ class Options:
     stuck_state: str | None = None
     usr1_window: float = USR1_WINDOW_S
     version: str = DEFAULT_VERSION
+    attempt_log: Path | None = None
 
 
 @dataclass
@@ -330,6 +340,7 @@ class PeerLink:
     last_error: str = ""
     task: asyncio.Task[None] | None = None
     connects: int = 0
+    attempts: int = 0
 
     def set_status(self, status: str) -> None:
         if status != self.status:
@@ -357,6 +368,54 @@ def _write_json_line(writer: asyncio.StreamWriter, obj: JsonDict) -> None:
     writer.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
 
+class AttemptLog:
+    """Outgoing connection attempts, counted per target address and, with a path, logged.
+
+    One JSON line per event, appended with one ``write`` on an ``O_APPEND`` descriptor (a
+    reader never sees half a line): ``{"ev": "attempt", "t": start, "te": end, "peer": i,
+    "host": name, "ip": address or null, "outcome": ..., "error": text}`` where outcome is
+    ``connected``, ``mismatch``, ``no_address`` (resolution failed), ``refused``,
+    ``timeout``, ``unreachable`` or ``error``; ``{"ev": "lost", ...}`` when a CONNECTED
+    link breaks. Times are ``time.time()`` (the same clock as the API's audit log).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.by_ip: dict[str, int] = {}
+        self._fd: int | None = None
+        if path is not None:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                               0o644)
+
+    def attempt(self, ln: PeerLink, ip: str | None, outcome: str, t: float,
+                error: str = "") -> None:
+        ln.attempts += 1
+        if ip is not None:
+            self.by_ip[ip] = self.by_ip.get(ip, 0) + 1
+        self._write({"ev": "attempt", "t": t, "te": time.time(), "peer": ln.index,
+                     "host": ln.host, "ip": ip, "outcome": outcome, "error": error})
+
+    def lost(self, ln: PeerLink, error: str) -> None:
+        self._write({"ev": "lost", "t": time.time(), "peer": ln.index, "host": ln.host,
+                     "ip": ln.ip, "error": error})
+
+    def _write(self, event: JsonDict) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._fd, json.dumps(event, separators=(",", ":")).encode() + b"\n")
+
+
+def _outcome(exc: BaseException) -> str:
+    """The attempt-log outcome of a failed dial."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "unreachable"
+    return "error"
+
+
 class ImexStandin:
     """The daemon: one instance per process (see the module docstring)."""
 
@@ -379,6 +438,7 @@ class ImexStandin:
             self.signals_received += 1
             self.signals_ignored += 1
             self.signal_log.append({"t": t, "acted": False, "early": True})
+        self.attempt_log = AttemptLog(opts.attempt_log)
         self._stop = asyncio.Event()
         self._servers: list[asyncio.base_events.Server] = []
         self._incoming: set[asyncio.StreamWriter] = set()
@@ -434,9 +494,11 @@ class ImexStandin:
             "signal_log": self.signal_log,
             "peers": {
                 str(i): {"host": ln.host, "ip": ln.ip, "status": ln.status,
-                         "connects": ln.connects, "last_error": ln.last_error}
+                         "connects": ln.connects, "attempts": ln.attempts,
+                         "last_error": ln.last_error}
                 for i, ln in sorted(self.links.items())
             },
+            "attempts_by_ip": dict(sorted(self.attempt_log.by_ip.items())),
             "running": self.state != "SHUTTING_DOWN",
             "updated": time.time(),
         }
@@ -507,24 +569,33 @@ class ImexStandin:
         port = self.cfg.server_port
         while True:
             writer: asyncio.StreamWriter | None = None
+            logged = False  # this attempt's outcome is in the attempt log already
             try:
-                infos = await loop.getaddrinfo(ln.host, port, type=socket.SOCK_STREAM)
-                ip = str(infos[0][4][0])
-                if ip != ln.ip:
-                    log.info("peer %d %s resolves to %s", ln.index, ln.host, ip)
-                ln.ip = ip
-                fam_own = ipaddress.ip_address(self.own_ip).version
-                local = (self.own_ip, 0) if ipaddress.ip_address(ip).version == fam_own else None
-                reader, w = await asyncio.wait_for(
-                    asyncio.open_connection(ip, port, local_addr=local, limit=MAX_LINE),
-                    CONNECT_TIMEOUT_S)
+                t_try = time.time()
+                try:
+                    infos = await loop.getaddrinfo(ln.host, port, type=socket.SOCK_STREAM)
+                except OSError as e:  # socket.gaierror: the name does not resolve now
+                    self.attempt_log.attempt(ln, None, "no_address", t_try, str(e))
+                    logged = True
+                    raise
+                addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
+                if addrs and addrs[0] != ln.ip:
+                    log.info("peer %d %s resolves to %s", ln.index, ln.host, ", ".join(addrs))
+                reader, w, ip = await self._dial(ln, addrs, port)
+                logged = True  # a failed dial logged each address; a success is logged below
                 writer = w
-                _write_json_line(w, self._hello())
-                await w.drain()
-                hello = await _read_json_line(reader, PEER_TIMEOUT_S)
-                if hello.get("node_id") != ln.index:
-                    raise ValueError(f"peer at {ip} says it is node {hello.get('node_id')}, "
-                                     f"expected {ln.index}")
+                ln.ip = ip
+                t_try = time.time()
+                try:
+                    _write_json_line(w, self._hello())
+                    await w.drain()
+                    hello = await _read_json_line(reader, PEER_TIMEOUT_S)
+                    if hello.get("node_id") != ln.index:
+                        raise ValueError(f"peer at {ip} says it is node "
+                                         f"{hello.get('node_id')}, expected {ln.index}")
+                except (OSError, ValueError, TimeoutError, ConnectionError) as e:
+                    self.attempt_log.attempt(ln, ip, _outcome(e), t_try, str(e))
+                    raise
                 ln.connects += 1
                 if hello.get("map_hash") != self.map_hash:
                     log.warning("peer %d (%s): node map mismatch, communication disabled",
@@ -533,21 +604,30 @@ class ImexStandin:
                 else:
                     log.info("peer %d (%s at %s) connected", ln.index, ln.host, ip)
                     ln.set_status("CONNECTED")
+                self.attempt_log.attempt(ln, ip, ln.status.lower(), t_try)
                 ln.last_error = ""
                 self.write_state()
                 delay = RETRY_FIRST_S
-                while True:
-                    _write_json_line(w, {"type": "ping"})
-                    await w.drain()
-                    pong = await _read_json_line(reader, PEER_TIMEOUT_S)
-                    view = pong.get("status")
-                    if isinstance(view, dict):
-                        ln.remote = view
-                    await asyncio.sleep(PING_INTERVAL_S)
+                logged = False
+                try:
+                    while True:
+                        _write_json_line(w, {"type": "ping"})
+                        await w.drain()
+                        pong = await _read_json_line(reader, PEER_TIMEOUT_S)
+                        view = pong.get("status")
+                        if isinstance(view, dict):
+                            ln.remote = view
+                        await asyncio.sleep(PING_INTERVAL_S)
+                except (OSError, ValueError, TimeoutError, ConnectionError) as e:
+                    self.attempt_log.lost(ln, str(e) or type(e).__name__)
+                    logged = True
+                    raise
             except asyncio.CancelledError:
                 raise
             except (OSError, ValueError, TimeoutError, ConnectionError, IndexError) as e:
                 msg = str(e) or type(e).__name__
+                if not logged:
+                    self.attempt_log.attempt(ln, ln.ip, _outcome(e), time.time(), msg)
                 if ln.status == "CONNECTED" or msg != ln.last_error:
                     log.info("peer %d (%s): %s; retrying", ln.index, ln.host, msg)
                 ln.last_error = msg
@@ -559,6 +639,30 @@ class ImexStandin:
                     writer.close()
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _dial(self, ln: PeerLink, addrs: list[str], port: int
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
+        """Connect to the first of ``addrs`` that answers, in order; each failure logged."""
+        if not addrs:
+            self.attempt_log.attempt(ln, None, "no_address", time.time(), "no address")
+            raise IndexError("the resolver returned no address")
+        fam_own = ipaddress.ip_address(self.own_ip).version
+        last: BaseException | None = None
+        for ip in addrs:
+            ln.ip = ip
+            local = (self.own_ip, 0) if ipaddress.ip_address(ip).version == fam_own else None
+            t_try = time.time()
+            try:
+                reader, w = await asyncio.wait_for(
+                    asyncio.open_connection(ip, port, local_addr=local, limit=MAX_LINE),
+                    CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError) as e:
+                self.attempt_log.attempt(ln, ip, _outcome(e), t_try, str(e) or type(e).__name__)
+                last = e
+                continue
+            return reader, w, ip
+        assert last is not None
+        raise last
 
     async def _serve_peer(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
@@ -889,6 +993,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--usr1-window", type=float, default=USR1_WINDOW_S,
                    help="SIGUSR1 rate limit in seconds (IMEX: 5)")
     p.add_argument("--version-string", default=DEFAULT_VERSION)
+    p.add_argument("--attempt-log", type=Path,
+                   help="append one JSON line per outgoing connection attempt (benchmarks)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -899,7 +1005,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = Options(config_path=args.config, config=cfg, state_file=args.state_file,
                    pid_file=args.pid_file, ready_delay=args.ready_delay,
                    stuck_state=args.stuck_state, usr1_window=args.usr1_window,
-                   version=args.version_string)
+                   version=args.version_string, attempt_log=args.attempt_log)
     _setup_logging(cfg, args.verbose)
     try:
         entries, node_id, own_ip = prepare(opts)
@@ -937,6 +1043,7 @@ if __name__ == "__main__":
 __all__ = [
     "NO_MATCH_MESSAGE",
     "STATES",
+    "AttemptLog",
     "ConfigFileError",
     "ImexConfig",
     "ImexStandin",
