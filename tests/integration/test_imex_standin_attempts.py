@@ -78,8 +78,8 @@ def test_backoff_and_fresh_resolution_without_a_signal(
     a.write_hosts(fabric.hosts_lines({names[0]: a.ip}))
     imex_a, log = start(a, tmp_path / "a", names, daemons)
     wait_for("six failed resolutions",
-             lambda: len([e for e in events(log) if e["outcome"] == "no_address"]) >= 6)
-    fails = [e["t"] for e in events(log) if e["outcome"] == "no_address"]
+             lambda: len([e for e in events(log) if e.get("outcome") == "no_address"]) >= 6)
+    fails = [e["t"] for e in events(log) if e.get("outcome") == "no_address"]
     gaps = [later - earlier for earlier, later in itertools.pairwise(fails)]
     # 0.5, 1, 2, 3, 3 s (each gap also holds one failed lookup: loopback, ~ms)
     for got, want in zip(gaps, [0.5, 1.0, 2.0, 3.0, 3.0], strict=False):
@@ -91,7 +91,9 @@ def test_backoff_and_fresh_resolution_without_a_signal(
     a.write_hosts(fabric.hosts_lines({names[0]: a.ip, names[1]: b.ip}))
     wait_for("a CONNECTED to b", lambda: imex_a.state().get("peers", {}).get("1", {})
              .get("status") == "CONNECTED")
-    connected = [e for e in events(log) if e["outcome"] == "connected"]
+    assert events(log)[0] == {"ev": "listening", "t": events(log)[0]["t"], "ip": a.ip,
+                              "port": 50000}
+    connected = [e for e in events(log) if e.get("outcome") == "connected"]
     assert [e["ip"] for e in connected] == [b.ip]
     assert imex_a.state()["signals_received"] == 0
     assert imex_a.state()["attempts_by_ip"][b.ip] >= 1

@@ -266,6 +266,11 @@ class ControlPlane:
     startup_seconds: dict[str, float] = field(default_factory=dict)
     #: audit every request (the RBAC tests read the log); benchmarks turn it off
     audit: bool = True
+    #: kube-controller-manager's --controllers (the peers benchmark adds the EndpointSlice
+    #: controller, which publishes the manual recipe's pods)
+    #: (the default's aggregation controller fills admin/edit/view from aggregate-to-* roles)
+    controllers: str = ("garbage-collector-controller,namespace-controller,"
+                        "clusterrole-aggregation-controller")
 
     # ---- paths
     @property
@@ -481,9 +486,7 @@ class ControlPlane:
             str(self.bin_dir / "kube-controller-manager"),
             f"--kubeconfig={kc}",
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-            # the aggregation controller fills admin/edit/view from aggregate-to-* roles
-            "--controllers=garbage-collector-controller,namespace-controller,"
-            "clusterrole-aggregation-controller",
+            f"--controllers={self.controllers}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={port}",
             "--v=1",

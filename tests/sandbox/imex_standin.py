@@ -376,7 +376,8 @@ class AttemptLog:
     "host": name, "ip": address or null, "outcome": ..., "error": text}`` where outcome is
     ``connected``, ``mismatch``, ``no_address`` (resolution failed), ``refused``,
     ``timeout``, ``unreachable`` or ``error``; ``{"ev": "lost", ...}`` when a CONNECTED
-    link breaks. Times are ``time.time()`` (the same clock as the API's audit log).
+    link breaks; ``{"ev": "listening", ...}`` once the daemon accepts peers. Times are
+    ``time.time()`` (the same clock as the API's audit log).
     """
 
     def __init__(self, path: Path | None) -> None:
@@ -393,6 +394,10 @@ class AttemptLog:
             self.by_ip[ip] = self.by_ip.get(ip, 0) + 1
         self._write({"ev": "attempt", "t": t, "te": time.time(), "peer": ln.index,
                      "host": ln.host, "ip": ip, "outcome": outcome, "error": error})
+
+    def listening(self, ip: str, port: int) -> None:
+        """The daemon accepts peers from now on (``{"ev": "listening", "ip", "port"}``)."""
+        self._write({"ev": "listening", "t": time.time(), "ip": ip, "port": port})
 
     def lost(self, ln: PeerLink, error: str) -> None:
         self._write({"ev": "lost", "t": time.time(), "peer": ln.index, "host": ln.host,
@@ -581,8 +586,8 @@ class ImexStandin:
                 addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
                 if addrs and addrs[0] != ln.ip:
                     log.info("peer %d %s resolves to %s", ln.index, ln.host, ", ".join(addrs))
+                logged = True  # _dial logs each failed address; a success is logged below
                 reader, w, ip = await self._dial(ln, addrs, port)
-                logged = True  # a failed dial logged each address; a success is logged below
                 writer = w
                 ln.ip = ip
                 t_try = time.time()
@@ -716,6 +721,7 @@ class ImexStandin:
             self._servers.append(await asyncio.start_server(
                 self._serve_cmd, self.cfg.cmd_address, self.cfg.cmd_port, limit=MAX_LINE,
                 reuse_address=True))
+        self.attempt_log.listening(self.own_ip, self.cfg.server_port)
         log.info("node %d (%s) listening on %s:%d; %d peers", self.node_id,
                  self.entries[self.node_id], self.own_ip, self.cfg.server_port, len(self.links))
         self.set_state("WAITING_FOR_PEERS")

@@ -1,0 +1,239 @@
+"""``python -m tests.bench.peers [--quick] [--out PATH]`` (``make bench-peers [QUICK=1]``).
+
+Issue 18: the manual recipe (headless Service with a selector over virt-launcher pods,
+kube-controller-manager's EndpointSlice controller, CoreDNS with kubeadm's Corefile,
+IMEX resolving names) and ours (host agent, registry, guest agents), in one run on the
+realk8s binaries, the same scenarios and sizes on each side; then the floor probe. Prints
+one table (``recipe | ours (registry) | ours (DNS only) | ratio``) and writes
+``bench-peers.json`` (every key issue 18 lists; ``null`` only with its reason under
+``_meta.null_reasons``). ``--quick`` (CI): 3 members, 3 replacements, 10 s of steady
+state; its figures say the harness works and both sides converge, not how fast anything
+is. Needs root (network namespaces) and the realk8s binaries (``bash
+tests/realk8s/build.sh``). Exit status 1 when a phase failed; missed goals are not
+failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.bench.common import loadavg, machine
+from tests.bench.peers import scenarios as sc
+from tests.bench.peers.cluster import Cluster
+from tests.bench.peers.fleet import Fleet, FloorSide, OursSide, RecipeSide, Side
+from tests.bench.peers.report import REQUIRED_KEYS, missing_required, render
+from tests.bench.peers.resolved import ResolvedError, ensure_resolved
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+log = logging.getLogger("bench.peers")
+
+#: what FACTS.md leaves open and this benchmark assumed (printed and in the JSON)
+ASSUMPTIONS = (
+    "IMEX resolves with getaddrinfo (any family: A and AAAA) on every attempt and dials "
+    "the addresses in the order glibc returns them (RFC 6724 sorting), one at a time, 2 s "
+    "connect timeout each (gRPC's pick_first without its Happy Eyeballs stagger).",
+    "A recipe VM's IMEX starts the moment CoreDNS answers its own name (polled every "
+    "50 ms): IMEX must resolve its own name to find its node, and a real guest boots long "
+    "after its pod is Ready, so this is the recipe's best case.",
+    "A replaced VM's guest is booted (ours: the guest agent up and waiting) before its "
+    "status with the new IP is written, gap_s after the old one's deletion: the figure "
+    "is name propagation, not boot time.",
+    "The guest's resolver gets the pod's search list (<ns>.svc.cluster.local "
+    "svc.cluster.local cluster.local) with no node search domains appended, and "
+    "CoreDNS's own address as nameserver (no Service VIP, no kube-proxy here).",
+    "A crash is silent (link down first), and its deletion reaches the API "
+    "crash_notice_s later.",
+    "Live migration: the migrated IMEX is restarted on the target address at the "
+    "switchover (real IMEX keeps its socket on the source address and nothing in the "
+    "recipe restarts it); the source pod stays Ready source_linger_s after it.",
+    "systemd-resolved: Debian's package with its default cache, in each VM, its "
+    "stub-resolv.conf as the guest's /etc/resolv.conf.",
+)
+CLOCK = ("t0 = requestReceivedTimestamp (microseconds) in kube-apiserver's audit log of "
+         "the status write carrying the new IP (recipe: the pod's status patch with podIP, "
+         "Running, Ready; ours: the VMI's status patch), found by a unique User-Agent; "
+         "end = the IMEX stand-ins' own attempt logs (the CONNECTED handshake's completion, "
+         "time.time()) or inotify on the hosts files; one wall clock.")
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.p = sc.QUICK if args.quick else sc.Params()
+        self.rec = sc.Record(on_change=self.save)
+        self.errors: dict[str, str] = {}
+        self.phases: dict[str, dict[str, float]] = {}
+        self.env: dict[str, Any] = {}
+        self.started = datetime.datetime.now(datetime.UTC)
+        self.guest_python = ""
+
+    def save(self) -> None:
+        figures = {k: self.rec.figures.get(k) for k in REQUIRED_KEYS}
+        figures.update(self.rec.figures)
+        reasons = {k: v for k, v in self.rec.reasons.items()}
+        for k in REQUIRED_KEYS:
+            if figures.get(k) is None and k not in reasons:
+                reasons[k] = "the phase that measures it did not run or failed (see errors)"
+        meta = {"date": self.started.isoformat(timespec="seconds"), "quick": self.args.quick,
+                "params": self.p.__dict__, "machine": machine(), "phases": self.phases,
+                "assumptions": list(ASSUMPTIONS), "clock": CLOCK, "notes": self.rec.notes,
+                "samples": self.rec.samples, "null_reasons": reasons, "errors": self.errors,
+                **self.env}
+        self.args.out.write_text(json.dumps({**figures, "_meta": meta}, indent=2) + "\n")
+
+    def phase(self, name: str, body: Callable[[], None]) -> bool:
+        print(f"== {name}", flush=True)
+        before, t0 = loadavg()[0], time.monotonic()
+        ok = True
+        try:
+            body()
+        except Exception as exc:
+            ok = False
+            self.errors[name] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            print(f"!! {name} failed: {self.errors[name]}", file=sys.stderr, flush=True)
+        self.phases[name] = {"seconds": round(time.monotonic() - t0, 1),
+                             "loadavg_before": before, "loadavg_after": loadavg()[0]}
+        print(f"   {name} took {self.phases[name]['seconds']} s; load average "
+              f"{before:.1f} -> {loadavg()[0]:.1f}", flush=True)
+        self.save()
+        return ok
+
+    def side(self, side: Side, fleet: Fleet, body: Callable[[Side], None]) -> None:
+        side.setup()
+        try:
+            body(side)
+        finally:
+            side.teardown()
+
+    def main(self) -> int:
+        from tests.bench.guest_venv import guest_python
+
+        p, rec = self.p, self.rec
+        self.guest_python = guest_python()
+        self.env["kubesecondarydns"] = KSD_NOTE
+        with contextlib.ExitStack() as stack:
+            if self.args.keep:
+                self.args.keep.mkdir(parents=True, exist_ok=True)
+                tmp = str(self.args.keep)
+            else:
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-peers-"))
+            cluster = stack.enter_context(Cluster())
+            self.env.update(cluster.env_note())
+            fleet = Fleet(cluster, p.members, Path(tmp))
+            try:
+                def recipe(side: Side) -> None:
+                    assert isinstance(side, RecipeSide)
+                    sc.boot_storm(side, fleet, p, rec, "recipe")
+                    sc.replacements(side, fleet, p, rec, "recipe", p.replacements)
+                    sc.crash(side, fleet, p, rec, "recipe")
+                    up = sc.absent_slots(side, fleet, p, rec, "recipe")
+                    sc.migration(side, fleet, p, rec, up)
+
+                def ours(key: str, count_key: str) -> Callable[[Side], None]:
+                    def body(side: Side) -> None:
+                        sc.boot_storm(side, fleet, p, rec, key)
+                        sc.replacements(side, fleet, p, rec, count_key, p.replacements)
+                        sc.crash(side, fleet, p, rec, key)
+                        sc.absent_slots(side, fleet, p, rec, key)
+                    return body
+
+                def local(side: Side) -> None:
+                    sc.boot_storm(side, fleet, p, rec, None)
+                    sc.replacements(side, fleet, p, rec, "ours_local", p.replacements)
+
+                def floor(side: Side) -> None:
+                    sc.boot_storm(side, fleet, p, rec, None)
+                    sc.replacements(side, fleet, p, rec, "floor", p.replacements)
+
+                self.phase("recipe", lambda: self.side(RecipeSide(fleet), fleet, recipe))
+                self.phase("ours (registry)", lambda: self.side(
+                    OursSide(fleet, registry=True, guest_python=self.guest_python), fleet,
+                    ours("ours", "ours_registry")))
+                self.phase("ours (DNS only)", lambda: self.side(
+                    OursSide(fleet, registry=False, guest_python=self.guest_python), fleet,
+                    ours("ours_dns", "ours_dns")))
+                self.phase("ours (registry, own_slot = local)", lambda: self.side(
+                    OursSide(fleet, registry=True, guest_python=self.guest_python,
+                             own_slot="local"), fleet, local))
+                self.phase("floor", lambda: self.side(
+                    FloorSide(fleet, guest_python=self.guest_python), fleet, floor))
+                cluster.stop_host_agent()
+                self.phase("recipe, systemd-resolved guests", lambda: self.resolved(fleet))
+            finally:
+                fleet.close()
+        self.save()
+        print()
+        print(render(self.rec.figures, p.steady_s))
+        print()
+        for a in ASSUMPTIONS:
+            print(f"assumption: {a}")
+        print(f"clock: {CLOCK}")
+        for key, text in self.rec.notes.items():
+            print(f"note {key}: {text}")
+        for key, text in self.errors.items():
+            print(f"error {key}: {text}")
+        unexplained = missing_required(self.rec.figures, self.rec.reasons)
+        print(f"\nresults written to {self.args.out}")
+        return 1 if self.errors or unexplained else 0
+
+    def resolved(self, fleet: Fleet) -> None:
+        p, rec = self.p, self.rec
+        try:
+            res = ensure_resolved()
+        except ResolvedError as e:
+            for k in ("recipe_resolved_replace_p50_ms", "recipe_resolved_replace_p99_ms",
+                      "recipe_resolved_absent_dns_qps"):
+                rec.set(k, None, f"systemd-resolved unavailable: {e}")
+            raise
+        self.env["systemd_resolved"] = res.version
+
+        def body(side: Side) -> None:
+            sc.boot_storm(side, fleet, p, rec, "recipe_resolved")
+            sc.replacements(side, fleet, p, rec, "recipe_resolved", p.resolved_replacements)
+            sc.absent_slots(side, fleet, p, rec, "recipe_resolved")
+
+        self.side(RecipeSide(fleet, resolved=res), fleet, body)
+
+
+#: KubeSecondaryDNS (issue 18, "if it can be built here"): the exact error of the attempt
+KSD_NOTE = {
+    "built": False,
+    "attempt": "GOTOOLCHAIN=local go mod download github.com/kubevirt/kubesecondarydns@latest "
+               "(also @main, @v0.0.22, @v0.0.1), 2026-12-01",
+    "error": "go: module github.com/kubevirt/kubesecondarydns: reading "
+             "<GOPROXY>/github.com/kubevirt/kubesecondarydns/@v/list: 403 Forbidden; "
+             "server response: This module version is not available.",
+    "column": "left out: no stand-in is written for it",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.peers",
+                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true",
+                    help="CI size: 3 members, 3 replacements, 10 s steady state")
+    ap.add_argument("--out", type=Path, default=REPO_ROOT / "bench-peers.json")
+    ap.add_argument("--keep", type=Path, metavar="DIR",
+                    help="keep the VMs' files (logs, attempt logs, state) in DIR")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("bench.peers").setLevel(logging.INFO)
+    return Run(args).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The peers benchmark's readings: attempt logs, audit events, CoreDNS metrics, ratios."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.bench.peers.measure import (
+    Attempt,
+    MeasureError,
+    all_connected_at,
+    attempts_by_ip,
+    by_label,
+    fewer,
+    first_connected,
+    metric_sum,
+    parse_attempts,
+    parse_audit,
+    parse_prometheus,
+    percentile,
+    qps,
+    received_at,
+    rfc3339,
+    speedup,
+    stale_attempts,
+)
+
+
+def line(**kw: object) -> str:
+    return json.dumps(kw) + "\n"
+
+
+def att(t: float, peer: int, ip: str | None, outcome: str, te: float | None = None) -> Attempt:
+    return Attempt("attempt", t, t if te is None else te, peer, ip, outcome)
+
+
+def test_attempt_log_lines_parse_and_a_torn_last_line_waits() -> None:
+    text = (line(ev="attempt", t=1.0, te=1.2, peer=3, host="h", ip="10.0.0.3",
+                 outcome="refused", error="x")
+            + line(ev="lost", t=2.0, peer=3, host="h", ip="10.0.0.3", error="closed")
+            + line(ev="listening", t=2.5, ip="10.0.0.9", port=50000)
+            + '{"ev": "attempt", "t": 3')
+    got = parse_attempts(text)
+    assert got == [Attempt("attempt", 1.0, 1.2, 3, "10.0.0.3", "refused"),
+                   Attempt("lost", 2.0, 2.0, 3, "10.0.0.3", "lost"),
+                   Attempt("listening", 2.5, 2.5, -1, "10.0.0.9", "")]
+
+
+def test_a_complete_bad_line_is_an_error_naming_it() -> None:
+    with pytest.raises(MeasureError, match="line 2"):
+        parse_attempts(line(ev="lost", t=1, peer=0) + "not json\n")
+
+
+def test_first_connected_wants_that_peer_that_address_after_the_moment() -> None:
+    log = [att(1.0, 2, "10.0.0.2", "connected", 1.1),   # before t0
+           att(5.0, 2, "10.0.0.9", "refused"),
+           att(5.5, 1, "10.0.0.9", "connected", 5.6),   # another peer id
+           att(6.0, 2, "10.0.0.8", "connected", 6.1),   # another address
+           att(7.0, 2, "10.0.0.9", "connected", 7.2),
+           att(9.0, 2, "10.0.0.9", "connected", 9.1)]
+    assert first_connected(log, 2, "10.0.0.9", after=4.0) == 7.2
+    assert first_connected(log, 2, "10.0.0.2", after=4.0) is None
+
+
+def test_all_connected_is_the_last_peer_and_none_until_every_one() -> None:
+    logs = {"a": [att(5.0, 0, "ip", "connected", 5.3)],
+            "b": [att(5.0, 0, "ip", "connected", 6.0)]}
+    assert all_connected_at(logs, 0, "ip", 4.0) == 6.0
+    logs["c"] = [att(5.0, 0, "ip", "refused")]
+    assert all_connected_at(logs, 0, "ip", 4.0) is None
+
+
+def test_stale_attempts_count_only_that_address_from_the_moment_on() -> None:
+    logs = {"a": [att(1.0, 4, "old", "timeout"), att(3.0, 4, "old", "timeout"),
+                  att(3.5, 4, None, "no_address")],
+            "b": [att(2.5, 4, "old", "refused"), att(4.0, 4, "127.0.0.2", "refused")]}
+    s = stale_attempts(logs, "old", after=2.0)
+    assert (s.attempts, s.last, s.per_peer) == (2, 3.0, {"a": 1, "b": 1})
+    none = stale_attempts(logs, "old", after=10.0)
+    assert (none.attempts, none.last) == (0, None)
+    assert attempts_by_ip(logs["a"] + logs["b"]) == {"old": 3, "127.0.0.2": 1}
+
+
+def audit_line(ua: str, code: int = 200, stage: str = "ResponseComplete",
+               received: str = "2026-12-01T11:22:33.123456Z") -> str:
+    return json.dumps({"stage": stage, "userAgent": ua, "verb": "patch",
+                       "objectRef": {"resource": "pods", "subresource": "status", "name": "p"},
+                       "responseStatus": {"code": code}, "requestReceivedTimestamp": received,
+                       "stageTimestamp": "2026-12-01T11:22:33.200000Z"})
+
+
+def test_audit_times_are_microseconds_of_the_request_with_that_user_agent() -> None:
+    events = parse_audit([audit_line("a"), audit_line("b", code=422), "garbage",
+                          audit_line("c", stage="RequestReceived"), '{"stage": "Resp'])
+    assert [e.user_agent for e in events] == ["a", "b"]
+    assert received_at(events, "a") == pytest.approx(rfc3339("2026-12-01T11:22:33.123456Z"))
+    assert rfc3339("2026-12-01T11:22:33.123456Z") - rfc3339("2026-12-01T11:22:33Z") == \
+        pytest.approx(0.123456)
+    assert received_at(events, "b") is None  # refused writes start no clock
+    assert received_at(events, "zzz") is None
+    with pytest.raises(MeasureError, match="2 audit events"):
+        received_at(parse_audit([audit_line("a"), audit_line("a")]), "a")
+
+
+REQ = 'coredns_dns_requests_total{family="1",proto="%s",server="dns://:53",type="%s",zone="."}'
+PROM = "\n".join([
+    "# HELP coredns_dns_requests_total Counter of DNS requests made per zone and protocol.",
+    "# TYPE coredns_dns_requests_total counter",
+    REQ % ("udp", "A") + " 120",
+    REQ % ("udp", "AAAA") + " 118",
+    REQ % ("tcp", "SRV") + " 2",
+    "process_open_fds 12",
+    'weird{path="a\\"b,c"} 1.5e+02',
+    "",
+])
+
+
+def test_prometheus_samples_sum_and_group() -> None:
+    s = parse_prometheus(PROM)
+    assert metric_sum(s, "coredns_dns_requests_total") == 240
+    assert metric_sum(s, "coredns_dns_requests_total", proto="udp") == 238
+    assert by_label(s, "coredns_dns_requests_total", "type") == {"A": 120, "AAAA": 118, "SRV": 2}
+    assert metric_sum(s, "process_open_fds") == 12
+    assert metric_sum(s, "weird", path='a"b,c') == 150
+    with pytest.raises(MeasureError, match="bad sample"):
+        parse_prometheus("x{a=\"1\"} notanumber\n")
+
+
+def test_rates_ratios_and_percentiles() -> None:
+    assert qps(100, 160, 60) == 1.0
+    with pytest.raises(MeasureError, match="went down"):
+        qps(100, 10, 60)
+    assert speedup(2000, 200) == 10.0
+    assert speedup(None, 200) is None and speedup(2000, 0) is None
+    # ours 0 queries in a 60 s window counts as 1/60 per second
+    assert fewer(192.0, 0.0, 60) == pytest.approx(192 * 60)
+    assert fewer(192.0, 1.2, 60) == pytest.approx(160)
+    assert percentile([5, 1, 4, 2, 3], 50) == 3
+    assert percentile(list(range(1, 101)), 99) == 99
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None
