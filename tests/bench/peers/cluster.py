@@ -52,6 +52,7 @@ from tests.bench.peers.corefile import KubeadmCoreDNS, load_kubeadm_coredns, wit
 from tests.bench.peers.measure import AuditEvent, parse_audit
 from tests.realk8s.agentproc import AGENT_SA, AGENT_SA_NAMESPACE, apply_base_rbac
 from tests.realk8s.crd import kubevirt_openapi
+from tests.realk8s.hacluster import apply_leader_election_role
 from tests.realk8s.harness import (
     Api,
     ControlPlane,
@@ -210,8 +211,11 @@ class DnsSink:
 class Cluster:
     """Control plane + CoreDNS + fabric for one benchmark run (see the module docstring)."""
 
-    def __init__(self, prefix: str = "prs") -> None:
+    def __init__(self, prefix: str = "prs", keep_logs: Path | None = None) -> None:
         self.prefix = prefix
+        #: copy the components' logs (apiserver, controller manager, CoreDNS, host agent)
+        #: here at close, before the control plane's work directory goes
+        self.keep_logs = keep_logs
         self.cp: PeersControlPlane | None = None
         self.fabric: Fabric | None = None
         self.dns_node: Node | None = None
@@ -262,12 +266,18 @@ class Cluster:
                  ("sink", lambda: self.sink.close() if self.sink else None),
                  ("relay", lambda: self.relay.close() if self.relay else None),
                  ("fabric", lambda: self.fabric.close() if self.fabric else None),
+                 ("logs", self._keep_logs),
                  ("control plane", lambda: self.cp.stop() if self.cp else None)]
         for what, step in steps:
             try:
                 step()
             except Exception as e:  # teardown goes on
                 log.warning("teardown of %s failed: %s", what, e)
+
+    def _keep_logs(self) -> None:
+        if self.keep_logs is not None and self.cp is not None:
+            shutil.copytree(self.cp.workdir / "logs", self.keep_logs / "cluster-logs",
+                            dirs_exist_ok=True)
 
     @property
     def api(self) -> Api:
@@ -383,13 +393,14 @@ class Cluster:
         return f"http://{self.fabric.gateway_ip}:{self.registry_port}"
 
     def start_host_agent(self) -> None:
-        """``imex-host-agent`` as the base manifests' ServiceAccount, production settings,
-        its registry on the fabric's gateway address (the guests' way to it)."""
+        """``imex-host-agent`` as the base manifests' ServiceAccount and Roles, production
+        settings, its registry on the fabric's gateway address (the guests' way to it)."""
         cp, fabric = self.cp, self.fabric
         assert cp is not None and fabric is not None and fabric.gateway_ip is not None
         if self.host_agent is not None and self.host_agent.alive():
             return
         apply_base_rbac(cp)
+        apply_leader_election_role(cp)  # the Lease and the reports' ConfigMaps
         token = cp.service_account_token(AGENT_SA_NAMESPACE, AGENT_SA)
         kc = cp.write_kubeconfig(cp.workdir / "host-agent.kubeconfig", token, AGENT_SA)
         self.registry_port = free_port()

@@ -80,6 +80,10 @@ ROWS: tuple[Row, ...] = (
         None, None, "faster", "ours_registry_replace_p50_ms"),
     Row("systemd-resolved guests", "replacement p99", "ms", "recipe_resolved_replace_p99_ms",
         None, None, "faster", "ours_registry_replace_p99_ms"),
+    Row("systemd-resolved guests", "crash: attempts to the old IP after deletion", "",
+        "recipe_resolved_stale_attempts", None, None, "fewer", "ours_stale_attempts"),
+    Row("systemd-resolved guests", "crash: last attempt to it, after deletion", "s",
+        "recipe_resolved_stale_stop_s", None, None),
     Row("systemd-resolved guests", "absent slots: DNS queries/s", "/s",
         "recipe_resolved_absent_dns_qps", None, None, "fewer", "ours_absent_dns_qps"),
 )

@@ -285,40 +285,55 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
 # ------------------------------------------------------------------ crash
 
 
-def crash(side: Side, fleet: Fleet, p: Params, rec: Record, key: str) -> Slot:
-    """The last member crashes (silently: its link goes first) and is not replaced; its
+def crash_slot(fleet: Fleet, p: Params, replaced: int) -> Slot:
+    """The member that crashes: the one replaced last (its peers resolved its name a few
+    seconds ago, which is what a caching resolver remembers); the same slot on every side."""
+    return fleet.slots[(replaced - 1) % len(fleet)] if replaced else fleet.slots[-1]
+
+
+def crash(side: Side, fleet: Fleet, p: Params, rec: Record, key: str, slot: Slot,
+          watch_s: float | None = None) -> Slot:
+    """``slot``'s member crashes (silently: its link goes first) and is not replaced; its
     pod/VMI deletion reaches the API ``crash_notice_s`` later. Counted: attempts to the old
     IP that started after the deletion, and when the last of them started."""
-    s = fleet.slots[-1]
+    s = slot
+    watch_s = p.crash_watch_s if watch_s is None else watch_s
     peers = [o for o in fleet.slots if o is not s]
     old = s.ip
     side.power_off(s, crash=True)
     time.sleep(p.crash_notice_s)
     t_del = side.cluster.received_at(side.delete(s))
-    time.sleep(p.crash_watch_s)
+    time.sleep(watch_s)
     stale = stale_attempts(logs_of(peers), old, t_del)
     rec.set(f"{key}_stale_attempts", stale.attempts)
     rec.set(f"{key}_stale_stop_s", 0.0 if stale.last is None else stale.last - t_del)
     rec.notes[f"{key}_crash"] = (
         f"{s.name} ({old}) crashed; deletion reached the API {p.crash_notice_s:g} s later; "
         f"attempts to {old} after it: {stale.attempts} over {len(peers)} peers, watched "
-        f"{p.crash_watch_s:g} s")
+        f"{watch_s:g} s")
     return s
 
 
 # ------------------------------------------------------------------ absent slots
 
 
-def absent_slots(side: Side, fleet: Fleet, p: Params, rec: Record, key: str) -> set[int]:
-    """2/3 of the members up (12 of 18), the rest absent (deleted); DNS queries per second
-    arriving at CoreDNS over ``steady_s``, from CoreDNS's own ``prometheus`` counters."""
+def absent_slots(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
+                 gone: set[int] | None = None) -> set[int]:
+    """2/3 of the members up (12 of 18), the rest absent (deleted: the ones in ``gone``
+    already, then from the highest slot down); DNS queries per second arriving at CoreDNS
+    over ``steady_s``, from CoreDNS's own ``prometheus`` counters. Returns the slots up."""
     n = len(fleet)
     n_up = max(1, round(n * 2 / 3))
-    for s in fleet.slots[n_up:]:
-        if s.node.ip in s.node.addresses():
+    absent = set(gone or ())
+    for s in reversed(fleet.slots):
+        if len(absent) >= n - n_up:
+            break
+        absent.add(s.index)
+    for s in fleet.slots:
+        if s.index in absent and s.node.ip in s.node.addresses():
             side.power_off(s)
             side.cluster.received_at(side.delete(s))
-    up = set(range(n_up))
+    up = set(range(n)) - absent
     if side.has_imex:
         wait_domain_up(side, up_members(fleet, up), p.timeout_s)
     time.sleep(p.settle_s)
@@ -345,15 +360,15 @@ def absent_slots(side: Side, fleet: Fleet, p: Params, rec: Record, key: str) -> 
 
 
 def migration(side: RecipeSide, fleet: Fleet, p: Params, rec: Record, up: set[int]) -> None:
-    """Member 0 live-migrates. The target launcher pod (same hostname and subdomain) turns
-    Ready with the target IP while the source pod is still Ready, so the name answers two A
-    records. After ``migration_s`` the VM switches over: its IMEX goes down on the source
-    address and comes back on the target one (the best case: real IMEX keeps its socket on
-    the source address and nothing in the recipe restarts it); the source pod stays Ready
-    ``source_linger_s`` longer, then goes. Figures: switchover -> every peer CONNECTED to
-    the target; attempts to the source address after the switchover; how long CoreDNS
-    answered two records."""
-    s = fleet.slots[0]
+    """The lowest member up live-migrates. The target launcher pod (same hostname and
+    subdomain) turns Ready with the target IP while the source pod is still Ready, so the
+    name answers two A records. After ``migration_s`` the VM switches over: its IMEX goes
+    down on the source address and comes back on the target one (the best case: real IMEX
+    keeps its socket on the source address and nothing in the recipe restarts it); the
+    source pod stays Ready ``source_linger_s`` longer, then goes. Figures: switchover ->
+    every peer CONNECTED to the target; attempts to the source address after the
+    switchover; how long CoreDNS answered two records."""
+    s = fleet.slots[min(up)]
     peers = [o for o in up_members(fleet, up) if o is not s]
     fqdn = side.fqdn(s.index)
     src, src_pod = s.ip, side.pods[s.index]
