@@ -290,6 +290,10 @@ class Side:
         return (f"nameserver {self.cluster.dns_ip}\n"
                 f"search {' '.join(search_list(self.namespace))}\n")
 
+    def dns_name(self, slot: Slot) -> str:
+        """The name CoreDNS answers with the slot's address (for the propagation time)."""
+        raise NotImplementedError
+
     def domain_up(self, slot: Slot, members: list[int]) -> bool:
         """The slot's IMEX is READY with every other listed member CONNECTED."""
         st = slot.imex_state()
@@ -340,6 +344,9 @@ class RecipeSide(Side):
 
     def fqdn(self, index: int) -> str:
         return f"vm-{index}.{SERVICE}.{self.namespace}.svc.{ZONE}"
+
+    def dns_name(self, slot: Slot) -> str:
+        return self.fqdn(slot.index)
 
     def setup(self) -> None:
         super().setup()
@@ -467,6 +474,9 @@ class OursSide(Side):
         self.guest_python = guest_python
         self.token = secrets.token_hex(16)
         self.ens = EnsembleId(self.namespace, SERVICE)
+
+    def dns_name(self, slot: Slot) -> str:
+        return f"{self.ens.slot(slot.index)}.{SERVICE}.{self.namespace}.svc.{ZONE}"
 
     @property
     def vmis(self) -> str:

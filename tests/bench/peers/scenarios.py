@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -129,6 +130,30 @@ def hosts_watch(side: Side, slots: list[Slot]) -> Iterator[HostsWatch | None]:
         watch.close()
 
 
+class DnsSeen:
+    """Asks CoreDNS for ``name`` every 10 ms (on a thread, from before t0) until it
+    answers ``ip``: when the publication reached DNS, for the breakdown of each side."""
+
+    def __init__(self, cluster: Any, name: str, ip: str, timeout: float) -> None:
+        self._at: float | None = None
+        self._done = threading.Event()
+
+        def poll() -> None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if ip in cluster.ask(name, timeout=0.5):
+                    self._at = time.time()
+                    break
+                time.sleep(0.01)
+            self._done.set()
+
+        threading.Thread(target=poll, name="dns-seen", daemon=True).start()
+
+    def result(self) -> float | None:
+        self._done.wait()
+        return self._at
+
+
 def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f} ms"
 
@@ -220,6 +245,7 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
     listen: list[float] = []  # t0 -> the new VM's IMEX listening
     first_dial: list[float] = []  # t0 -> the first peer's first dial to the new IP
     refused: list[float] = []  # failed dials to the new IP before the last peer connected
+    dns: list[float] = []  # t0 -> CoreDNS answers the new IP
     with hosts_watch(side, fleet.slots) as watch:
         for k in range(count):
             s = fleet.slots[k % len(fleet)]
@@ -235,6 +261,7 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
             if watch is not None:
                 mono, wall = time.monotonic(), time.time()
                 pending = watch.expect(s.index, s.ip, mono)
+            seen = DnsSeen(side.cluster, side.dns_name(s), s.ip, p.timeout_s)
             t0 = side.cluster.received_at(side.write_running(s))
             if side.has_imex:
                 def connected(s: Slot = s, peers: list[Slot] = peers,
@@ -258,6 +285,9 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
                     raise Converge(f"{side.name}: hosts files never all held {s.ip}: "
                                    f"{sorted(pending.waiting)}")
                 hosts.append((wall + (pending.finished - mono) - t0) * 1000)
+            t_dns = seen.result()
+            if t_dns is not None:
+                dns.append((t_dns - t0) * 1000)
             if side.has_imex:  # steady again (the new member's own links too) before the next
                 wait_domain_up(side, fleet.slots, p.timeout_s)
             log.info("%s replacement %d/%d (%s): connect %s ms, hosts %s ms", side.name,
@@ -268,8 +298,10 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
         rec.samples[f"{key}_listen_ms"] = [round(x, 1) for x in listen]
         rec.samples[f"{key}_first_dial_ms"] = [round(x, 1) for x in first_dial]
         rec.samples[f"{key}_failed_dials"] = refused
+        rec.samples[f"{key}_dns_ms"] = [round(x, 1) for x in dns]
         rec.notes[f"{key}_replace"] = (
-            f"{count} replacements; p50 from t0: new VM's IMEX listening "
+            f"{count} replacements; p50 from t0: CoreDNS answers the new IP "
+            f"{_ms(percentile(dns, 50))}, new VM's IMEX listening "
             f"{_ms(percentile(listen, 50))}, first peer dial to the new IP "
             f"{_ms(percentile(first_dial, 50))}, every peer CONNECTED "
             f"{_ms(percentile(connect, 50))}; failed dials to the new IP before that, mean "
@@ -278,6 +310,7 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
         rec.set(f"{key}_replace_p99_ms", percentile(connect, 99))
     if side.watches_hosts:
         rec.samples[f"{key}_hosts_ms"] = [round(x, 1) for x in hosts]
+        rec.samples.setdefault(f"{key}_dns_ms", [round(x, 1) for x in dns])
         rec.set(f"{key}_hosts_p50_ms", percentile(hosts, 50))
         rec.set(f"{key}_hosts_p99_ms", percentile(hosts, 99))
 
