@@ -43,6 +43,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
+import functools
 import json
 import secrets
 import threading
@@ -83,15 +85,24 @@ REPO = Path(__file__).resolve().parents[3]
 DEFAULT_CRDS = (REPO / "manifests" / "base" / "crd-imexensembles.yaml",)
 
 
+@functools.lru_cache(maxsize=16)
+def _crd_docs(path: str, mtime_ns: int) -> tuple[JSON, ...]:
+    """Parsed once per file version: PyYAML takes ~0.1 s for the CRD, and tests start
+    hundreds of doubles."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return tuple(d for d in yaml.load_all(Path(path).read_text(), Loader=loader)
+                 if isinstance(d, dict) and d.get("kind") == "CustomResourceDefinition")
+
+
 def load_crds(paths: Any) -> list[JSON]:
-    """The CRD documents in YAML files (or already parsed dicts)."""
+    """The CRD documents in YAML files (or already parsed dicts), as fresh copies."""
     out: list[JSON] = []
     for item in paths:
         if isinstance(item, dict):
-            out.append(item)
+            out.append(copy.deepcopy(item))
             continue
-        out.extend(d for d in yaml.safe_load_all(Path(item).read_text())
-                   if isinstance(d, dict) and d.get("kind") == "CustomResourceDefinition")
+        path = Path(item)
+        out.extend(copy.deepcopy(d) for d in _crd_docs(str(path), path.stat().st_mtime_ns))
     return out
 
 
