@@ -83,7 +83,12 @@ class ServicePlan:
 
 @dataclass(frozen=True, slots=True)
 class Declaration:
-    """What the last pass concluded about one ImexEnsemble; its status and Events read it."""
+    """What the last pass concluded about one ensemble; its status and Events read it.
+
+    ``kind`` is what declared it: an ImexEnsemble (its status is written, its Events
+    regard it) or, for a Service-only ensemble, the Service (Events only; ``uid`` is
+    the Service's and ``generation`` 0).
+    """
 
     namespace: str
     name: str
@@ -98,6 +103,7 @@ class Declaration:
     #: What was found for the Service of its name, and what this pass wrote to it.
     service_action: Action | None = None
     service_wrote: str | None = None
+    kind: Literal["ImexEnsemble", "Service"] = "ImexEnsemble"
 
     @property
     def key(self) -> tuple[str, str]:

@@ -58,6 +58,7 @@ EndpointSlice = create_namespaced_resource(
 )
 
 ImexEnsemble = create_namespaced_resource(CRD_GROUP, CRD_VERSION, CRD_KIND, CRD_PLURAL)
+Event = create_namespaced_resource("events.k8s.io", "v1", "Event", "events")
 
 Obj = dict[str, Any]
 ALL_NAMESPACES: Final = ALL_NS
@@ -423,3 +424,56 @@ async def api_call(
     except ValueError:
         return {}
     return out if isinstance(out, dict) else {}
+
+
+class EnsembleStatusWriter:
+    """An ImexEnsemble's status: forced server-side apply on ``/status`` (our field
+    manager), after the write gate. A spec write cannot change status, nor this the spec."""
+
+    def __init__(self, client: AsyncClient, field_manager: str, gate: WriteGate) -> None:
+        self._client = client
+        self._field_manager = field_manager
+        self._gate = gate
+
+    async def apply_status(self, namespace: str, name: str, status: Obj) -> Obj:
+        body = {"apiVersion": f"{CRD_GROUP}/{CRD_VERSION}", "kind": CRD_KIND,
+                "metadata": {"name": name, "namespace": namespace}, "status": status}
+        self._gate.ensure()
+        try:
+            result = await self._client.patch(
+                ImexEnsemble.Status, name, body, namespace=namespace,
+                patch_type=PatchType.APPLY, field_manager=self._field_manager, force=True)
+        except Exception as exc:
+            raise translate(exc, f"apply ImexEnsemble {namespace}/{name}/status") from exc
+        return _plain(result)
+
+
+class EventWriter:
+    """events.k8s.io/v1 Events: create a first occurrence, merge-patch a repeat's series.
+
+    Each write checks the write gate first (only the leader records Events)."""
+
+    def __init__(self, client: AsyncClient, field_manager: str, gate: WriteGate) -> None:
+        self._client = client
+        self._field_manager = field_manager
+        self._gate = gate
+
+    async def create_event(self, body: Obj) -> Obj:
+        meta = body["metadata"]
+        self._gate.ensure()
+        try:
+            obj = cast(NamespacedResource, Event.from_dict(body))
+            result = await self._client.create(obj, field_manager=self._field_manager)
+        except Exception as exc:
+            raise translate(exc, f"create Event {meta['namespace']}/{meta['name']}") from exc
+        return _plain(result)
+
+    async def patch_event(self, namespace: str, name: str, patch: Obj) -> Obj:
+        self._gate.ensure()
+        try:
+            result = await self._client.patch(
+                Event, name, patch, namespace=namespace, patch_type=PatchType.MERGE,
+                field_manager=self._field_manager)
+        except Exception as exc:
+            raise translate(exc, f"patch Event {namespace}/{name}") from exc
+        return _plain(result)

@@ -32,6 +32,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -44,9 +45,13 @@ from host_agent import registry as registry_mod
 from host_agent.ca_store import CaManager
 from host_agent.election import ElectionConfig
 from host_agent.endpoints import SliceApplier
+from host_agent.ensembles import Declaration
+from host_agent.event_writer import EventRecorder
 from host_agent.kube import (
     ALL_NAMESPACES,
     EndpointSlice,
+    EnsembleStatusWriter,
+    EventWriter,
     ImexEnsemble,
     ListWatcher,
     SecretWriter,
@@ -67,6 +72,7 @@ from host_agent.reports import REPORTS_LABEL, PersistedReports, ReportPersister,
 from host_agent.services import ENSEMBLE_LABEL
 from host_agent.settings import HostSettings
 from host_agent.state import GuestReport, State
+from host_agent.status_writer import StatusWriter
 from host_agent.vmi_watch import Informer, Store
 
 if TYPE_CHECKING:
@@ -102,6 +108,9 @@ class HostAgent:
         self._client = client
         self.vmis, self.services, self.slices = new_stores()
         self.crs = Store("imexensemble")
+        #: ImexEnsemble status and Events (None in sidecar scope, which writes neither)
+        self.status: StatusWriter | None = None
+        self.events: EventRecorder | None = None
         self.reconciler: Reconciler | None = None
         self.informers: list[Informer] = []
         self.address: tuple[str, int] | None = None
@@ -140,10 +149,19 @@ class HostAgent:
         if s.persists_membership:
             self.reports = ReportPersister(client, s.agent_namespace)
             persisted = PersistedReports(self._adopt_report)
+        if not sidecar:
+            self.events = EventRecorder(EventWriter(client, s.field_manager, self.gate),
+                                        s.identity, self.metrics)
+            self.status = StatusWriter(
+                EnsembleStatusWriter(client, s.field_manager, self.gate), self.crs, self.state,
+                self.metrics, stale_after=s.report_stale_after,
+                backoff=(s.backoff_initial, s.backoff_max), on_evaluated=self.events.observe)
+            self.state.subscribe(self.status.on_state)
         self.reconciler = rec = Reconciler(
             s, self.state, self.vmis, self.services, self.slices, applier, self.metrics,
             self.cas, crs=self.crs, owned=owned, gate=self.gate, pairs=pairs,
             persisted_reports=persisted.of if persisted is not None else None,
+            on_declared=self._declared,
         )
         if persisted is not None:
             # every replica shows every report stored in the API (any replica stored it)
@@ -185,6 +203,16 @@ class HostAgent:
         pub = snap.member(index) if snap is not None else None
         if pub is not None and report_applies(report, pub.member.ip, pub.addresses):
             self.state.report(ens, index, report)
+
+    def _declared(self, key: tuple[str, str], declaration: Declaration | None) -> None:
+        """A reconcile pass's conclusion: to the status writer (and so to the Events)."""
+        if self.status is not None:
+            self.status.declare(key, declaration)
+        if self.events is not None:
+            if declaration is None:
+                self.events.forget(key)
+            else:
+                self.events.declared(declaration, time.time())
 
     def _registry_app(self) -> object:
         config = registry_mod.RegistryConfig(
@@ -250,6 +278,10 @@ class HostAgent:
                 election = None
                 if self.election is not None:
                     election = tg.create_task(self.election.run(), name="leader election")
+                if self.status is not None:
+                    loops.append(tg.create_task(self.status.run(), name="status writer"))
+                if self.events is not None:
+                    loops.append(tg.create_task(self.events.run(), name="event recorder"))
                 serve = tg.create_task(server.serve(sockets=[sock]), name="http")
                 self.serving.set()
                 stopped = tg.create_task(stop.wait(), name="stop")

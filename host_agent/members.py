@@ -50,7 +50,7 @@ from guest_agent.model import (
     unusable_reason,
 )
 from host_agent.services import INDEX_LABEL
-from host_agent.state import EnsembleSpec
+from host_agent.state import Absent, EnsembleSpec
 
 DEFAULT_NETWORK: Final = "default"
 RUNNING: Final = "Running"
@@ -71,6 +71,29 @@ class Candidate:
     live: bool
     member: Member | None
     problem: str | None
+    #: Why it is not published, as a status reason (None when it is, or when it is
+    #: leaving: being deleted).
+    reason: str | None = None
+    phase: str = ""
+    deleting: bool = False
+
+
+#: Reasons a VMI of the ensemble holds no published slot (ImexEnsemble status, Events).
+INVALID_NAME: Final = "InvalidName"
+NO_INDEX: Final = "NoIndex"
+INDEX_OUT_OF_RANGE: Final = "IndexOutOfRange"
+DUPLICATE_INDEX: Final = "DuplicateIndex"
+NO_ADDRESS: Final = "NoAddress"
+MEMBER_NOT_RUNNING: Final = "MemberNotRunning"
+
+
+@dataclass(frozen=True, slots=True)
+class Derivation:
+    """``derive``'s answer: what to publish, the problems, and who is left out and why."""
+
+    members: list[Member]
+    problems: list[str]
+    absent: tuple[Absent, ...] = ()
 
 
 def _mapping(value: object) -> Mapping[str, object]:
@@ -91,8 +114,8 @@ def vmi_labels(vmi: Mapping[str, object]) -> dict[str, str]:
     return {str(k): v for k, v in labels.items() if isinstance(v, str)}
 
 
-def _index(name: str, labels: Mapping[str, object], max_members: int) -> int:
-    """The VMI's slot index; raises InvalidIndex with the reason."""
+def _raw_index(name: str, labels: Mapping[str, object]) -> int:
+    """The slot index the VMI claims (not yet checked against the size); InvalidIndex."""
     raw = labels.get(INDEX_LABEL)
     if raw is not None:
         if not isinstance(raw, str):
@@ -100,14 +123,19 @@ def _index(name: str, labels: Mapping[str, object], max_members: int) -> int:
         text = raw
         if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
             raise InvalidIndex(f"label {INDEX_LABEL}={text!r} is not a slot number")
-        return check_index(int(text), max_members)
+        return int(text)
     index = index_from_name(name)
     if index is None:
         raise InvalidIndex(
             f"has no {INDEX_LABEL} label and its name does not end in -<n> (a number "
             "without leading zeros); cannot tell which slot it is"
         )
-    return check_index(index, max_members)
+    return index
+
+
+def _index(name: str, labels: Mapping[str, object], max_members: int) -> int:
+    """The VMI's slot index; raises InvalidIndex with the reason."""
+    return check_index(_raw_index(name, labels), max_members)
 
 
 def _ready(status: Mapping[str, object]) -> bool:
@@ -223,25 +251,32 @@ def examine_vmi(vmi: Mapping[str, object], spec: EnsembleSpec) -> Candidate:
     meta = _mapping(vmi.get("metadata"))
     name = vmi_name(vmi)
     shown = name or "<unnamed>"
-    try:
-        check_dns_label(name, "VMI name")
-    except ModelError as exc:
-        return Candidate(shown, None, False, None, f"VMI {shown}: {exc}; not published")
-    try:
-        index = _index(name, _mapping(meta.get("labels")), spec.max_members)
-    except ModelError as exc:
-        return Candidate(name, None, False, None, f"VMI {name} {exc}; not published")
-
     status = _mapping(vmi.get("status"))
     phase = _text(status.get("phase")) or ""
     deleting = meta.get("deletionTimestamp") is not None
+    try:
+        check_dns_label(name, "VMI name")
+    except ModelError as exc:
+        return Candidate(shown, None, False, None, f"VMI {shown}: {exc}; not published",
+                         INVALID_NAME, phase, deleting)
+    try:
+        raw_index = _raw_index(name, _mapping(meta.get("labels")))
+    except ModelError as exc:
+        return Candidate(name, None, False, None, f"VMI {name} {exc}; not published",
+                         NO_INDEX, phase, deleting)
+    try:
+        index = check_index(raw_index, spec.max_members)
+    except ModelError as exc:
+        return Candidate(name, None, False, None, f"VMI {name} {exc}; not published",
+                         INDEX_OUT_OF_RANGE, phase, deleting)
+
     live = not deleting and phase not in _FINISHED
     if not live:
-        return Candidate(name, index, False, None, None)
-    if not status:
-        return Candidate(name, index, True, None, None)  # just created: nothing to say yet
+        return Candidate(name, index, False, None, None, MEMBER_NOT_RUNNING, phase, deleting)
+    if not status:  # just created: nothing to say yet
+        return Candidate(name, index, True, None, None, MEMBER_NOT_RUNNING, phase)
     if phase != RUNNING:
-        return Candidate(name, index, True, None, None)
+        return Candidate(name, index, True, None, None, MEMBER_NOT_RUNNING, phase)
 
     interfaces = status.get("interfaces")
     if interfaces is None:
@@ -249,12 +284,13 @@ def examine_vmi(vmi: Mapping[str, object], spec: EnsembleSpec) -> Candidate:
     if not isinstance(interfaces, list):
         return Candidate(
             name, index, True, None,
-            f"VMI {name}: status.interfaces is not a list; not published",
+            f"VMI {name}: status.interfaces is not a list; not published", NO_ADDRESS, phase,
         )
     iface, where = _interface(interfaces, spec.network)
     if iface is None:
         what = "has no interfaces in its status yet" if not interfaces else f"has no {where}"
-        return Candidate(name, index, True, None, f"VMI {name} {what}; not published")
+        return Candidate(name, index, True, None, f"VMI {name} {what}; not published",
+                         NO_ADDRESS, phase)
     ip, refused = pick_address(iface)
     if ip is None:
         raw_ips = [
@@ -262,7 +298,8 @@ def examine_vmi(vmi: Mapping[str, object], spec: EnsembleSpec) -> Candidate:
             for r in [iface.get("ipAddress"), *_list(iface.get("ipAddresses"))]
             if isinstance(r, str)
         ]
-        return Candidate(name, index, True, None, _describe_refused(name, where, refused, raw_ips))
+        return Candidate(name, index, True, None,
+                         _describe_refused(name, where, refused, raw_ips), NO_ADDRESS, phase)
     member = Member(
         index=index,
         ip=ip,
@@ -271,7 +308,7 @@ def examine_vmi(vmi: Mapping[str, object], spec: EnsembleSpec) -> Candidate:
         phase=phase,
         ready=_ready(status),
     )
-    return Candidate(name, index, True, member, None)
+    return Candidate(name, index, True, member, None, None, phase)
 
 
 def vmi_addresses(vmi: Mapping[str, object]) -> frozenset[str]:
@@ -337,14 +374,24 @@ class ExamineMemo:
 def derive_members(
     spec: EnsembleSpec, vmis: Iterable[Mapping[str, object]], examine: Examine = examine_vmi
 ) -> tuple[list[Member], list[str]]:
-    """The members to publish for one ensemble, and its VMI problems.
+    """The members to publish for one ensemble, and its VMI problems (see ``derive``)."""
+    d = derive(spec, vmis, examine)
+    return d.members, d.problems
+
+
+def derive(
+    spec: EnsembleSpec, vmis: Iterable[Mapping[str, object]], examine: Examine = examine_vmi
+) -> Derivation:
+    """The members to publish for one ensemble, its VMI problems, and who is left out.
 
     An ImexEnsemble's ``memberSelector`` (ANDed with the ensemble label, which picked
     ``vmis``) leaves out the VMIs it does not match: they are not members, and not
     problems either.
     Two live VMIs on one slot: neither is published and the problem names both.
-    Output is sorted (members by index, problems by text) so equal input gives
-    equal output. ``examine`` may be an ``ExamineMemo`` (same results, cached).
+    Output is sorted (members by index, problems by text, absent VMIs by name) so equal
+    input gives equal output. ``examine`` may be an ``ExamineMemo`` (same results,
+    cached). ``absent`` lists every selected VMI without a published slot that is not
+    being deleted (a VMI on its way out is leaving, not missing), with its reason.
     """
     if spec.member_selector is not None:
         vmis = [v for v in vmis if spec.member_selector.matches(vmi_labels(v))]
@@ -355,9 +402,11 @@ def derive_members(
         if c.live and c.index is not None:
             holders.setdefault(c.index, []).append(c)
     members: list[Member] = []
+    duplicated: set[str] = set()
     for index, group in holders.items():
         if len(group) > 1:
             names = ", ".join(sorted(c.vmi for c in group))
+            duplicated.update(c.vmi for c in group)
             problems.append(
                 f"slot {index} is claimed by {len(group)} live VMIs ({names}); "
                 "publishing neither until only one is left"
@@ -367,4 +416,10 @@ def derive_members(
         if member is not None:
             members.append(member)
     members.sort(key=lambda m: m.index)
-    return members, sorted(problems)
+    absent = tuple(sorted(
+        (Absent(c.vmi, c.index, c.phase,
+                DUPLICATE_INDEX if c.vmi in duplicated else c.reason or MEMBER_NOT_RUNNING)
+         for c in candidates if (c.member is None or c.vmi in duplicated) and not c.deleting),
+        key=lambda a: a.vmi,
+    ))
+    return Derivation(members, sorted(problems), absent)

@@ -58,6 +58,21 @@ class HostMetrics:
             ["op"],
             registry=registry,
         )
+        self.status_writes = Counter(
+            _P + "status_writes",
+            "ImexEnsemble status evaluations, by result (written; unchanged: nothing to "
+            "write; error: the write failed and is retried)",
+            ["result"],
+            registry=registry,
+        )
+        self.events = Counter(
+            _P + "events",
+            "Events on ImexEnsembles and ensemble Services, by result (created; repeat: "
+            "folded into a series; series: a series patch written; dropped: over the "
+            "per-object budget; error: the write failed)",
+            ["result"],
+            registry=registry,
+        )
         self.reconciles = Counter(
             _P + "reconciles", "Ensemble reconcile passes, by result", ["result"],
             registry=registry,

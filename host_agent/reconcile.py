@@ -58,7 +58,7 @@ from host_agent.ensembles import (
 )
 from host_agent.kube import KubeError
 from host_agent.leadership import ALWAYS, NotLeader, WriteGate
-from host_agent.members import ExamineMemo, derive_members, vmi_addresses, vmi_name
+from host_agent.members import ExamineMemo, derive, vmi_addresses, vmi_name
 from host_agent.membership import PairSource, PersistedView, next_pair, wall_ms
 from host_agent.metrics import HostMetrics
 from host_agent.owned_services import ServiceApplier
@@ -345,13 +345,22 @@ class Reconciler:
         if cr is not None:
             spec, problems = await self._from_cr(key, cr, service)
         else:
-            self._on_declared(key, None)
             spec, problems = self._from_service(key, service)
+            self._declare_service(key, service, spec)
         if spec is None:
             self._report_problems(key, problems)
             self._metrics.problems.labels(namespace, name).set(len(problems))
             return
         await self._publish(key, spec, problems)
+
+    def _declare_service(self, key: Key, service: Obj | None,
+                         spec: EnsembleSpec | None) -> None:
+        """A Service-only ensemble's Declaration (its Events regard the Service)."""
+        uid = ((service or {}).get("metadata") or {}).get("uid")
+        if spec is None or not isinstance(uid, str) or not uid:
+            self._on_declared(key, None)
+            return
+        self._on_declared(key, Declaration(key[0], key[1], uid, 0, spec, kind="Service"))
 
     def _from_service(
         self, key: Key, service: Obj | None
@@ -435,8 +444,9 @@ class Reconciler:
         ident = f"{namespace}/{name}"
         ca_problems, ca = await self._reconcile_ca(key, spec)
         vmis = list(self._vmis.by_index(key))
-        members, member_problems = derive_members(spec, vmis, self._examine)
-        all_problems = [*problems, *ca_problems, *member_problems]
+        derived = derive(spec, vmis, self._examine)
+        members = derived.members
+        all_problems = [*problems, *ca_problems, *derived.problems]
         by_name = {vmi_name(v): v for v in vmis}
         addresses = {m.index: vmi_addresses(by_name[m.vmi]) for m in members if m.vmi in by_name}
         if self._pairs is not None:
@@ -446,9 +456,10 @@ class Reconciler:
                 return
             snap, changed = self._state.set_observed(
                 spec, members, all_problems, addresses, pair.generation, pair.view,
-                pair.since_map(), ca=ca)
+                pair.since_map(), ca=ca, absent=derived.absent)
         else:
-            snap, changed = self._state.set(spec, members, all_problems, addresses, ca=ca)
+            snap, changed = self._state.set(spec, members, all_problems, addresses, ca=ca,
+                                            absent=derived.absent)
         if self._persisted_reports is not None:
             snap = self._adopt_reports(snap)
         if changed:

@@ -201,6 +201,17 @@ class CaPublished:
 
 
 @dataclass(frozen=True, slots=True)
+class Absent:
+    """A VMI of the ensemble that holds no published slot, and why (``reason``: a status
+    reason such as MemberNotRunning, NoAddress, DuplicateIndex; members.py decides)."""
+
+    vmi: str
+    index: int | None
+    phase: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class EnsembleSnapshot:
     spec: EnsembleSpec
     generation: int
@@ -213,6 +224,8 @@ class EnsembleSnapshot:
     #: the served ``GuestView.cliques``: (index, clique) when the members span two or more
     #: NVLink cliques, else empty. What guests pin follows this, not this replica's reports.
     cliques: tuple[tuple[int, str], ...] = ()
+    #: VMIs of the ensemble without a published slot (ImexEnsemble status; not served).
+    absent: tuple[Absent, ...] = ()
 
     @property
     def ens(self) -> EnsembleId:
@@ -262,6 +275,7 @@ class State:
         #: called with an ensemble whose reports changed what guests would write while it
         #: is served from an observed pair (the reconciler queues a pass)
         self.on_view_news: Callable[[EnsembleId], None] | None = None
+        self._listeners: list[Callable[[EnsembleId], None]] = []
 
     # -- writing (reconciler) ------------------------------------------------
 
@@ -272,6 +286,7 @@ class State:
         problems: Iterable[str],
         addresses: Mapping[int, frozenset[str]] | None = None,
         ca: CaPublished | None = None,
+        absent: tuple[Absent, ...] = (),
     ) -> tuple[EnsembleSnapshot, bool]:
         """Replace an ensemble's whole state; returns (snapshot, map_changed).
 
@@ -290,8 +305,10 @@ class State:
             published = tuple(
                 PublishedMember(m, now, extra.get(m.index, frozenset())) for m in ordered
             )
-            snap = EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca)
+            snap = EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca,
+                                    absent=absent)
             self._entries[spec.ens] = _Entry(snap)
+            self._notify(spec.ens)
             return snap, True
         entry.observed = False
         old = entry.snapshot
@@ -319,11 +336,13 @@ class State:
             reports,
             ca,
             view.cliques,
+            absent,
         )
         entry.snapshot = snap
         if changed:
             entry.wake()
         self._floor[spec.ens] = max(self._floor.get(spec.ens, 0), snap.generation)
+        self._notify(spec.ens)
         return snap, changed
 
     def _published(
@@ -378,6 +397,7 @@ class State:
         view: GuestView,
         since: Mapping[int, float] | None = None,
         ca: CaPublished | None = None,
+        absent: tuple[Absent, ...] = (),
     ) -> tuple[EnsembleSnapshot, bool]:
         """Serve an observed (generation, view) pair; returns (snapshot, generation_changed).
 
@@ -392,7 +412,7 @@ class State:
         problems_t = tuple(problems)
         if entry is None:
             snap = EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca,
-                                    cliques=view.cliques)
+                                    cliques=view.cliques, absent=absent)
             self._entries[spec.ens] = _Entry(snap, observed=True)
             changed = True
         else:
@@ -403,11 +423,12 @@ class State:
             reports = {i: r for i, r in old.reports.items() if i in pinned}
             snap = EnsembleSnapshot(spec, generation, published, problems_t,
                                     now if changed else old.changed_at, reports, ca,
-                                    view.cliques)
+                                    view.cliques, absent)
             entry.snapshot = snap
             if changed:
                 entry.wake()
         self._floor[spec.ens] = max(self._floor.get(spec.ens, 0), generation)
+        self._notify(spec.ens)
         return snap, changed
 
     def drop(self, ens: EnsembleId) -> bool:
@@ -416,6 +437,7 @@ class State:
         if entry is None:
             return False
         entry.wake()
+        self._notify(ens)
         return True
 
     def report(self, ens: EnsembleId, index: int, report: GuestReport) -> EnsembleSnapshot | None:
@@ -435,17 +457,29 @@ class State:
         cliques = GuestView.of(old.members, old.ca, reports).cliques
         if cliques == old.cliques:
             entry.snapshot = replace(old, reports=reports)
-            return entry.snapshot
-        if entry.observed:
+        elif entry.observed:
             entry.snapshot = replace(old, reports=reports)
             if self.on_view_news is not None:
                 self.on_view_news(ens)
-            return entry.snapshot
-        entry.snapshot = replace(old, reports=reports, generation=old.generation + 1,
-                                 changed_at=self._clock(), cliques=cliques)
-        self._floor[ens] = max(self._floor.get(ens, 0), entry.snapshot.generation)
-        entry.wake()
+        else:
+            entry.snapshot = replace(old, reports=reports, generation=old.generation + 1,
+                                     changed_at=self._clock(), cliques=cliques)
+            self._floor[ens] = max(self._floor.get(ens, 0), entry.snapshot.generation)
+            entry.wake()
+        self._notify(ens)
         return entry.snapshot
+
+    def subscribe(self, listener: Callable[[EnsembleId], None]) -> None:
+        """Call ``listener(ens)`` after every ``set``, ``report`` and ``drop`` of ``ens``.
+
+        For what follows the snapshot without being asked (the ImexEnsemble status
+        writer): a listener must not block (it schedules, it does not write).
+        """
+        self._listeners.append(listener)
+
+    def _notify(self, ens: EnsembleId) -> None:
+        for listener in self._listeners:
+            listener(ens)
 
     def mark_synced(self) -> None:
         self.synced = True

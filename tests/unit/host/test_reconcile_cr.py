@@ -322,5 +322,7 @@ async def test_cr_deleted_service_left_for_the_gc_changes_nothing() -> None:
     assert (after.spec.max_members, after.spec.token_sha256) == (4, "cd" * 32)
     assert after.generation == before.generation
     assert w.slice_client.calls == ["apply:gb200-imex"]
-    assert w.last() is None
+    d = w.last()  # a Service-only ensemble now: its Events go on the Service
+    assert d is not None and d.kind == "Service" and d.generation == 0
+    assert d.uid == w.services.get("rack1", "gb200")["metadata"]["uid"]  # type: ignore[index]
     await w.stop()

@@ -1,0 +1,340 @@
+"""An ImexEnsemble's whole desired status, from what the agent knows (pure).
+
+``desired_status`` is a function of the reconciler's ``Declaration`` (what
+the last pass concluded about the CR), the registry's snapshot (members,
+problems, the guests' reports) and the time; it reads no clock and does no
+I/O, so the status is tested byte for byte. ``status_writer.py`` applies it.
+
+Transitions only: nothing here changes with the mere passing of time or
+with a report that says what the last one said (no timestamps per member or
+report), so a steady ensemble costs no writes. The one thing time changes is
+staleness: a report older than ``--report-stale-after`` makes its member
+``GuestSilent``; ``next_change`` says when that next happens, so the writer
+looks again then (and only then).
+
+Conditions (metav1.Condition; ``lastTransitionTime`` moves only when the
+status of that condition changes):
+
+- ``Ready``: every published member's guest reports IMEX ``READY`` and has
+  applied the current membership generation, and no VMI of the ensemble is
+  left out (a crashed or pending member is not ready: so a crash flips Ready
+  to False and the rejoin back to True). Reasons when False, first that
+  applies: the refusal's reason (the CR is not published), ``NoMembers``, the
+  reason a VMI is left out (``DuplicateIndex``, ``IndexOutOfRange``,
+  ``NoIndex``, ``InvalidName``, ``NoAddress``, ``MemberNotRunning``),
+  ``GuestSilent``, ``GuestNotReady`` (not READY, not reported yet, or an older
+  generation applied).
+- ``Degraded``: something needs a person: a refusal (``InvalidSpec``,
+  ``SelectorConflict``, ``ServiceConflict``), a VMI left out, a silent guest,
+  a guest whose IMEX is not READY, or any other problem the registry lists
+  (``Problem``). A guest that has not yet applied a generation a moment old
+  is catching up, not degraded.
+- ``Published``: the members are in the EndpointSlice (``EndpointsPublished``);
+  False with ``NoMembers`` or the refusal's reason.
+
+Room for the other issues: ``domainStatus`` and the ``DomainUp`` condition
+(issue 17) belong in ``desired_status`` beside the three conditions here;
+``caSHA256`` (issue 19) is filled from the snapshot's CA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from guest_agent.model import EnsembleId, ModelError
+from host_agent.crd import (
+    CONDITION_DEGRADED,
+    CONDITION_PUBLISHED,
+    CONDITION_READY,
+    MAX_CONDITION_MESSAGE,
+    MAX_PROBLEM_LENGTH,
+    MAX_PROBLEMS,
+)
+from host_agent.endpoints import slice_name
+from host_agent.ensembles import Declaration
+from host_agent.members import (
+    DUPLICATE_INDEX,
+    INDEX_OUT_OF_RANGE,
+    INVALID_NAME,
+    MEMBER_NOT_RUNNING,
+    NO_ADDRESS,
+    NO_INDEX,
+)
+from host_agent.state import EnsembleSnapshot, GuestReport
+
+READY_STATE: Final = "READY"
+GUEST_SILENT: Final = "GuestSilent"
+GUEST_NOT_READY: Final = "GuestNotReady"
+NO_MEMBERS: Final = "NoMembers"
+NOT_PUBLISHED: Final = "NotPublished"
+ALL_READY: Final = "AllMembersReady"
+AS_EXPECTED: Final = "AsExpected"
+PROBLEM: Final = "Problem"
+PUBLISHED: Final = "EndpointsPublished"
+
+#: Which reason a condition names when several apply: the most telling first.
+ABSENT_ORDER: Final = (DUPLICATE_INDEX, INDEX_OUT_OF_RANGE, NO_INDEX, INVALID_NAME, NO_ADDRESS,
+                       MEMBER_NOT_RUNNING)
+
+Status = dict[str, Any]
+
+
+def rfc3339_seconds(ts: float) -> str:
+    """metav1.Time: RFC 3339 in UTC, whole seconds (what the apiserver stores)."""
+    return dt.datetime.fromtimestamp(int(ts), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _fresh(report: GuestReport | None, now: float, stale_after: float) -> bool:
+    return report is not None and now - report.received_at <= stale_after
+
+
+def imex_state(report: GuestReport | None, now: float, stale_after: float) -> str:
+    """A member's ``imexState``: the last reported state, ``GuestSilent`` when that report
+    is older than ``stale_after``, empty before the first report."""
+    if report is None:
+        return ""
+    if not _fresh(report, now, stale_after):
+        return GUEST_SILENT
+    state = report.fields.get("imex_state")
+    return state if isinstance(state, str) else ""
+
+
+def _generation_applied(report: GuestReport | None) -> int | None:
+    value = report.fields.get("generation_applied") if report is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def members_status(snap: EnsembleSnapshot, now: float, stale_after: float) -> list[Status]:
+    """``status.members``: every published slot, index order, no timestamps."""
+    out: list[Status] = []
+    for pub in snap.members:
+        m = pub.member
+        report = snap.reports.get(m.index)
+        entry: Status = {"index": m.index, "slot": snap.ens.slot(m.index), "ip": m.ip,
+                         "ready": bool(m.ready), "imexState": imex_state(report, now,
+                                                                         stale_after)}
+        if m.vmi:
+            entry["vmi"] = m.vmi
+        if m.node:
+            entry["node"] = m.node
+        if m.phase:
+            entry["phase"] = m.phase
+        applied = _generation_applied(report)
+        if applied is not None:
+            entry["generationApplied"] = applied
+        out.append(entry)
+    return out
+
+
+def _slots(indexes: Iterable[int]) -> str:
+    items = sorted(indexes)
+    word = "slot" if len(items) == 1 else "slots"
+    return f"{word} {', '.join(map(str, items))}"
+
+
+def _guests(snap: EnsembleSnapshot, now: float, stale_after: float
+            ) -> tuple[list[int], list[str], list[int]]:
+    """(silent slots, why each not-ready one is not, slots whose IMEX is not READY)."""
+    silent: list[int] = []
+    not_ready: list[str] = []
+    imex_down: list[int] = []
+    for pub in snap.members:
+        i = pub.member.index
+        report = snap.reports.get(i)
+        if report is None:
+            not_ready.append(f"slot {i}: no report yet")
+            continue
+        if not _fresh(report, now, stale_after):
+            silent.append(i)
+            continue
+        state = imex_state(report, now, stale_after)
+        applied = _generation_applied(report)
+        if state != READY_STATE:
+            not_ready.append(f"slot {i}: IMEX {state or 'state unknown'}")
+            imex_down.append(i)
+        elif applied != snap.generation:
+            not_ready.append(f"slot {i}: applied generation {applied}, current "
+                             f"{snap.generation}")
+    return silent, not_ready, imex_down
+
+
+def _absent_reason(snap: EnsembleSnapshot) -> tuple[str, str] | None:
+    if not snap.absent:
+        return None
+    reasons = {a.reason for a in snap.absent}
+    reason = next((r for r in ABSENT_ORDER if r in reasons), sorted(reasons)[0])
+    parts = [f"{a.vmi} ({f'slot {a.index}' if a.index is not None else 'no slot'}, "
+             f"{a.phase or 'no phase yet'}): {a.reason}" for a in snap.absent]
+    return reason, "VMIs without a published slot: " + "; ".join(parts)
+
+
+def _condition(ctype: str, status: bool, reason: str, message: str, generation: int,
+               previous: Mapping[str, Mapping[str, Any]], now: float) -> Status:
+    value = "True" if status else "False"
+    before = previous.get(ctype)
+    since = before.get("lastTransitionTime") if before is not None and \
+        before.get("status") == value else None
+    return {
+        "type": ctype,
+        "status": value,
+        "observedGeneration": generation,
+        "lastTransitionTime": since if isinstance(since, str) else rfc3339_seconds(now),
+        "reason": reason,
+        "message": _clip(message, MAX_CONDITION_MESSAGE),
+    }
+
+
+def previous_conditions(status: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    out: dict[str, Mapping[str, Any]] = {}
+    for c in (status or {}).get("conditions") or ():
+        if isinstance(c, Mapping) and isinstance(c.get("type"), str):
+            out[c["type"]] = c
+    return out
+
+
+def desired_status(
+    decl: Declaration,
+    snap: EnsembleSnapshot | None,
+    now: float,
+    stale_after: float,
+    previous: Mapping[str, Any] | None = None,
+    declared_max: int | None = None,
+) -> Status:
+    """The whole ``status`` the CR should have now (see the module docstring).
+
+    ``previous`` is the status as last observed (or written): only its conditions'
+    lastTransitionTime is read. ``declared_max`` (the CR's spec.maxMembers) sizes
+    ``publishedSummary`` while nothing is published.
+    """
+    prev = previous_conditions(previous)
+    gen = decl.generation
+    refusal = decl.refusals[0] if decl.refusals else None
+    out: Status = {"observedGeneration": gen}
+    # a CR name that is not a DNS label has no slots (InvalidSpec says so)
+    with contextlib.suppress(ModelError):
+        out["domainID"] = EnsembleId(decl.namespace, decl.name).domain_id
+    if snap is None:
+        reason, message = refusal or (NOT_PUBLISHED, "the ensemble is not published")
+        out.update(publishedSummary=f"0/{declared_max if declared_max is not None else '?'}",
+                   membersPublished=0, imexReady=0, members=[])
+        out["conditions"] = [
+            _condition(CONDITION_READY, False, reason, message, gen, prev, now),
+            _condition(CONDITION_DEGRADED, True, reason, message, gen, prev, now),
+            _condition(CONDITION_PUBLISHED, False, reason, message, gen, prev, now),
+        ]
+        out["problems"] = [_clip(m, MAX_PROBLEM_LENGTH) for _, m in decl.refusals][:MAX_PROBLEMS]
+        return out
+
+    spec = snap.spec
+    published = len(snap.members)
+    members = members_status(snap, now, stale_after)
+    ready_count = sum(1 for m in members if m["imexState"] == READY_STATE)
+    out.update(
+        membershipGeneration=snap.generation,
+        publishedSummary=f"{published}/{spec.max_members}",
+        membersPublished=published,
+        imexReady=ready_count,
+        members=members,
+    )
+    if snap.ca is not None:
+        out["caSHA256"] = snap.ca.sha256
+    silent, not_ready, imex_down = _guests(snap, now, stale_after)
+    absent = _absent_reason(snap)
+
+    # Ready
+    if published == 0:
+        ready = (False, NO_MEMBERS, f"no member is published (0/{spec.max_members})")
+    elif absent is not None:
+        ready = (False, *absent)
+    elif silent:
+        ready = (False, GUEST_SILENT, f"no report from {_slots(silent)} for more than "
+                 f"{stale_after:g} s")
+    elif not_ready:
+        ready = (False, GUEST_NOT_READY, "; ".join(not_ready))
+    else:
+        ready = (True, ALL_READY, f"all {published} published members report IMEX READY at "
+                 f"generation {snap.generation}")
+
+    # Degraded: what needs a person (in this order of telling)
+    causes: list[tuple[str, str]] = list(decl.refusals)
+    if absent is not None:
+        causes.append(absent)
+    if silent:
+        causes.append((GUEST_SILENT, f"no report from {_slots(silent)} for more than "
+                       f"{stale_after:g} s"))
+    if imex_down:
+        causes.append((GUEST_NOT_READY, f"IMEX not READY on {_slots(imex_down)}"))
+    refused = {m for _, m in decl.refusals}
+    others = [p for p in snap.problems if p not in refused]
+    if others and not causes:
+        causes.append((PROBLEM, "; ".join(others)))
+    degraded = (True, causes[0][0], "; ".join(m for _, m in causes)) if causes else \
+        (False, AS_EXPECTED, "no problems")
+
+    # Published
+    slices = slice_name(spec.ens.name, "IPv4")
+    if published:
+        note = f"{published} of {spec.max_members} slots published (EndpointSlice {slices}" \
+            + (", and -v6 for IPv6)" if any(":" in p.member.ip for p in snap.members) else ")")
+        if refusal is not None:
+            note += f"; from Service {spec.ens.name} as it is ({refusal[0]})"
+        pub = (True, PUBLISHED, note)
+    else:
+        pub = (False, NO_MEMBERS, f"no member is published (0/{spec.max_members})")
+
+    out["conditions"] = [
+        _condition(CONDITION_READY, *ready, gen, prev, now),
+        _condition(CONDITION_DEGRADED, *degraded, gen, prev, now),
+        _condition(CONDITION_PUBLISHED, *pub, gen, prev, now),
+    ]
+    out["problems"] = [_clip(p, MAX_PROBLEM_LENGTH) for p in snap.problems][:MAX_PROBLEMS]
+    return out
+
+
+def next_change(snap: EnsembleSnapshot | None, now: float, stale_after: float) -> float | None:
+    """When the status would next change by time alone (a fresh report going stale)."""
+    if snap is None:
+        return None
+    due = [r.received_at + stale_after for r in snap.reports.values()
+           if r.received_at + stale_after >= now]
+    return min(due) if due else None
+
+
+def _same_items(want: Any, have: Any, key: str) -> bool:
+    """List-map comparison: ``have`` holds exactly ``want``'s keys, each item containing
+    the wanted fields (extra fields inside an item: another writer's, e.g. a clique)."""
+    if not isinstance(have, list):
+        return not want
+    by_key = {h.get(key): h for h in have if isinstance(h, Mapping)}
+    if set(by_key) != {w[key] for w in want}:
+        return False
+    return all(all(by_key[w[key]].get(k) == v for k, v in w.items()) for w in want)
+
+
+def status_in_sync(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:
+    """The observed status already says everything ``desired`` says.
+
+    Fields others write (``domainStatus``, a ``DomainUp`` condition, ha's persisted
+    generation) may be there too; they are not ours to compare.
+    """
+    have = observed or {}
+    for k, v in desired.items():
+        if k == "members":
+            if not _same_items(v, have.get(k), "index"):
+                return False
+        elif k == "conditions":
+            theirs = previous_conditions(have)
+            for c in v:
+                got = theirs.get(c["type"])
+                if got is None or any(got.get(f) != c[f] for f in c):
+                    return False
+        elif have.get(k) != v:
+            return False
+    return True

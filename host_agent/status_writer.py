@@ -1,0 +1,303 @@
+"""Writes each ImexEnsemble's status: the difference only, at most once a second.
+
+What to write is pure (``status.desired_status``); this module decides *when*
+and does the write (server-side apply on ``/status`` through the write gate).
+
+Intake, on the event loop thread and never blocking: ``declare`` (after every
+reconcile pass: what the pass concluded about the ensemble, or None when it is
+not published), ``on_state`` (State calls it after every membership change and
+every guest report). Each only *requests* an evaluation of that ensemble.
+Service-only ensembles are evaluated the same way (their Events come from the
+evaluation, ``on_evaluated``), but have no status to write.
+
+Coalescing, per ensemble: a request is served after ``settle`` seconds (so a
+burst arriving together is one evaluation), and never sooner than
+``min_interval`` after the last actual write; requests in between join the
+one already scheduled. So 18 guests reporting within a second cost at most
+two writes: the first report's, and one a second later with everything
+else. An evaluation that finds the status already right writes nothing.
+While an ensemble is being evaluated, new requests mark it dirty and it is
+evaluated again afterwards: one ensemble is never written twice at once.
+
+Level-triggered: an evaluation computes the whole desired status from the
+current snapshot and compares it with what the API holds (the CR as the
+informer last saw it, or our own last write while the informer has not
+caught up). Staleness is the one change time makes: the evaluation asks
+``next_change`` when a report will go stale and requests itself for then.
+
+Failures: ``NotLeader`` (another replica writes) and 404 (the CR is gone)
+end the evaluation quietly; any other error is logged and the ensemble is
+evaluated again after a jittered backoff. Nothing here raises out of
+``run`` except cancellation.
+
+Leadership and persistence (issue 16) hook in here: the gate is checked by the
+client before each write, and the fields a leader persists are part of the
+desired status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from guest_agent.model import EnsembleId, ModelError
+from host_agent.endpoints import resource_version
+from host_agent.ensembles import Declaration
+from host_agent.kube import KubeError
+from host_agent.leadership import NotLeader
+from host_agent.metrics import HostMetrics
+from host_agent.state import EnsembleSnapshot, State
+from host_agent.status import desired_status, next_change, status_in_sync
+from host_agent.vmi_watch import Key, Store, backoff_delay
+
+log = logging.getLogger("imex.host.status")
+
+Obj = dict[str, Any]
+
+
+class StatusClient(Protocol):
+    async def apply_status(self, namespace: str, name: str, status: Obj) -> Obj:
+        """Server-side apply of ``status`` on the CR's /status; returns the object."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    rv_before: str | None
+    status: Obj
+    rv_after: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """One evaluation's inputs and result (Events read the same)."""
+
+    decl: Declaration
+    snap: EnsembleSnapshot | None
+    status: Obj
+    now: float
+    #: The status the API held before (None: a CR never written, or a Service-only one).
+    previous: Mapping[str, Any] | None = None
+
+
+Listener = Callable[[Evaluation], None]
+
+
+def _ignore(evaluation: Evaluation) -> None:
+    return None
+
+
+class StatusWriter:
+    def __init__(
+        self,
+        client: StatusClient,
+        crs: Store,
+        state: State,
+        metrics: HostMetrics,
+        *,
+        stale_after: float,
+        min_interval: float = 1.0,
+        settle: float = 0.05,
+        workers: int = 2,
+        backoff: tuple[float, float] = (0.5, 30.0),
+        wall: Callable[[], float] = time.time,
+        on_evaluated: Listener = _ignore,
+    ) -> None:
+        self._client = client
+        self._crs = crs
+        self._state = state
+        self._metrics = metrics
+        self._stale_after = stale_after
+        self._min_interval = min_interval
+        self._settle = settle
+        self._workers = workers
+        self._backoff = backoff
+        self._wall = wall
+        self._on_evaluated = on_evaluated
+        self._decls: dict[Key, Declaration] = {}
+        self._written: dict[Key, _Written] = {}
+        #: Service-only ensembles: the last evaluated status (none is written)
+        self._shadow: dict[Key, Obj] = {}
+        self._last_write: dict[Key, float] = {}
+        self._failures: dict[Key, int] = {}
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._active: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self.writes = 0
+        self.evaluations = 0
+
+    # -- intake ----------------------------------------------------------------
+
+    def declare(self, key: Key, decl: Declaration | None) -> None:
+        """The reconciler's conclusion about ``key`` (None: no ImexEnsemble of that name)."""
+        if decl is None:
+            if self._decls.pop(key, None) is not None:
+                self._written.pop(key, None)
+                self._shadow.pop(key, None)
+                self._last_write.pop(key, None)
+                self._failures.pop(key, None)
+                handle = self._timers.pop(key, None)
+                if handle is not None:
+                    handle.cancel()
+            return
+        self._decls[key] = decl
+        self.request(key)
+
+    def on_state(self, ens: EnsembleId) -> None:
+        key = (ens.namespace, ens.name)
+        if key in self._decls:
+            self.request(key)
+
+    def request(self, key: Key, at: float | None = None) -> None:
+        """Evaluate ``key`` soon (or at loop time ``at``), within the write rate limit."""
+        loop = asyncio.get_running_loop()
+        if key in self._active and at is None:
+            self._dirty.add(key)
+            return
+        earliest = self._last_write.get(key, float("-inf")) + self._min_interval
+        due = max(loop.time() + self._settle if at is None else at, earliest)
+        handle = self._timers.get(key)
+        if handle is not None:
+            if handle.when() <= due:
+                return
+            handle.cancel()
+        self._timers[key] = loop.call_at(due, self._put, key)
+
+    def _put(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        if key in self._active:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    # -- running ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(max(1, self._workers)):
+                    tg.create_task(self._worker())
+        finally:
+            for handle in self._timers.values():
+                handle.cancel()
+            self._timers.clear()
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            try:
+                await self.sync(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = backoff_delay(failures, *self._backoff)
+                self._metrics.status_writes.labels("error").inc()
+                log.warning("status of ImexEnsemble %s/%s: %s; retrying in %.2f s", key[0],
+                            key[1], exc, delay, extra={"ensemble": f"{key[0]}/{key[1]}"})
+                self._active.discard(key)
+                self._dirty.discard(key)
+                self.request(key, asyncio.get_running_loop().time() + delay)
+            else:
+                self._failures.pop(key, None)
+            finally:
+                self._active.discard(key)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.request(key)
+
+    def _observed(self, key: Key, cr: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The CR's status as the API holds it: the informer's, or our newer write."""
+        status = cr.get("status")
+        written = self._written.get(key)
+        if written is None:
+            return status if isinstance(status, Mapping) else None
+        rv = resource_version(cr)
+        if rv == written.rv_before:
+            return written.status  # the informer has not seen our write yet
+        if rv != written.rv_after:
+            del self._written[key]  # someone else's write came after ours
+        return status if isinstance(status, Mapping) else None
+
+    async def sync(self, key: Key) -> bool:
+        """Evaluate one ensemble now; True when it wrote."""
+        decl = self._decls.get(key)
+        if decl is None:
+            return False
+        if decl.kind == "Service":
+            return self._evaluate_only(key, decl)
+        cr = self._crs.get(*key)
+        if cr is None:
+            return False
+        meta = cr.get("metadata") or {}
+        if meta.get("uid") != decl.uid:
+            return False  # a new CR of that name: its own pass comes first
+        snap = None
+        if decl.spec is not None:
+            try:
+                snap = self._state.get(EnsembleId(*key))
+            except ModelError:
+                snap = None
+        now = self._wall()
+        observed = self._observed(key, cr)
+        max_members = (cr.get("spec") or {}).get("maxMembers")
+        desired = desired_status(decl, snap, now, self._stale_after, observed,
+                                 max_members if isinstance(max_members, int) else None)
+        self.evaluations += 1
+        self._on_evaluated(Evaluation(decl, snap, desired, now, observed))
+        due = next_change(snap, now, self._stale_after)
+        if due is not None:
+            loop = asyncio.get_running_loop()
+            self.request(key, loop.time() + (due - now) + 0.05)
+        if status_in_sync(desired, observed):
+            self._metrics.status_writes.labels("unchanged").inc()
+            return False
+        try:
+            result = await self._client.apply_status(key[0], key[1], desired)
+        except NotLeader:
+            return False
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        self._last_write[key] = asyncio.get_running_loop().time()
+        self._written[key] = _Written(resource_version(cr), desired, resource_version(result))
+        self.writes += 1
+        self._metrics.status_writes.labels("written").inc()
+        return True
+
+    def _evaluate_only(self, key: Key, decl: Declaration) -> bool:
+        """A Service-only ensemble: the same evaluation, for its Events; no status exists.
+
+        The rate limit applies as if a changed evaluation were a write, so Events of both
+        kinds of ensemble come from evaluations at most a second apart.
+        """
+        try:
+            snap = self._state.get(EnsembleId(*key))
+        except ModelError:
+            return False
+        now = self._wall()
+        previous = self._shadow.get(key)
+        desired = desired_status(decl, snap, now, self._stale_after, previous)
+        self.evaluations += 1
+        self._on_evaluated(Evaluation(decl, snap, desired, now))
+        due = next_change(snap, now, self._stale_after)
+        loop = asyncio.get_running_loop()
+        if due is not None:
+            self.request(key, loop.time() + (due - now) + 0.05)
+        if previous is None or not status_in_sync(desired, previous):
+            self._shadow[key] = desired
+            self._last_write[key] = loop.time()
+        return False
+
+    def pending(self) -> int:
+        return len(self._queued) + len(self._active) + len(self._timers)

@@ -1,0 +1,217 @@
+"""The status writer's timing rules with a real State and a fake /status client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import itertools
+import time
+from dataclasses import replace
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from guest_agent.model import EnsembleId, Member
+from host_agent.ensembles import Declaration, parse_ensemble_cr
+from host_agent.kube import KubeError
+from host_agent.leadership import NotLeader
+from host_agent.metrics import HostMetrics
+from host_agent.state import GuestReport, State
+from host_agent.status_writer import StatusWriter
+from host_agent.vmi_watch import Store
+from tests.host_support.ensembles import CR_UID, imex_ensemble
+
+ENS = EnsembleId("rack1", "gb200")
+KEY = ("rack1", "gb200")
+
+
+class FakeStatusApi:
+    def __init__(self, crs: Store, deliver: bool = True) -> None:
+        self.crs = crs
+        self.deliver = deliver
+        self.calls: list[dict[str, Any]] = []
+        self.fail: list[BaseException] = []
+        self.rv = 100
+
+    async def apply_status(self, namespace: str, name: str, status: dict[str, Any]
+                           ) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        if self.fail:
+            raise self.fail.pop(0)
+        self.calls.append(copy.deepcopy(status))
+        self.rv += 1
+        cr = copy.deepcopy(self.crs.get(namespace, name))
+        assert cr is not None
+        cr["status"] = copy.deepcopy(status)
+        cr["metadata"]["resourceVersion"] = str(self.rv)
+        if self.deliver:
+            self.crs.put(cr)
+        return cr
+
+
+class World:
+    def __init__(self, *, min_interval: float = 1.0, stale_after: float = 120.0,
+                 deliver: bool = True) -> None:
+        self.crs = Store("imexensemble")
+        self.crs.put(imex_ensemble(maxMembers=18, resource_version="1"))
+        self.state = State()
+        self.api = FakeStatusApi(self.crs, deliver)
+        self.metrics = HostMetrics(CollectorRegistry())
+        self.writer = StatusWriter(self.api, self.crs, self.state, self.metrics,
+                                   stale_after=stale_after, min_interval=min_interval,
+                                   settle=0.01, backoff=(0.01, 0.02))
+        self.state.subscribe(self.writer.on_state)
+        spec = parse_ensemble_cr(imex_ensemble(maxMembers=18)).spec
+        assert spec is not None
+        self.spec = replace(spec, uid="svc")
+        self.task: asyncio.Task[None] | None = None
+
+    def publish(self, n: int) -> None:
+        members = [Member(i, f"10.0.0.{i + 1}", vmi=f"gb200-{i}", phase="Running", ready=True)
+                   for i in range(n)]
+        self.state.set(self.spec, members, [])
+        self.writer.declare(KEY, Declaration("rack1", "gb200", CR_UID, 1, self.spec))
+
+    def report(self, index: int, imex: str = "READY", gen: int | None = None) -> None:
+        snap = self.state.get(ENS)
+        assert snap is not None
+        fields = {"imex_state": imex,
+                  "generation_applied": snap.generation if gen is None else gen}
+        self.state.report(ENS, index, GuestReport(time.time(), "10.0.0.1", fields))
+
+    async def __aenter__(self) -> World:
+        self.task = asyncio.create_task(self.writer.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+    async def quiet(self, timeout: float = 5.0, horizon: float = 1.5) -> None:
+        """Until nothing is queued, running or due within ``horizon`` seconds (the timer
+        of a report going stale stays scheduled)."""
+        async with asyncio.timeout(timeout):
+            while self.writer._queued or self.writer._active or any(  # noqa: ASYNC110
+                    h.when() < asyncio.get_running_loop().time() + horizon
+                    for h in self.writer._timers.values()):
+                await asyncio.sleep(0.01)
+
+    def last(self) -> dict[str, Any]:
+        return self.api.calls[-1]
+
+
+async def test_a_boot_storm_of_18_reports_in_a_second_costs_at_most_two_writes() -> None:
+    async with World() as w:
+        w.publish(18)
+        await w.quiet()
+        writes_before = len(w.api.calls)
+        for i in range(18):  # 18 guests report within ~0.4 s
+            w.report(i)
+            await asyncio.sleep(0.02)
+        await w.quiet()
+        storm = len(w.api.calls) - writes_before
+        assert 1 <= storm <= 2, storm
+        status = w.last()
+        assert status["imexReady"] == 18
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True"
+
+
+async def test_repeated_identical_reports_write_nothing() -> None:
+    async with World(min_interval=0.05) as w:
+        w.publish(2)
+        w.report(0)
+        w.report(1)
+        await w.quiet()
+        writes = len(w.api.calls)
+        for _ in range(5):
+            w.report(0)
+            w.report(1)
+            await asyncio.sleep(0.06)
+        await w.quiet()
+        assert len(w.api.calls) == writes
+        assert w.metrics.status_writes.labels("unchanged")._value.get() >= 5  # type: ignore[attr-defined]
+
+
+async def test_never_more_than_one_write_per_interval() -> None:
+    async with World(min_interval=0.3) as w:
+        w.publish(3)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        times: list[float] = []
+        original = w.api.apply_status
+
+        async def timed(ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+            times.append(loop.time())
+            return await original(ns, name, status)
+
+        w.api.apply_status = timed  # type: ignore[method-assign]
+        states = ["STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "READY"]
+        while loop.time() - t0 < 1.0:  # something changes every 20 ms
+            w.report(0, states[int((loop.time() - t0) * 50) % 3])
+            await asyncio.sleep(0.02)
+        await w.quiet()
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert len(times) >= 3 and all(g >= 0.29 for g in gaps), gaps
+
+
+async def test_informer_lag_is_not_a_difference() -> None:
+    async with World(min_interval=0.01, deliver=False) as w:
+        w.publish(1)
+        await w.quiet()
+        assert len(w.api.calls) == 1
+        w.writer.request(KEY)  # evaluated again before the informer shows our write
+        await w.quiet()
+        assert len(w.api.calls) == 1
+        w.report(0)
+        await w.quiet()
+        assert len(w.api.calls) == 2
+
+
+async def test_a_report_going_stale_is_written_without_any_event() -> None:
+    async with World(min_interval=0.01, stale_after=0.3) as w:
+        w.publish(1)
+        w.report(0)
+        await w.quiet(horizon=0.1)
+        assert w.last()["members"][0]["imexState"] == "READY"
+        await asyncio.sleep(0.5)
+        await w.quiet()
+        assert w.last()["members"][0]["imexState"] == "GuestSilent"
+        ready = next(c for c in w.last()["conditions"] if c["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "GuestSilent")
+
+
+async def test_not_leader_writes_nothing_and_errors_are_retried() -> None:
+    async with World(min_interval=0.01) as w:
+        w.api.fail = [NotLeader("follower")]
+        w.publish(1)
+        await w.quiet()
+        assert w.api.calls == []
+        w.api.fail = [KubeError("500", 500)]
+        w.report(0)
+        await asyncio.sleep(0.1)
+        await w.quiet()
+        assert len(w.api.calls) == 1
+        assert w.metrics.status_writes.labels("error")._value.get() == 1  # type: ignore[attr-defined]
+        w.api.fail = [KubeError("gone", 404)]
+        w.report(0, "WAITING_FOR_PEERS")
+        await w.quiet()
+        assert len(w.api.calls) == 1
+
+
+async def test_no_cr_no_status() -> None:
+    async with World(min_interval=0.01) as w:
+        w.publish(1)
+        await w.quiet()
+        w.writer.declare(KEY, None)
+        w.report(0)
+        await w.quiet()
+        assert len(w.api.calls) == 1
+        # a CR recreated under the same name: only after its own pass
+        w.crs.put(imex_ensemble(uid="other-uid", resource_version="9"))
+        w.writer.declare(KEY, Declaration("rack1", "gb200", CR_UID, 1, w.spec))
+        await w.quiet()
+        assert len(w.api.calls) == 1
