@@ -143,7 +143,11 @@ class HostAgent:
         sidecar = s.vmi is not None
         owned = None if sidecar else ServiceApplier(
             ServiceWriter(client, s.field_manager, self.gate), self.services.get)
-        pairs = (ServiceAnnotationSource(client, self.services.get, self.gate)
+        # An ImexEnsemble's own Service as the applier knows it: the informer's copy, or
+        # the object our create returned while the informer has not caught up (the pair
+        # is written onto that Service in the same pass that creates it).
+        services = owned.view if owned is not None else self.services.get
+        pairs = (ServiceAnnotationSource(client, services, self.gate)
                  if s.persists_membership else None)
         persisted: PersistedReports | None = None
         if s.persists_membership:

@@ -32,6 +32,9 @@ status of that condition changes):
 - ``Published``: the members are in the EndpointSlice (``EndpointsPublished``);
   False with ``NoMembers`` or the refusal's reason.
 
+``problems`` and each member's ``clique`` are exactly what the registry's JSON
+says (``views.all_problems``, ``state.served_cliques``): one source, two faces.
+
 Room for the other issues: ``domainStatus`` and the ``DomainUp`` condition
 (issue 17) belong in ``desired_status`` beside the three conditions here;
 ``caSHA256`` (issue 19) is filled from the snapshot's CA.
@@ -63,7 +66,8 @@ from host_agent.members import (
     NO_ADDRESS,
     NO_INDEX,
 )
-from host_agent.state import EnsembleSnapshot, GuestReport
+from host_agent.state import EnsembleSnapshot, GuestReport, served_cliques
+from host_agent.views import all_problems
 
 READY_STATE: Final = "READY"
 GUEST_SILENT: Final = "GuestSilent"
@@ -112,8 +116,10 @@ def _generation_applied(report: GuestReport | None) -> int | None:
 
 
 def members_status(snap: EnsembleSnapshot, now: float, stale_after: float) -> list[Status]:
-    """``status.members``: every published slot, index order, no timestamps."""
+    """``status.members``: every published slot, index order, no timestamps; ``clique``
+    as the registry serves it."""
     out: list[Status] = []
+    cliques = served_cliques(snap)
     for pub in snap.members:
         m = pub.member
         report = snap.reports.get(m.index)
@@ -129,6 +135,9 @@ def members_status(snap: EnsembleSnapshot, now: float, stale_after: float) -> li
         applied = _generation_applied(report)
         if applied is not None:
             entry["generationApplied"] = applied
+        clique = cliques.get(m.index)
+        if clique:
+            entry["clique"] = clique
         out.append(entry)
     return out
 
@@ -271,8 +280,9 @@ def desired_status(
                        f"{stale_after:g} s"))
     if imex_down:
         causes.append((GUEST_NOT_READY, f"IMEX not READY on {_slots(imex_down)}"))
+    problems = all_problems(snap, now, stale_after)
     refused = {m for _, m in decl.refusals}
-    others = [p for p in snap.problems if p not in refused]
+    others = [p for p in problems if p not in refused]
     if others and not causes:
         causes.append((PROBLEM, "; ".join(others)))
     degraded = (True, causes[0][0], "; ".join(m for _, m in causes)) if causes else \
@@ -294,7 +304,7 @@ def desired_status(
         _condition(CONDITION_DEGRADED, *degraded, gen, prev, now),
         _condition(CONDITION_PUBLISHED, *pub, gen, prev, now),
     ]
-    out["problems"] = [_clip(p, MAX_PROBLEM_LENGTH) for p in snap.problems][:MAX_PROBLEMS]
+    out["problems"] = [_clip(p, MAX_PROBLEM_LENGTH) for p in problems][:MAX_PROBLEMS]
     return out
 
 
