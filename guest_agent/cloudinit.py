@@ -48,6 +48,12 @@ from typing import Final, Literal
 from urllib.parse import urlsplit
 
 from guest_agent.config import ConfigError, Settings, parse_nameserver, settings_from_mapping
+from guest_agent.from_ensemble import (
+    FromEnsembleError,
+    apply_to_flags,
+    load_document,
+    settings_from_object,
+)
 from guest_agent.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, EnsembleId, ModelError
 from guest_agent.render import render_nodes_config
 
@@ -591,9 +597,18 @@ def build_parser() -> argparse.ArgumentParser:
             "KubeVirt's 2048-byte inline limit)."
         ),
     )
-    p.add_argument("--ensemble", required=True, help="ensemble (Service) name")
-    p.add_argument("--namespace", required=True, help="namespace of the Service and the VMs")
-    p.add_argument("--max-members", type=int, default=DEFAULT_MAX_MEMBERS, help="default 18")
+    p.add_argument("--ensemble", help="ensemble (Service) name (required without "
+                   "--from-ensemble)")
+    p.add_argument("--namespace", help="namespace of the Service and the VMs (required "
+                   "without --from-ensemble)")
+    p.add_argument(
+        "--from-ensemble",
+        metavar="FILE",
+        help="take the ensemble, namespace, max-members, port and mode from an ImexEnsemble "
+        "(`kubectl get imexensemble NAME -o json`; '-' reads standard input; YAML needs "
+        "PyYAML); a flag that says otherwise is refused",
+    )
+    p.add_argument("--max-members", type=int, default=None, help="default 18")
     p.add_argument("--cluster-domain", help="cluster DNS zone (agent default: cluster.local)")
     p.add_argument(
         "--registry-url",
@@ -611,8 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--package",
         help="pip requirement to install (default: imex-ensemble[guest]==<this version>)",
     )
-    p.add_argument("--mode", choices=("names", "ips"), default="names")
-    p.add_argument("--imex-port", type=int, default=DEFAULT_PORT, help="IMEX SERVER_PORT")
+    p.add_argument("--mode", choices=("names", "ips"), default=None, help="default names")
+    p.add_argument("--imex-port", type=int, default=None, help="IMEX SERVER_PORT (default "
+                   f"{DEFAULT_PORT})")
     p.add_argument("--imex-cmd-port", type=int, default=DEFAULT_IMEX_CMD_PORT)
     p.add_argument("--wait-for-quorum", choices=("RECOVERY", "NONE"), default="RECOVERY")
     p.add_argument("--own-slot", choices=("auto", "published", "local"), default="auto")
@@ -652,8 +668,32 @@ def _read_token(path: str) -> str:
     return text.strip()
 
 
+def from_ensemble_args(args: argparse.Namespace) -> list[str]:
+    """``--from-ensemble``: fill the flags from the ImexEnsemble (refusing contradictions);
+    returns notes for stderr. Without it, nothing changes."""
+    if getattr(args, "from_ensemble", None) is None:
+        return []
+    token: str | None = args.token
+    if args.token_file is not None:
+        token = _read_token(args.token_file)
+    dests = ["ensemble", "namespace", "max_members", "imex_port", "mode",
+             *(d for d in ("auth_encryption", "ca_sha256") if hasattr(args, d))]
+    source = "standard input" if args.from_ensemble == "-" else args.from_ensemble
+    try:
+        settings = settings_from_object(load_document(args.from_ensemble))
+        filled, notes = apply_to_flags(settings, {d: getattr(args, d) for d in dests},
+                                       token, source)
+    except FromEnsembleError as exc:
+        raise CloudInitError(f"--from-ensemble: {exc}") from exc
+    for dest, value in filled.items():
+        setattr(args, dest, value)
+    return notes
+
+
 def options_from_args(args: argparse.Namespace) -> Options:
     """Turn parsed flags into Options, refusing anything the guest would refuse later."""
+    if args.ensemble is None or args.namespace is None:
+        raise CloudInitError("--ensemble and --namespace are required (or --from-ensemble)")
     token: str | None = args.token
     if args.token_file is not None:
         token = _read_token(args.token_file)
@@ -677,14 +717,15 @@ def options_from_args(args: argparse.Namespace) -> Options:
     opts = Options(
         ensemble=args.ensemble,
         namespace=args.namespace,
-        max_members=args.max_members,
+        max_members=DEFAULT_MAX_MEMBERS if args.max_members is None else args.max_members,
         cluster_domain=args.cluster_domain,
         registry_url=args.registry_url,
         token=token,
         install=InstallSource.parse(args.install),
         package=args.package,
-        mode=args.mode,
-        imex_port=_port("--imex-port", args.imex_port),
+        mode=args.mode or "names",
+        imex_port=_port("--imex-port", DEFAULT_PORT if args.imex_port is None
+                        else args.imex_port),
         imex_cmd_port=_port("--imex-cmd-port", args.imex_cmd_port),
         wait_for_quorum=args.wait_for_quorum,
         own_slot=args.own_slot,
@@ -715,6 +756,8 @@ def load_unit() -> str:
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     try:
+        for note in from_ensemble_args(args):
+            print(f"imex-guest-agent cloudinit: {note}", file=sys.stderr)
         opts = options_from_args(args)
         unit = None if opts.install.kind == "preinstalled" else load_unit()
         out = generate(opts, unit)
@@ -722,6 +765,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"imex-guest-agent cloudinit: error: {exc}", file=sys.stderr)
         return 2
     for note in out.notes:
+        if args.from_ensemble is not None and note.startswith("annotate the ensemble Service"):
+            continue  # the ImexEnsemble already says it (and its agent annotates the Service)
         print(f"imex-guest-agent cloudinit: {note}", file=sys.stderr)
     sys.stdout.write(out.text)
     sys.stdout.flush()
