@@ -38,6 +38,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "guest": ("tests.bench.sandbox_bench", "guest agent RSS and CPU, idle and under churn"),
     "convergence": ("tests.bench.sandbox_bench", "18-VM sandbox: change -> every /etc/hosts"),
     "storm": ("tests.bench.sandbox_bench", "18-VM sandbox: IMEX signals/restarts per member"),
+    "ha": ("tests.bench.ha_bench", "electing replicas: takeover, handover, rolling upgrade, "
+           "API load 3 vs 1, RSS per replica"),
 }
 #: These share one sandbox (one boot of 18 VMs serves them all): run together.
 SANDBOX_PARTS = ("guest", "convergence", "storm")

@@ -80,6 +80,9 @@ GOALS: tuple[Goal, ...] = (
          "<=", 1000, "ms"),
     Goal("guest_rss_mb", "guest agent RSS", "<=", 40, "MB"),
     Goal("guest_idle_cpu_pct", "guest agent CPU when idle", "<", 1, "%"),
+    Goal("ha_rolling_failed_requests", "failed guest requests, rolling upgrade of 3 replicas",
+         "==", 0, ""),
+    Goal("ha_rss_mb_max", "peak RSS per electing replica, 10,000 VMIs", "<=", 150, "MB"),
 )
 GOAL_KEYS = tuple(g.key for g in GOALS)
 

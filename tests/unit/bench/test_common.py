@@ -13,7 +13,7 @@ def test_goal_keys_are_the_issues_thirteen() -> None:
         "storm_restarts_per_member_names", "storm_signals_per_member_names",
         "storm_restarts_per_member_ips", "host_sync_10k_s", "host_updates_per_s", "host_rss_mb",
         "registry_get_per_s", "longpoll_5000_last_answer_ms", "guest_rss_mb",
-        "guest_idle_cpu_pct")
+        "guest_idle_cpu_pct", "ha_rolling_failed_requests", "ha_rss_mb_max")
 
 
 @pytest.mark.parametrize(("key", "value", "verdict"), [
