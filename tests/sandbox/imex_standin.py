@@ -34,6 +34,24 @@ the parts of IMEX's behaviour that the agent depends on (FACTS.md, "The IMEX dae
   DISCONNECTED after a loss, MISMATCH), each connected peer's entry is the peer's own
   view relayed over that link, and a peer without a link is UNAVAILABLE with every
   connection INVALID (FACTS.md "IMEX: the domain view"). Nothing is read from the files.
+* Mutual TLS (FACTS.md "IMEX: authentication and encryption"), with
+  ``IMEX_ENABLE_AUTH_ENCRYPTION=1``, ``IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS`` and
+  ``IMEX_AUTH_SOURCE=FILE`` (other modes and sources are refused at start): every peer
+  link is TLS with a certificate on both ends, checked against the configured CA files
+  (``IMEX_SERVER_*`` for incoming links, ``IMEX_CLIENT_*`` for outgoing ones). The
+  dialler checks the name it dialled (the nodes-file entry) or
+  ``IMEX_SECURITY_TARGET_OVERRIDE``; the listener checks the node the dialler says it
+  is, by that node's entry (or the override). NVIDIA documents the check as the
+  certificate's CN and leaves the SAN open, so the stand-in takes the stricter reading:
+  the CN **and** a DNS SAN must both equal the name. Python's ``ssl`` ignores the CN
+  whenever a SAN is present, so this is explicit code (``check_peer_name``), with
+  ``check_hostname`` off. A link that fails authentication is not CONNECTED: it shows
+  ``AUTHENTICATING`` (``A`` in the legend) and is retried like any other; its node is
+  ``UNAVAILABLE`` with ``INVALID`` connections. SIGUSR1 (when acted on) reloads the
+  key, certificate and CA files before redialling; a reload that fails keeps the old
+  credentials (logged). What IMEX does to live incoming links on reload is not
+  documented; the stricter reading here: an incoming link whose peer certificate no
+  longer verifies against the reloaded CAs is closed, the others stay.
 * ``IMEX_CMD_PORT`` (when ``IMEX_CMD_ENABLED=1``) serves the ``nvidia-imex-ctl`` stand-in
   (:mod:`tests.sandbox.imex_ctl`) with one JSON request and one JSON reply per connection.
 * ``DAEMONIZE=1`` forks after the checks; the parent exits 0 only once the child listens
@@ -82,6 +100,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -145,6 +164,8 @@ class ImexConfig:
     log_file_name: str = ""
     daemonize: bool = False
     raw: tuple[tuple[str, str], ...] = ()
+    #: IMEX_ENABLE_AUTH_ENCRYPTION=1: mutual TLS on every peer link (see TlsFiles).
+    tls: TlsFiles | None = None
 
     @property
     def cmd_address(self) -> str:
@@ -207,6 +228,8 @@ def parse_config(text: str, *, base: Path | None = None) -> ImexConfig:
         kw["log_file_name"] = values["LOG_FILE_NAME"]
     if "DAEMONIZE" in values:
         kw["daemonize"] = _bool("DAEMONIZE", values["DAEMONIZE"])
+    if _bool("IMEX_ENABLE_AUTH_ENCRYPTION", values.get("IMEX_ENABLE_AUTH_ENCRYPTION", "0")):
+        kw["tls"] = TlsFiles.from_values(values)
     return ImexConfig(**kw)
 
 
@@ -306,6 +329,116 @@ def find_own_node(
     raise NoLocalMatchError(NO_MATCH_MESSAGE)
 
 
+# --------------------------------------------------------------------------- TLS
+
+
+_TLS_FILE_KEYS = ("IMEX_SERVER_KEY", "IMEX_SERVER_CERT", "IMEX_SERVER_CERT_AUTH",
+                  "IMEX_CLIENT_KEY", "IMEX_CLIENT_CERT", "IMEX_CLIENT_CERT_AUTH")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The auth keys of config.cfg (SSL_TLS from FILEs: the one mode the stand-in has)."""
+
+    server_key: Path
+    server_cert: Path
+    server_ca: Path
+    client_key: Path
+    client_cert: Path
+    client_ca: Path
+    target_override: str = ""
+
+    @classmethod
+    def from_values(cls, values: dict[str, str]) -> TlsFiles:
+        mode = values.get("IMEX_AUTH_ENCRYPTION_MODE", "")
+        if mode != "SSL_TLS":
+            raise ConfigFileError(f"IMEX_AUTH_ENCRYPTION_MODE={mode!r}: the stand-in "
+                                  "implements SSL_TLS only")
+        source = values.get("IMEX_AUTH_SOURCE", "")
+        if source != "FILE":
+            raise ConfigFileError(f"IMEX_AUTH_SOURCE={source!r}: the stand-in implements "
+                                  "FILE only")
+        missing = [k for k in _TLS_FILE_KEYS if not values.get(k)]
+        if missing:
+            raise ConfigFileError(f"IMEX_ENABLE_AUTH_ENCRYPTION=1 needs {', '.join(missing)}")
+        p = [Path(values[k]) for k in _TLS_FILE_KEYS]
+        return cls(*p, target_override=values.get("IMEX_SECURITY_TARGET_OVERRIDE", ""))
+
+
+class AuthError(Exception):
+    """A peer failed authentication (handshake or name check)."""
+
+
+def server_context(files: TlsFiles) -> ssl.SSLContext:
+    """Incoming links: our certificate, and a client certificate required from the CA file."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(files.server_cert, files.server_key)
+    ctx.load_verify_locations(cafile=files.server_ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_context(files: TlsFiles) -> ssl.SSLContext:
+    """Outgoing links: our certificate; the server's verified against the CA file.
+
+    ``check_hostname`` is off because ``ssl`` would ignore the CN when a SAN exists;
+    ``check_peer_name`` checks both after the handshake.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_cert_chain(files.client_cert, files.client_key)
+    ctx.load_verify_locations(cafile=files.client_ca)
+    return ctx
+
+
+def peer_names(cert: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(CNs, DNS SANs) of a verified peer certificate as ``getpeercert()`` gives it."""
+    cns = [v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"]
+    sans = [v for k, v in cert.get("subjectAltName", ()) if k == "DNS"]
+    return cns, sans
+
+
+def check_peer_name(cert: dict[str, Any] | None, expected: str) -> None:
+    """The stricter reading: every CN is ``expected`` and ``expected`` is a DNS SAN."""
+    if not cert:
+        raise AuthError("no peer certificate")
+    cns, sans = peer_names(cert)
+    if cns != [expected] or expected not in sans:
+        raise AuthError(f"peer certificate names CN={cns} SAN={sans}, expected {expected}")
+
+
+def _peer_cert(writer: asyncio.StreamWriter) -> dict[str, Any] | None:
+    obj = writer.get_extra_info("ssl_object")
+    if obj is None:
+        return None
+    cert = obj.getpeercert()
+    return cert if isinstance(cert, dict) else None
+
+
+def _still_trusted(writer: asyncio.StreamWriter, ca_file: Path) -> bool:
+    """Whether an incoming link's peer certificate verifies against ``ca_file`` now."""
+    obj = writer.get_extra_info("ssl_object")
+    if obj is None:
+        return True
+    der = obj.getpeercert(binary_form=True)
+    if not der:
+        return False
+    # The ssl module has no "verify this certificate" call; the openssl CLI does it.
+    with contextlib.suppress(OSError):
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".pem") as f:
+            f.write(ssl.DER_cert_to_PEM_cert(der))
+            f.flush()
+            done = subprocess.run(["openssl", "verify", "-CAfile", str(ca_file), f.name],
+                                  capture_output=True, timeout=10, check=False)
+            return done.returncode == 0
+    return True
+
+
 # --------------------------------------------------------------------------- daemon
 
 
@@ -375,7 +508,8 @@ class AttemptLog:
     reader never sees half a line): ``{"ev": "attempt", "t": start, "te": end, "peer": i,
     "host": name, "ip": address or null, "outcome": ..., "error": text}`` where outcome is
     ``connected``, ``mismatch``, ``no_address`` (resolution failed), ``refused``,
-    ``timeout``, ``unreachable`` or ``error``; ``{"ev": "lost", ...}`` when a CONNECTED
+    ``timeout``, ``unreachable``, ``error`` or ``auth_failed`` (mutual TLS refused the peer);
+    ``{"ev": "lost", ...}`` when a CONNECTED
     link breaks; ``{"ev": "listening", ...}`` once the daemon accepts peers. Times are
     ``time.time()`` (the same clock as the API's audit log).
     """
@@ -447,6 +581,14 @@ class ImexStandin:
         self._stop = asyncio.Event()
         self._servers: list[asyncio.base_events.Server] = []
         self._incoming: set[asyncio.StreamWriter] = set()
+        #: mutual TLS (None: plain TCP); replaced as a whole on an acted-on SIGUSR1
+        self.server_ctx: ssl.SSLContext | None = None
+        self.client_ctx: ssl.SSLContext | None = None
+        self.tls_reloads = 0
+        self.auth_refusals: list[JsonDict] = []
+        if self.cfg.tls is not None:
+            self.server_ctx = server_context(self.cfg.tls)
+            self.client_ctx = client_context(self.cfg.tls)
 
     # ---- views
     def own_view(self) -> JsonDict:
@@ -505,6 +647,9 @@ class ImexStandin:
             },
             "attempts_by_ip": dict(sorted(self.attempt_log.by_ip.items())),
             "running": self.state != "SHUTTING_DOWN",
+            "tls": self.cfg.tls is not None,
+            "tls_reloads": self.tls_reloads,
+            "auth_refusals": self.auth_refusals,
             "updated": time.time(),
         }
 
@@ -543,6 +688,7 @@ class ImexStandin:
             self.last_acted = now
             self.signals_acted += 1
             log.info("SIGUSR1: restarting all outgoing connections (re-resolving names)")
+            self._reload_tls()
             for ln in self.links.values():
                 self._restart_link(ln)
         else:
@@ -550,6 +696,36 @@ class ImexStandin:
             log.info("SIGUSR1 ignored: less than %.0f s since the last one acted on",
                      self.opts.usr1_window)
         self.write_state()
+
+    def _reload_tls(self) -> None:
+        """Load the key, certificate and CA files again (SIGUSR1); keep the old on failure."""
+        files = self.cfg.tls
+        if files is None:
+            return
+        try:
+            server, client = server_context(files), client_context(files)
+        except (OSError, ssl.SSLError) as e:
+            log.error("SIGUSR1: cannot reload the TLS credentials (%s); keeping the old ones", e)
+            return
+        self.server_ctx, self.client_ctx = server, client
+        self.tls_reloads += 1
+        log.info("SIGUSR1: TLS credentials reloaded")
+        for w in list(self._incoming):
+            if not _still_trusted(w, files.server_ca):
+                log.info("incoming link no longer trusted after the reload: closing it")
+                w.close()
+
+    def _refused(self, direction: str, who: str, why: str) -> None:
+        self.auth_refusals.append({"t": time.time(), "dir": direction, "peer": who,
+                                   "why": why})
+        del self.auth_refusals[:-SIGNAL_LOG_MAX]
+
+    def expected_name(self, node: int) -> str:
+        """The name a peer's certificate must carry (override, else its nodes-file entry)."""
+        files = self.cfg.tls
+        if files is not None and files.target_override:
+            return files.target_override
+        return self.entries[node]
 
     def on_hup(self) -> None:
         log.info("SIGHUP: state=%s node=%d peers=%s", self.state, self.node_id,
@@ -592,12 +768,25 @@ class ImexStandin:
                 ln.ip = ip
                 t_try = time.time()
                 try:
+                    if self.client_ctx is not None:
+                        # TCP is up: from here on a failure is the peer failing authentication
+                        ln.set_status("AUTHENTICATING")
+                        try:
+                            await asyncio.wait_for(w.start_tls(
+                                self.client_ctx, server_hostname=self.expected_name(ln.index)),
+                                CONNECT_TIMEOUT_S)
+                        except (ssl.SSLError, OSError, TimeoutError, ConnectionError) as e:
+                            raise AuthError(f"TLS handshake: {e or type(e).__name__}") from e
+                        check_peer_name(_peer_cert(w), self.expected_name(ln.index))
                     _write_json_line(w, self._hello())
                     await w.drain()
                     hello = await _read_json_line(reader, PEER_TIMEOUT_S)
                     if hello.get("node_id") != ln.index:
                         raise ValueError(f"peer at {ip} says it is node "
                                          f"{hello.get('node_id')}, expected {ln.index}")
+                except AuthError as e:
+                    self.attempt_log.attempt(ln, ip, "auth_failed", t_try, str(e))
+                    raise
                 except (OSError, ValueError, TimeoutError, ConnectionError) as e:
                     self.attempt_log.attempt(ln, ip, _outcome(e), t_try, str(e))
                     raise
@@ -629,6 +818,16 @@ class ImexStandin:
                     raise
             except asyncio.CancelledError:
                 raise
+            except (AuthError, ssl.SSLError) as e:
+                # reachable, but not who it must be: never CONNECTED, shown as A
+                msg = f"authentication failed: {e}"
+                if msg != ln.last_error:
+                    log.warning("peer %d (%s): %s; retrying", ln.index, ln.host, msg)
+                    self._refused("out", f"{ln.host} at {ln.ip}", str(e))
+                ln.last_error = msg
+                ln.remote = None
+                ln.set_status("AUTHENTICATING")
+                self.write_state()
             except (OSError, ValueError, TimeoutError, ConnectionError, IndexError) as e:
                 msg = str(e) or type(e).__name__
                 if not logged:
@@ -672,10 +871,25 @@ class ImexStandin:
     async def _serve_peer(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         self._incoming.add(writer)
+        peer = writer.get_extra_info("peername")
         try:
-            hello = await _read_json_line(reader, PEER_TIMEOUT_S)
+            try:
+                hello = await _read_json_line(reader, PEER_TIMEOUT_S)
+            except ssl.SSLError as e:
+                self._refused("in", str(peer), f"TLS handshake: {e}")
+                raise AuthError(f"TLS handshake with {peer}: {e}") from e
             if hello.get("type") != "hello":
                 raise ValueError("expected hello")
+            if self.server_ctx is not None:
+                node = hello.get("node_id")
+                if not isinstance(node, int) or not 0 <= node < len(self.entries) or \
+                        node == self.node_id:
+                    raise AuthError(f"incoming hello names node {node!r}")
+                try:
+                    check_peer_name(_peer_cert(writer), self.expected_name(node))
+                except AuthError as e:
+                    self._refused("in", f"node {node} from {peer}", str(e))
+                    raise
             if hello.get("map_hash") != self.map_hash:
                 log.warning("incoming node %s: node map mismatch", hello.get("node_id"))
             _write_json_line(writer, self._hello())
@@ -685,7 +899,9 @@ class ImexStandin:
                 if msg.get("type") == "ping":
                     _write_json_line(writer, {"type": "pong", "status": self.own_view()})
                     await writer.drain()
-        except (OSError, ValueError, TimeoutError, ConnectionError) as e:
+        except AuthError as e:
+            log.warning("incoming connection refused: %s", e)
+        except (OSError, ValueError, TimeoutError, ConnectionError, ssl.SSLError) as e:
             log.debug("incoming connection ended: %s", e)
         finally:
             self._incoming.discard(writer)
@@ -713,10 +929,28 @@ class ImexStandin:
             writer.close()
 
     # ---- lifecycle
+    def _listen_context(self) -> ssl.SSLContext | None:
+        """The listener's context: it hands every handshake the current credentials.
+
+        asyncio fixes a server's context at start, so the reloadable one is swapped in
+        per connection from the SNI callback (OpenSSL calls it for every ClientHello).
+        """
+        if self.server_ctx is None or self.cfg.tls is None:
+            return None
+        base = server_context(self.cfg.tls)
+
+        def pick(obj: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+            if self.server_ctx is not None:
+                obj.context = self.server_ctx
+
+        base.sni_callback = pick  # type: ignore[assignment]
+        return base
+
     async def start(self) -> None:
         self._servers.append(await asyncio.start_server(
             self._serve_peer, self.own_ip, self.cfg.server_port, limit=MAX_LINE,
-            reuse_address=True))
+            reuse_address=True, ssl=self._listen_context(),
+            ssl_handshake_timeout=PEER_TIMEOUT_S if self.server_ctx else None))
         if self.cfg.cmd_enabled:
             self._servers.append(await asyncio.start_server(
                 self._serve_cmd, self.cfg.cmd_address, self.cfg.cmd_port, limit=MAX_LINE,
