@@ -56,6 +56,7 @@ from guest_agent.from_ensemble import (
 )
 from guest_agent.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, EnsembleId, ModelError
 from guest_agent.render import render_nodes_config
+from guest_agent.tlsconfig import imex_tls_settings
 
 #: KubeVirt's limit for inline ``cloudInitNoCloud.userData`` (bytes).
 INLINE_USERDATA_LIMIT: Final = 2048
@@ -157,6 +158,9 @@ class Options:
     restart_imex: bool = True
     output_secret: str | None = None
     raw: bool = False
+    #: IMEX mutual TLS (issue 19): the config keys, and the CA fingerprint guests pin.
+    auth_encryption: bool = False
+    ca_sha256: str | None = None
 
     @property
     def ens(self) -> EnsembleId:
@@ -311,6 +315,9 @@ def agent_config(opts: Options) -> dict[str, object]:
         raw["token_file"] = TOKEN_PATH
     if opts.nameservers:
         raw["nameservers"] = list(opts.nameservers)
+    if opts.auth_encryption:
+        raw["auth_encryption"] = True
+        raw["ca_sha256"] = opts.ca_sha256
     return raw
 
 
@@ -345,7 +352,13 @@ def render_imex_config(opts: Options) -> str:
         f"IMEX_CMD_PORT={opts.imex_cmd_port}\n"
         "IMEX_CMD_BIND_INTERFACE_IP=\n"
         f"IMEX_WAIT_FOR_QUORUM={opts.wait_for_quorum}\n"
+        + (_tls_lines() if opts.auth_encryption else "")
     )
+
+
+def _tls_lines() -> str:
+    """The TLS keys, from the one list the agent also asserts (guest_agent/tlsconfig.py)."""
+    return "".join(f"{k}={v}\n" for k, v in imex_tls_settings())
 
 
 def render_files(opts: Options, unit: str | None) -> list[WriteFile]:
@@ -644,6 +657,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not enable and restart nvidia-imex.service at first boot",
     )
+    p.add_argument(
+        "--auth-encryption",
+        action="store_true",
+        help="IMEX mutual TLS: certificates from the registry (needs --registry-url, --token "
+        "and --ca-sha256; mode names only)",
+    )
+    p.add_argument(
+        "--ca-sha256",
+        metavar="HEX",
+        help="the ensemble CA's fingerprint guests pin: the ImexEnsemble's status.caSHA256 "
+        "(or the Service's imex-ensemble.io/ca-sha256 annotation)",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--output-secret", metavar="NAME", help="always print a Secret named NAME")
     out.add_argument(
@@ -714,7 +739,33 @@ def options_from_args(args: argparse.Namespace) -> Options:
             f"--package {args.package!r} is not a pip requirement such as "
             "'imex-ensemble[guest]==0.1.0'"
         )
+    ca_sha256 = getattr(args, "ca_sha256", None)
+    auth = bool(getattr(args, "auth_encryption", False))
+    if ca_sha256 is not None:
+        ca_sha256 = ca_sha256.strip().lower()
+        if len(ca_sha256) != 64 or any(c not in "0123456789abcdef" for c in ca_sha256):
+            raise CloudInitError(f"--ca-sha256 {ca_sha256!r} is not 64 hex digits")
+    if auth:
+        if args.mode == "ips":
+            raise CloudInitError(
+                "--auth-encryption cannot be used with --mode ips: IMEX then dials IP "
+                "addresses, which a slot-named certificate cannot match")
+        if args.registry_url is None:
+            raise CloudInitError(
+                "--auth-encryption needs --registry-url: certificates come from the registry "
+                "(a DNS-only guest cannot get a first certificate)")
+        if token is None:
+            raise CloudInitError("--auth-encryption needs --token or --token-file: the "
+                                 "certificate request is authenticated like the status PUT")
+        if ca_sha256 is None:
+            raise CloudInitError(
+                "--auth-encryption needs --ca-sha256 (the ensemble's status.caSHA256): guests "
+                "never trust a CA because the registry sent it")
+    elif ca_sha256 is not None:
+        raise CloudInitError("--ca-sha256 is only meaningful with --auth-encryption")
     opts = Options(
+        auth_encryption=auth,
+        ca_sha256=ca_sha256,
         ensemble=args.ensemble,
         namespace=args.namespace,
         max_members=DEFAULT_MAX_MEMBERS if args.max_members is None else args.max_members,

@@ -443,3 +443,59 @@ def test_install_source_needs_a_url_exactly_when_it_downloads() -> None:
         ci.InstallSource("wheel")
     with pytest.raises(ci.CloudInitError, match="URL"):
         ci.InstallSource("preinstalled", "http://x/")
+
+
+# -- authEncryption (issue 19) -------------------------------------------------------------
+
+CA_PIN = "ab" * 32
+
+
+def _auth_args(*extra: str) -> list[str]:
+    return ["--ensemble", "gb200", "--namespace", "gpu", "--registry-url", "http://r:8080",
+            "--token", "t0k3n", "--auth-encryption", "--ca-sha256", CA_PIN, *extra]
+
+
+def test_auth_encryption_writes_the_imex_tls_keys_and_the_pin() -> None:
+    from guest_agent import cloudinit as ci
+    from guest_agent.tlsconfig import imex_tls_settings
+
+    opts = ci.options_from_args(ci.build_parser().parse_args(_auth_args()))
+    imex = ci.render_imex_config(opts)
+    for key, value in imex_tls_settings():
+        assert f"\n{key}={value}\n" in imex
+    assert "IMEX_SECURITY_TARGET_OVERRIDE" not in imex  # names mode: the dialled name matches
+    settings = ci.check_agent_config(ci.render_agent_config(opts))
+    assert settings.auth_encryption and settings.ca_sha256 == CA_PIN
+    plain = ci.options_from_args(ci.build_parser().parse_args(_auth_args()[:8]))
+    assert "AUTH" not in ci.render_imex_config(plain)  # unchanged without the flag
+
+
+@pytest.mark.parametrize(("drop", "add", "words"), [
+    ("--registry-url", (), "needs --registry-url"),
+    ("--token", (), "needs --token"),
+    ("--ca-sha256", (), "needs --ca-sha256"),
+    (None, ("--mode", "ips"), "cannot be used with --mode ips"),
+])
+def test_auth_encryption_refuses_what_cannot_work(drop: str | None, add: tuple[str, ...],
+                                                  words: str) -> None:
+    from guest_agent import cloudinit as ci
+
+    argv = _auth_args(*add)
+    if drop is not None:
+        i = argv.index(drop)
+        del argv[i:i + 2]
+    with pytest.raises(ci.CloudInitError, match=words):
+        ci.options_from_args(ci.build_parser().parse_args(argv))
+
+
+def test_a_pin_without_auth_or_not_hex_is_refused() -> None:
+    from guest_agent import cloudinit as ci
+
+    argv = _auth_args()
+    argv.remove("--auth-encryption")
+    with pytest.raises(ci.CloudInitError, match="only meaningful with --auth-encryption"):
+        ci.options_from_args(ci.build_parser().parse_args(argv))
+    bad = _auth_args()
+    bad[bad.index(CA_PIN)] = "xyz"
+    with pytest.raises(ci.CloudInitError, match="not 64 hex digits"):
+        ci.options_from_args(ci.build_parser().parse_args(bad))
