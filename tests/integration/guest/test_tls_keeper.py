@@ -179,3 +179,28 @@ def test_csr_names_exactly_the_slot_and_the_config_merge_keeps_other_lines() -> 
     assert merged == ("SERVER_PORT=50000\n# comment\nIMEX_ENABLE_AUTH_ENCRYPTION=1\n"
                       "DAEMONIZE=1\nIMEX_AUTH_SOURCE=FILE\n")
     assert merge_imex_config(merged, [("IMEX_AUTH_SOURCE", "FILE")]) == merged
+
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "guest-agent.md"
+
+
+async def test_the_documented_paths_and_modes_are_what_the_keeper_writes(
+        tmp_path: Path) -> None:
+    import re
+
+    from guest_agent.config import Settings
+
+    rows = re.findall(r"^\| `(/[^`]+)` \| (0[0-7]{3}) \|", DOC.read_text(), re.M)
+    documented = {Path(p).name: int(m, 8) for p, m in rows}
+    default_dir = Settings(ensemble="e", namespace="n").tls_dir
+    assert {str(Path(default_dir) / n) for n in documented} == {p for p, _ in rows}
+    now = dt.datetime.now(dt.UTC)
+    first = ca_mod.first_state(ENS, now)
+    rotated = ca_mod.rotate(first, ENS, "r", now, dt.timedelta(hours=1))
+    renewed: list[int] = []
+    async with serve(registry_state(), ca_source=MutableCa(rotated)) as reg:
+        k = keeper(reg.url, tmp_path / "tls", first.sha256, renewed)
+        await k.request()  # a rotation in progress: the pin file is written too
+    written = {p.name: mode(p) for p in (tmp_path / "tls").iterdir()}
+    assert written == documented
+    assert mode(tmp_path / "tls") == 0o700
