@@ -203,9 +203,15 @@ def make_csr(key: ec.EllipticCurvePrivateKey, slot: str) -> str:
     )
 
 
-def renew_at(cert: x509.Certificate) -> dt.datetime:
-    """Two thirds into the certificate's lifetime."""
+def renew_at(cert: x509.Certificate, obtained: dt.datetime | None = None) -> dt.datetime:
+    """Two thirds into the certificate's lifetime, counted from when we got it.
+
+    Not from ``notBefore``: the registry backdates that by 5 minutes (clock skew), which
+    for a short lifetime would put the renewal in the past, a renewal loop.
+    """
     start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if obtained is not None:
+        start = min(max(start, obtained), end)
     return start + (end - start) * 2 / 3
 
 
@@ -322,6 +328,10 @@ class CertKeeper:
         self.cert = load_cert(self.paths)
         if self.cert is not None and _public_der(self.cert) != _public_der(self.key):
             self.cert = None  # a certificate for another key is no credential
+        #: when the current certificate was obtained (its file's mtime after a restart)
+        self.obtained: dt.datetime | None = None
+        if self.cert is not None:
+            self.obtained = dt.datetime.fromtimestamp(self.paths.cert.stat().st_mtime, dt.UTC)
         self.status = TlsStatus()
         self.index: int | None = None
         self.slot: str | None = None
@@ -367,7 +377,7 @@ class CertKeeper:
         if self.registry_bundle is not None and self.registry_bundle != \
                 self.status.bundle_sha256:
             return "the registry's CA bundle changed (rotation)"
-        if now >= renew_at(self.cert):
+        if now >= renew_at(self.cert, self.obtained):
             return "two thirds of its lifetime have passed"
         return None
 
@@ -399,6 +409,7 @@ class CertKeeper:
             log.info("CA rotation: pinned the new CA %s (vouched for by the pinned CA)",
                      bundle.new_pin[:16])
         self.cert = cert
+        self.obtained = self.clock()
         self.status.bundle_sha256 = bundle.bundle_sha256
         self.status.ca_sha256 = sha256_hex(bundle.current)
         self.status.renewals += 1
@@ -413,7 +424,7 @@ class CertKeeper:
         now = self.clock()
         if self.cert is not None:
             s.cert_not_after = _iso(self.cert.not_valid_after_utc)
-            s.renew_at = _iso(renew_at(self.cert))
+            s.renew_at = _iso(renew_at(self.cert, self.obtained))
         s.expiring = expiring(self.cert, now)
         s.pinned = sorted(p[:16] for p in load_pins(self.paths, self.configured_pin))
         if self.on_status is not None:
@@ -433,7 +444,8 @@ class CertKeeper:
             if reason is None:
                 self.status.waiting = None if self.slot else "own slot not known yet"
                 self._publish()
-                wake = (renew_at(self.cert) - now).total_seconds() if self.cert else 3600.0
+                wake = ((renew_at(self.cert, self.obtained) - now).total_seconds()
+                        if self.cert else 3600.0)
                 # re-check the expiry warning at least hourly
                 await self._sleep(min(wake, 3600.0))
                 continue

@@ -35,6 +35,7 @@ endpoints with deadlines: the agents are other processes, there is no event to a
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import ctypes
@@ -46,6 +47,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -76,6 +78,8 @@ STANDIN_SMI = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-smi")
 #: the rack every sandbox VM's GPUs are in unless a test moves it (``Sandbox.fabrics``)
 RACK_CLUSTER_UUID = "5e1f0c2a-7b3d-4c8e-9a61-2d4f8b0e3c17"
 PID_DIR = Path("/run/imex-sandbox")
+#: the host agent's own namespace (its CA Secrets live there)
+AGENT_NAMESPACE = "imex-system"
 PR_SET_PDEATHSIG = 1
 
 T = TypeVar("T")
@@ -118,6 +122,9 @@ class SandboxSettings:
     #: the NVLink clique of every VM's GPUs (nvidia-smi stand-in), unless set per VM
     default_fabric: Mapping[str, object] | None = field(default_factory=lambda: {
         "cluster_uuid": RACK_CLUSTER_UUID, "clique_id": 1})
+    #: authEncryption: the host agent's --ca-overlap and --cert-lifetime (seconds)
+    ca_overlap: float = 3600.0
+    cert_lifetime: float = 7 * 86400.0
     workdir: Path | None = None
     keep_workdir: bool = False
     #: Interpreter of the guest agents (run from the repository root, so it only needs
@@ -136,6 +143,8 @@ class EnsembleSpec:
     max_members: int = 18
     port: int = 50000
     token: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    #: IMEX mutual TLS (issue 19): the Service says so, guests get certificates
+    auth_encryption: bool = False
 
     @property
     def id(self) -> EnsembleId:
@@ -398,6 +407,11 @@ class Vm:
             "longpoll_timeout": s.longpoll_timeout,
             "ready_grace": s.ready_grace,
         }
+        if self.spec.auth_encryption:
+            # the pin comes from the CA Secret (as the generator's --from-ensemble takes it
+            # from status.caSHA256), never from the registry
+            values |= {"auth_encryption": True, "ca_sha256": self.sandbox.ca_sha256(self.spec),
+                       "tls_dir": str(self.dir / "tls"), "imex_config": str(self.imex_cfg)}
         cfg = self.dir / "config.toml"
         cfg.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
         return cfg
@@ -525,6 +539,8 @@ class Sandbox:
         # 1. the API double (loopback; the host agent and feeder talk to it)
         self.api = ThreadedKubeApi(bookmark_interval=1.0).start()
         self.kubeconfig = self.api.write_kubeconfig(self.workdir / "kubeconfig")
+        self.api.put({"apiVersion": "v1", "kind": "Namespace",
+                      "metadata": {"name": AGENT_NAMESPACE}})
         # 2. the fabric: bridge, gateway in the root namespace, DNS and registry addresses
         self.fabric = Fabric(s.prefix, gateway=True)
         PID_DIR.mkdir(parents=True, exist_ok=True)
@@ -675,7 +691,10 @@ class Sandbox:
         argv = [PY, "-m", "tests.sandbox.host_agent_proc", *tune,
                 "--kubeconfig", str(self.kubeconfig),
                 "--listen", f"{self.registry_ip}:{self.registry_port}", "--json",
-                "--report-stale-after", str(self.settings.report_stale_after)]
+                "--report-stale-after", str(self.settings.report_stale_after),
+                "--agent-namespace", AGENT_NAMESPACE,
+                "--ca-overlap", str(self.settings.ca_overlap),
+                "--cert-lifetime", str(self.settings.cert_lifetime)]
         self.host_agent_starts += 1
         with open(self.host_agent_log, "ab") as logf:
             logf.write(f"---- start {self.host_agent_starts}\n".encode())
@@ -750,6 +769,22 @@ class Sandbox:
         return body.decode(errors="replace") if status == 200 else f"(HTTP {status})"
 
     # ---- VMs (called by the virt-controller, as virt-handler would start a domain)
+    def ca_sha256(self, spec: EnsembleSpec, timeout: float = 30.0) -> str:
+        """The ensemble CA's fingerprint, from its Secret (the trust anchor guests pin)."""
+        assert self.api is not None
+        name = f"imex-ca-{spec.namespace}.{spec.name}"
+
+        def probe() -> str | None:
+            try:
+                obj = self.api.get("v1", "Secret", name, AGENT_NAMESPACE)  # type: ignore[union-attr]
+            except Exception:
+                return None
+            pem = base64.b64decode(obj["data"]["ca.crt"]).decode()
+            return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+
+        return wait_for(f"the CA Secret {AGENT_NAMESPACE}/{name}", probe, timeout, 0.1,
+                        self.host_agent_log_tail)
+
     def vm(self, spec: EnsembleSpec, vmi: str) -> Vm:
         return self.vms[(spec.namespace, vmi)]
 

@@ -61,6 +61,8 @@ def service_manifest(spec: EnsembleSpec) -> dict[str, Any]:
                 "imex-ensemble.io/max-members": str(spec.max_members),
                 "imex-ensemble.io/port": str(spec.port),
                 "imex-ensemble.io/token-sha256": spec.token_sha256,
+                **({"imex-ensemble.io/auth-encryption": "true"} if spec.auth_encryption
+                   else {}),
             },
         },
         "spec": {
@@ -132,9 +134,11 @@ class VirtController:
                 return node
 
     def create_ensemble(self, namespace: str, name: str, max_members: int = 18,
-                        token: str | None = None) -> EnsembleSpec:
-        spec = EnsembleSpec(namespace, name, max_members) if token is None else \
-            EnsembleSpec(namespace, name, max_members, token=token)
+                        token: str | None = None, auth_encryption: bool = False
+                        ) -> EnsembleSpec:
+        spec = EnsembleSpec(namespace, name, max_members, auth_encryption=auth_encryption) \
+            if token is None else EnsembleSpec(namespace, name, max_members, token=token,
+                                               auth_encryption=auth_encryption)
         try:
             self.client.create(Namespace.from_dict({
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}))

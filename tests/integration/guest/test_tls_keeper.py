@@ -90,9 +90,11 @@ async def test_first_certificate_files_modes_and_rotation(tmp_path: Path) -> Non
             assert cert.issuer == first.current.cert.subject
             assert k.status.ca_sha256 == first.sha256 and k.status.renewals == 1
             assert k.due(dt.datetime.now(dt.UTC)) is None
-            assert tls.renew_at(cert) == cert.not_valid_before_utc + (
-                cert.not_valid_after_utc - cert.not_valid_before_utc) * 2 / 3
-            assert k.due(tls.renew_at(cert)) == "two thirds of its lifetime have passed"
+            assert k.obtained is not None
+            at = tls.renew_at(cert, k.obtained)
+            assert at == k.obtained + (cert.not_valid_after_utc - k.obtained) * 2 / 3
+            assert k.due(at - dt.timedelta(seconds=1)) is None
+            assert k.due(at) == "two thirds of its lifetime have passed"
             before = k.creds_digest()
             # a rotation: the registry publishes a new bundle digest, the guest renews at once
             rotated = ca_mod.rotate(first, ENS, "r1", now, dt.timedelta(hours=1))
@@ -204,3 +206,15 @@ async def test_the_documented_paths_and_modes_are_what_the_keeper_writes(
     written = {p.name: mode(p) for p in (tmp_path / "tls").iterdir()}
     assert written == documented
     assert mode(tmp_path / "tls") == 0o700
+
+
+def test_renewal_counts_from_when_the_certificate_came_not_from_the_backdated_start() -> None:
+    now = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+    state = ca_mod.first_state(ENS, now)
+    key = tls.make_key()
+    csr = x509.load_pem_x509_csr(tls.make_csr(key, ENS.slot(0)).encode())
+    short = ca_mod.issue_leaf(state.current, csr, ENS.slot(0), now, dt.timedelta(seconds=90))
+    assert short.not_valid_before_utc == now - dt.timedelta(minutes=5)
+    # from notBefore, 2/3 of 390 s would be 40 s *before* issue: a renewal loop
+    assert tls.renew_at(short) < now
+    assert tls.renew_at(short, now) == now + dt.timedelta(seconds=60)
