@@ -9,8 +9,10 @@ it. Every CA bundle is checked against the pinned fingerprints (``ca_sha256`` fr
 the user-data, plus the one pinned locally after a rotation): a CA certificate of
 the bundle is trusted when its sha256 is pinned, or when a cross certificate in the
 same bundle, signed by a trusted CA's key, carries its subject and key. A bundle
-with anything else in it is refused and reported; the current files stay. Once the
-bundle's current CA (its first certificate) is trusted through a cross-signature,
+whose signing CA (its first certificate) is not trusted so is refused and reported,
+and the current files stay; any other certificate without such a chain is simply not
+trusted (a guest pinned to a new CA during a rotation). Once the bundle's signing CA
+is trusted through a cross-signature,
 its fingerprint is pinned locally (``pinned-ca.sha256``), so the guest keeps trusting
 it after the old CA is dropped. The issued certificate must be signed by the
 bundle's current CA, carry our own public key and name exactly our slot.
@@ -109,7 +111,7 @@ class TrustedBundle:
     cas: tuple[x509.Certificate, ...]
     #: the bundle's current CA (its first certificate): leaves are signed by it.
     current: x509.Certificate
-    #: set when ``current`` was trusted through a cross-signature: pin it locally.
+    #: a CA trusted through a cross-signature: pin it locally.
     new_pin: str | None
     #: sha256 of the bundle as the registry sent it (compared with the registry's digest).
     bundle_sha256: str
@@ -145,17 +147,20 @@ def verify_bundle(bundle_pem: str, pins: Iterable[str]) -> TrustedBundle:
         if any(x.subject == cand.subject and _public_der(x) == _public_der(cand)
                for x in crosses):
             vouched.append(cand)
-    unexplained = [c for c in rest if c not in crosses and c not in vouched]
-    if unexplained:
-        raise BundleRefused(
-            "the CA bundle holds certificates that do not chain to the pinned CA: "
-            + ", ".join(c.subject.rfc4514_string() for c in unexplained)
-        )
     current = certs[0]
-    if current in crosses:
-        raise BundleRefused("the bundle's first certificate is a cross certificate")
+    if current not in trusted and current not in vouched:
+        raise BundleRefused(
+            f"the bundle's signing CA {current.subject.rfc4514_string()} "
+            f"({sha256_hex(current)[:16]}) does not chain to the pinned CA; refusing it"
+        )
+    ignored = [c for c in rest if c not in crosses and c not in vouched]
+    if ignored:  # e.g. the old CA, for a guest that already pins only the new one
+        log.info("CA bundle: not trusting %s (no chain to the pinned CA)",
+                 ", ".join(c.subject.rfc4514_string() for c in ignored))
     cas = tuple(c for c in certs if c in trusted or c in vouched)
-    new_pin = sha256_hex(current) if current in vouched else None
+    # pin what the cross-signature vouched for at once: after the rotation only the new
+    # CA is left, and the old pin could not vouch for it any more
+    new_pin = sha256_hex(vouched[0]) if vouched else None
     digest = hashlib.sha256(bundle_pem.encode("ascii")).hexdigest()
     return TrustedBundle(cas, current, new_pin, digest)
 

@@ -16,9 +16,17 @@ Rotation: a new CA key and self-signed certificate, plus the new CA's
 certificate cross-signed by the **old** key (same subject and key as the new
 CA, issuer the old CA). A guest that pins the old CA's fingerprint verifies
 the cross-signature with the old CA's key, and from it the new CA, before it
-trusts it. During the overlap every bundle holds the new CA, the old CA and
-the cross certificate; after it only the new CA. The old key is not kept:
-nothing is signed with it after the rotation.
+trusts it. Three steps keep every link up (a member must trust a CA before any
+peer presents a certificate from it):
+1. *trust* (first half of the overlap): bundles are [old, new, cross] and the
+   old key still signs, so every member learns to trust the new CA while all
+   certificates are still old-CA ones;
+2. *switch* (second half): the old key is dropped; bundles are [new, old,
+   cross] and the new key signs, so members move to new-CA certificates that
+   every peer already trusts, while old-CA ones stay trusted;
+3. *done*: the old CA leaves the Secret and every bundle.
+The first certificate of a bundle is always the one that signs now, and its
+fingerprint is what ``status.caSHA256`` publishes.
 
 The Secret (``imex-ca-<namespace>.<name>``) holds ``ca.crt`` and ``ca.key``
 (PEM), and during an overlap ``previous.crt`` and ``cross.crt``;
@@ -58,9 +66,11 @@ SECRET_PREFIX: Final = "imex-ca-"
 CA_CERT_KEY: Final = "ca.crt"
 CA_KEY_KEY: Final = "ca.key"
 PREVIOUS_CERT_KEY: Final = "previous.crt"
+PREVIOUS_KEY_KEY: Final = "previous.key"
 CROSS_CERT_KEY: Final = "cross.crt"
 ROTATION_ANNOTATION: Final = "imex-ensemble.io/ca-rotation"
 OVERLAP_ANNOTATION: Final = "imex-ensemble.io/ca-overlap-until"
+SWITCH_ANNOTATION: Final = "imex-ensemble.io/ca-switch-at"
 ENSEMBLE_ANNOTATION: Final = "imex-ensemble.io/ensemble"
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -124,7 +134,7 @@ class CaKeyPair:
 
 @dataclass(frozen=True, slots=True)
 class CaState:
-    """What the Secret holds: the current CA and, during an overlap, the previous one."""
+    """What the Secret holds: the current CA and, during a rotation, the previous one."""
 
     current: CaKeyPair
     #: the previous CA's certificate, trusted until ``overlap_until``.
@@ -134,17 +144,37 @@ class CaState:
     #: the rotation value (``spec.caRotation`` / annotation) that made ``current``.
     rotation: str = ""
     overlap_until: dt.datetime | None = None
+    #: the previous CA's key, kept only during the *trust* step (it still signs).
+    previous_key: SigningKey | None = None
+    #: when the *trust* step ends (the new key starts signing).
+    switch_at: dt.datetime | None = None
+
+    @property
+    def step(self) -> str:
+        if self.previous is None:
+            return "steady"
+        return "trust" if self.previous_key is not None else "switch"
+
+    @property
+    def signer(self) -> CaKeyPair:
+        """The CA that signs leaves now (the old one during the *trust* step)."""
+        if self.previous is not None and self.previous_key is not None:
+            return CaKeyPair(self.previous_key, self.previous)
+        return self.current
 
     @property
     def sha256(self) -> str:
-        return self.current.sha256
+        """The signing CA's fingerprint (``status.caSHA256``, what new guests pin)."""
+        return self.signer.sha256
 
     def bundle(self) -> tuple[x509.Certificate, ...]:
-        """The CA certificates guests get: new first, then the old one and the cross one."""
+        """The CA certificates guests get, the signing one first (see the module docstring)."""
         if self.previous is None:
             return (self.current.cert,)
-        extra = (self.previous,) + ((self.cross,) if self.cross is not None else ())
-        return (self.current.cert, *extra)
+        cross = (self.cross,) if self.cross is not None else ()
+        if self.previous_key is not None:
+            return (self.previous, self.current.cert, *cross)
+        return (self.current.cert, self.previous, *cross)
 
     def bundle_pem(self) -> str:
         return "".join(cert_pem(c) for c in self.bundle())
@@ -152,6 +182,13 @@ class CaState:
     def bundle_sha256(self) -> str:
         """Changes exactly when the bundle does (it feeds the guests' generation)."""
         return hashlib.sha256(self.bundle_pem().encode("ascii")).hexdigest()
+
+    def next_step_at(self) -> dt.datetime | None:
+        if self.step == "trust":
+            return self.switch_at
+        if self.step == "switch":
+            return self.overlap_until
+        return None
 
 
 def _ca_name(ens: EnsembleId, rotation: str) -> x509.Name:
@@ -225,20 +262,34 @@ def rotate(state: CaState, ens: EnsembleId, rotation: str, now: dt.datetime,
            overlap: dt.timedelta) -> CaState:
     """A new CA, cross-signed by the current one, with the current one kept for ``overlap``."""
     new = new_ca(ens, now, rotation)
+    old = state.current  # a rotation during a rotation starts from the newest CA
     return CaState(
         current=new,
-        previous=state.current.cert,
-        cross=cross_sign(new, state.current, now),
+        previous=old.cert,
+        cross=cross_sign(new, old, now),
         rotation=rotation,
         overlap_until=_utc(now) + overlap,
+        previous_key=old.key,
+        switch_at=_utc(now) + overlap / 2,
     )
 
 
+def advance(state: CaState, now: dt.datetime) -> CaState:
+    """The rotation's next step once its time has come (the same state otherwise)."""
+    now = _utc(now)
+    if state.step == "trust" and state.switch_at is not None and now >= state.switch_at:
+        return replace(state, previous_key=None, switch_at=None)
+    if state.step == "switch" and state.overlap_until is not None and \
+            now >= state.overlap_until:
+        return replace(state, previous=None, cross=None, overlap_until=None)
+    return state
+
+
 def end_overlap(state: CaState, now: dt.datetime) -> CaState:
-    """Drop the previous CA once its overlap is over (same state otherwise)."""
-    if state.previous is None or state.overlap_until is None or _utc(now) < state.overlap_until:
-        return state
-    return replace(state, previous=None, cross=None, overlap_until=None)
+    """Every step due at ``now`` taken (the rotation over when its overlap is)."""
+    while (nxt := advance(state, now)) is not state:
+        state = nxt
+    return state
 
 
 # -- leaves ---------------------------------------------------------------------------
@@ -361,14 +412,49 @@ def secret_data(state: CaState) -> dict[str, str]:
         raw[PREVIOUS_CERT_KEY] = cert_pem(state.previous)
     if state.cross is not None:
         raw[CROSS_CERT_KEY] = cert_pem(state.cross)
+    if state.previous is not None and state.previous_key is not None:
+        raw[PREVIOUS_KEY_KEY] = _key_pem(state.previous_key)
     return {k: base64.b64encode(v.encode("ascii")).decode("ascii") for k, v in raw.items()}
 
 
 def secret_annotations(state: CaState, ens: EnsembleId) -> dict[str, str]:
     out = {ROTATION_ANNOTATION: state.rotation, ENSEMBLE_ANNOTATION: ens.key}
     if state.overlap_until is not None:
-        out[OVERLAP_ANNOTATION] = state.overlap_until.strftime("%Y-%m-%dT%H:%M:%SZ")
+        out[OVERLAP_ANNOTATION] = _iso(state.overlap_until)
+    if state.switch_at is not None and state.previous_key is not None:
+        out[SWITCH_ANNOTATION] = _iso(state.switch_at)
     return out
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_iso(text: object) -> dt.datetime:
+    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return dt.datetime.strptime(str(text), fmt).replace(tzinfo=dt.UTC)
+        except ValueError:
+            continue
+    raise ValueError(f"{text!r} is not an RFC 3339 UTC time")
+
+
+def _load_key(raw: bytes, key: str, where: str) -> SigningKey:
+    try:
+        loaded = serialization.load_pem_private_key(raw, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise CaSecretError(f"{where}: {key} is not an unencrypted PEM private key "
+                            f"({exc})") from exc
+    if isinstance(loaded, ec.EllipticCurvePrivateKey):
+        if not isinstance(loaded.curve, ec.SECP256R1):
+            raise CaSecretError(f"{where}: {key} is ECDSA on {loaded.curve.name}, not P-256")
+    elif isinstance(loaded, rsa.RSAPrivateKey):
+        if loaded.key_size < MIN_RSA_BITS:
+            raise CaSecretError(f"{where}: {key} is RSA {loaded.key_size} (< {MIN_RSA_BITS})")
+    else:
+        raise CaSecretError(f"{where}: {key} is {type(loaded).__name__}; "
+                            "ECDSA P-256 or RSA only")
+    return loaded
 
 
 def _field(data: Mapping[str, object], key: str, where: str) -> bytes | None:
@@ -450,20 +536,7 @@ def parse_secret(obj: Mapping[str, object], now: dt.datetime) -> CaState:
         missing = [k for k, v in ((CA_CERT_KEY, raw_cert), (CA_KEY_KEY, raw_key)) if v is None]
         raise CaSecretError(f"{where}: missing {' and '.join(missing)}")
     cert = _load_cert(raw_cert, CA_CERT_KEY, where)
-    try:
-        key = serialization.load_pem_private_key(raw_key, password=None)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise CaSecretError(f"{where}: {CA_KEY_KEY} is not an unencrypted PEM private key "
-                            f"({exc})") from exc
-    if isinstance(key, ec.EllipticCurvePrivateKey):
-        if not isinstance(key.curve, ec.SECP256R1):
-            raise CaSecretError(f"{where}: {CA_KEY_KEY} is ECDSA on {key.curve.name}, not P-256")
-    elif isinstance(key, rsa.RSAPrivateKey):
-        if key.key_size < MIN_RSA_BITS:
-            raise CaSecretError(f"{where}: {CA_KEY_KEY} is RSA {key.key_size} (< {MIN_RSA_BITS})")
-    else:
-        raise CaSecretError(f"{where}: {CA_KEY_KEY} is {type(key).__name__}; "
-                            "ECDSA P-256 or RSA only")
+    key = _load_key(raw_key, CA_KEY_KEY, where)
     if _public_der(key.public_key()) != _public_der(cert.public_key()):
         raise CaSecretError(f"{where}: {CA_KEY_KEY} is not the key of {CA_CERT_KEY}")
     _check_ca_cert(cert, CA_CERT_KEY, where, now)
@@ -472,27 +545,36 @@ def parse_secret(obj: Mapping[str, object], now: dt.datetime) -> CaState:
     rotation = annotations.get(ROTATION_ANNOTATION, "")
     rotation = rotation if isinstance(rotation, str) else ""
     previous = cross = None
-    overlap_until: dt.datetime | None = None
+    previous_key: SigningKey | None = None
+    overlap_until = switch_at = None
     raw_prev = _field(data, PREVIOUS_CERT_KEY, where)
     raw_cross = _field(data, CROSS_CERT_KEY, where)
+    raw_prev_key = _field(data, PREVIOUS_KEY_KEY, where)
     if raw_prev is not None:
         previous = _load_cert(raw_prev, PREVIOUS_CERT_KEY, where)
-        text = annotations.get(OVERLAP_ANNOTATION)
         try:
-            overlap_until = dt.datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(
-                tzinfo=dt.UTC)
-        except ValueError:
-            raise CaSecretError(
-                f"{where}: {PREVIOUS_CERT_KEY} is present but annotation "
-                f"{OVERLAP_ANNOTATION} is not an RFC 3339 UTC time ({text!r})"
-            ) from None
+            overlap_until = _parse_iso(annotations.get(OVERLAP_ANNOTATION))
+        except ValueError as exc:
+            raise CaSecretError(f"{where}: {PREVIOUS_CERT_KEY} is present but annotation "
+                                f"{OVERLAP_ANNOTATION}: {exc}") from None
         if raw_cross is not None:
             cross = _load_cert(raw_cross, CROSS_CERT_KEY, where)
             if not verify_signed_by(cross, previous) or _public_der(
                     cross.public_key()) != _public_der(cert.public_key()):
                 raise CaSecretError(f"{where}: {CROSS_CERT_KEY} is not {CA_CERT_KEY}'s key "
                                     f"signed by {PREVIOUS_CERT_KEY}")
-    return CaState(CaKeyPair(key, cert), previous, cross, rotation, overlap_until)
+        if raw_prev_key is not None:
+            previous_key = _load_key(raw_prev_key, PREVIOUS_KEY_KEY, where)
+            if _public_der(previous_key.public_key()) != _public_der(previous.public_key()):
+                raise CaSecretError(f"{where}: {PREVIOUS_KEY_KEY} is not the key of "
+                                    f"{PREVIOUS_CERT_KEY}")
+            try:
+                switch_at = _parse_iso(annotations.get(SWITCH_ANNOTATION))
+            except ValueError as exc:
+                raise CaSecretError(f"{where}: {PREVIOUS_KEY_KEY} is present but annotation "
+                                    f"{SWITCH_ANNOTATION}: {exc}") from None
+    return CaState(CaKeyPair(key, cert), previous, cross, rotation, overlap_until,
+                   previous_key, switch_at)
 
 
 def is_sha256_hex(text: str) -> bool:

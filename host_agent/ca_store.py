@@ -175,15 +175,17 @@ class CaManager:
                      ens.key, wanted, state.sha256[:16], old[:16],
                      f"{state.overlap_until:%Y-%m-%dT%H:%M:%SZ}",
                      extra={"ensemble": ens.key, "ca_sha256": state.sha256})
-        elif state.previous is not None and state.overlap_until is not None and \
-                now >= state.overlap_until and self.gate.may_write():
-            state = ca_mod.end_overlap(state, now)
+        elif (nxt := ca_mod.advance(state, now)) is not state and self.gate.may_write():
             self.gate.ensure()
-            await self.api.replace_secret(secret_body(state, ens, self.namespace, rv))
-            self._cache[ens] = (self.monotonic(), state)
-            log.info("%s: CA overlap over: the old CA is no longer trusted", ens.key,
-                     extra={"ensemble": ens.key, "ca_sha256": state.sha256})
+            await self.api.replace_secret(secret_body(nxt, ens, self.namespace, rv))
+            self._cache[ens] = (self.monotonic(), nxt)
+            log.info("%s: CA rotation step %s -> %s%s", ens.key, state.step, nxt.step,
+                     ": the new CA signs now" if nxt.step == "switch" else
+                     ": the old CA is no longer trusted",
+                     extra={"ensemble": ens.key, "ca_sha256": nxt.sha256})
+            state = nxt
         recheck = RECHECK_SECONDS
-        if state.overlap_until is not None:
-            recheck = max(0.05, min(recheck, (state.overlap_until - now).total_seconds()))
+        step_at = state.next_step_at()
+        if step_at is not None:
+            recheck = max(0.05, min(recheck, (step_at - now).total_seconds()))
         return CaOutcome(published(state), (), recheck)

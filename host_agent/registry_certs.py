@@ -232,7 +232,7 @@ def add_certificate_routes(
             raise refuse(503, "no_ca", f"no usable CA for {ens.key}: {exc}",
                          {"Retry-After": "5"}) from exc
         issued_at = now()
-        leaf = ca_mod.issue_leaf(ca_state.current, csr, slot, issued_at, cfg.lifetime)
+        leaf = ca_mod.issue_leaf(ca_state.signer, csr, slot, issued_at, cfg.lifetime)
         not_after = leaf.not_valid_after_utc
         metrics.issued.labels(ens.namespace, ens.name).inc()
         metrics.not_after.labels(ens.namespace, ens.name, str(index)).set(not_after.timestamp())

@@ -84,7 +84,7 @@ def rack() -> Iterator[TlsRack]:
         tag = sbx.fabric.tag
         ctl = VirtController(sbx)
         try:
-            spec = ctl.create_ensemble("rack-t", "gb300", max_members=8, auth_encryption=True)
+            spec = ctl.create_ensemble("rack-t", "gb300", max_members=VMS, auth_encryption=True)
             pool = ctl.pool(spec)
             pool.scale(VMS)
             yield TlsRack(sbx, ctl, spec, pool)
@@ -237,49 +237,81 @@ def test_an_intruder_on_a_deleted_members_address_is_refused_both_ways(rack: Tls
     rack.settle()
 
 
+#: how long an acted SIGUSR1's redial may keep a link from CONNECTED (the stand-in redials
+#: at once; a loaded 2-core machine needs some slack)
+RECONNECT_S = 3.0
+
+
+def _down_links(vm: Vm) -> list[str]:
+    """This member's own links that are down for longer than a SIGUSR1 reconnect."""
+    dom = vm.domain()
+    own = dom.get("nodes", {}).get(str(vm.index), {}).get("connections", {})
+    down = [i for i, c in own.items() if c.get("status") != "CONNECTED"]
+    if not down:
+        return []
+    st = vm.imex_state()
+    acted = [e["t"] for e in st.get("signal_log", []) if e.get("acted")]
+    if acted and time.time() - max(acted) < RECONNECT_S:
+        return []  # redialling after SIGUSR1: the one drop the design allows
+    return [f"{i}:{own[i].get('status')}" for i in down]
+
+
+def _watch_up(rack: TlsRack, until: Any, what: str, timeout: float) -> int:
+    """Sample every member's links until ``until()``: none may be down beyond a reconnect."""
+    deadline = time.monotonic() + timeout
+    samples = 0
+    while not until():
+        assert time.monotonic() < deadline, f"{what}: not reached within {timeout:g} s"
+        for vm in rack.vms():
+            down = _down_links(vm)
+            assert not down, f"{what}: {vm.vmi} has links down beyond a reconnect: {down}"
+        samples += 1
+        time.sleep(0.3)
+    return samples
+
+
+def _trusts(vm: Vm) -> set[str]:
+    return {ca_mod.fingerprint(c) for c in x509.load_pem_x509_certificates(
+        (vm.dir / "tls" / "ca.crt").read_bytes())}
+
+
 def test_ca_rotation_keeps_the_domain_up_with_one_sigusr1_per_step(rack: TlsRack) -> None:
     rack.settle()
+    wait_for("the domain UP everywhere", lambda: domain_up_everywhere(rack), 30, 0.5)
     old = rack.ca()
     before = counters(rack.vms())
     starts = {vm.vmi: vm.status()["starts"] for vm in rack.vms()}
+    logs = {vm.vmi: len(imex_log(vm)) for vm in rack.vms()}
     rack.annotate("imex-ensemble.io/ca-rotation", "2026-12-01 evict nothing")
-    # step 1: the new CA, cross-signed; every guest renews onto it at once
-    new = wait_for("the rotation", lambda: (s := rack.ca()).sha256 != old.sha256 and s, 30, 0.2)
-    assert new.previous is not None and new.previous == old.current.cert
-    t_end = time.monotonic() + 60
-    up_checks = 0
-    while time.monotonic() < t_end:
-        if all(leaf_of(vm).issuer == new.current.cert.subject for vm in rack.vms()) and \
-                rack.sbx.converged(rack.spec) is None:
-            break
-        assert domain_up_everywhere(rack), "the domain left UP during the rotation"
-        up_checks += 1
-        time.sleep(0.5)
-    else:
-        raise AssertionError("members did not move to the new CA within 60 s")
-    for vm in rack.vms():
-        trusted = x509.load_pem_x509_certificates((vm.dir / "tls" / "ca.crt").read_bytes())
-        assert {ca_mod.fingerprint(c) for c in trusted} == {new.sha256, old.sha256}
-        assert (vm.dir / "tls" / "pinned-ca.sha256").read_text().strip() == new.sha256
-    time.sleep(rack.sbx.settings.signal_interval + 1)  # any held signal has gone out
-    mid = counters(rack.vms())
-    for vmi, (sig, st, rs) in mid.items():
-        assert sig - before[vmi][0] <= 1, (vmi, "signals in step 1", sig - before[vmi][0])
-        assert (st, rs) == before[vmi][1:], (vmi, "IMEX restarted")
-    # step 2: the overlap (25 s) ends; the old CA leaves every bundle
-    wait_for("the overlap to end", lambda: rack.ca().previous is None, 60, 0.5)
-    wait_for("every guest to trust the new CA alone", lambda: all(
-        len(x509.load_pem_x509_certificates((vm.dir / "tls" / "ca.crt").read_bytes())) == 1
-        for vm in rack.vms()), 60, 0.5)
-    assert domain_up_everywhere(rack)
-    time.sleep(rack.sbx.settings.signal_interval + 1)
-    after = counters(rack.vms())
+    new = wait_for("the rotation", lambda: (s := rack.ca()).current.sha256 != old.sha256
+                   and s, 30, 0.2)
+    assert new.step == "trust" and new.previous == old.current.cert
+    vms = rack.vms()
+    samples = 0
+    # step 1, trust: every guest trusts both CAs; certificates still come from the old one
+    samples += _watch_up(rack, lambda: all(_trusts(vm) == {old.sha256, new.current.sha256}
+                                           for vm in vms), "trust", 20)
+    for vm in vms:
+        assert (vm.dir / "tls" / "pinned-ca.sha256").read_text().strip() == new.current.sha256
+    # step 2, switch: the new CA signs; every member moves to a new-CA certificate
+    samples += _watch_up(rack, lambda: all(
+        leaf_of(vm).issuer == new.current.cert.subject for vm in vms), "switch", 40)
+    # step 3, done: the old CA leaves every bundle
+    samples += _watch_up(rack, lambda: all(_trusts(vm) == {new.current.sha256} for vm in vms),
+                         "done", 40)
+    time.sleep(rack.sbx.settings.signal_interval + 1)  # a held signal has gone out
+    samples += _watch_up(rack, lambda: True, "after", 1)
+    assert samples >= 10  # the domain was looked at all along
+    after = counters(vms)
     for vmi, (sig, st, rs) in after.items():
-        assert sig - mid[vmi][0] <= 1, (vmi, "signals in step 2", sig - mid[vmi][0])
+        assert sig - before[vmi][0] <= 3, (vmi, "SIGUSR1s for three steps", sig - before[vmi][0])
+        assert sig - before[vmi][0] >= 2, (vmi, "credentials were never reloaded")
         assert (st, rs) == before[vmi][1:], (vmi, "IMEX restarted")
-    assert {vm.vmi: vm.status()["starts"] for vm in rack.vms()} == starts
-    for vm in rack.vms():
-        assert "authentication failed" not in imex_log(vm).split("SIGUSR1")[-1]
+    assert {vm.vmi: vm.status()["starts"] for vm in vms} == starts
+    for vm in vms:
+        assert "authentication failed" not in imex_log(vm)[logs[vm.vmi]:], vm.vmi
+    assert rack.sbx.registry_json(rack.spec, strict=True)["tls"]["ca_sha256"] == \
+        new.current.sha256
     rack.settle()
 
 
@@ -291,9 +323,13 @@ def test_every_member_renews_while_membership_changes(rack: TlsRack) -> None:
     sbx.start_host_agent()
     # a rotation gives everyone a 75 s certificate now
     rack.annotate("imex-ensemble.io/ca-rotation", "short-lived")
-    wait_for("short certificates everywhere", lambda: all(
-        (leaf_of(vm).not_valid_after_utc - dt.datetime.now(dt.UTC)).total_seconds() < 80
-        for vm in rack.vms()), 90, 0.5)
+    wait_for("the rotation to finish", lambda: rack.ca().step == "steady" and
+             rack.ca().rotation == "short-lived", 90, 0.5)
+    current = rack.ca()
+    wait_for("short certificates from the new CA everywhere", lambda: all(
+        leaf_of(vm).issuer == current.current.cert.subject and _trusts(vm) == {current.sha256}
+        and (leaf_of(vm).not_valid_after_utc - dt.datetime.now(dt.UTC)).total_seconds() < 80
+        for vm in rack.vms()), 60, 0.5)
     rack.settle()
     serials = {vm.vmi: leaf_of(vm).serial_number for vm in rack.vms()}
     first_after = {vm.vmi: leaf_of(vm).not_valid_after_utc for vm in rack.vms()}

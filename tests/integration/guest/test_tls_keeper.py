@@ -97,24 +97,24 @@ async def test_first_certificate_files_modes_and_rotation(tmp_path: Path) -> Non
             assert k.due(at) == "two thirds of its lifetime have passed"
             before = k.creds_digest()
             # a rotation: the registry publishes a new bundle digest, the guest renews at once
-            rotated = ca_mod.rotate(first, ENS, "r1", now, dt.timedelta(hours=1))
-            source.state = rotated
-            k.set_registry_bundle(rotated.bundle_sha256())
-            await until(lambda: len(renewed) == 2)
-            cert2 = x509.load_pem_x509_certificate((tls_dir / "imex.crt").read_bytes())
-            assert cert2.issuer == rotated.current.cert.subject
-            trusted = x509.load_pem_x509_certificates((tls_dir / "ca.crt").read_bytes())
-            assert [c.subject for c in trusted] == [rotated.current.cert.subject,
-                                                    first.current.cert.subject]
-            assert (tls_dir / "pinned-ca.sha256").read_text().strip() == rotated.sha256
+            trust = ca_mod.rotate(first, ENS, "r1", now, dt.timedelta(hours=1))
+            steps = [trust, ca_mod.advance(trust, now + dt.timedelta(minutes=30)),
+                     ca_mod.end_overlap(trust, now + dt.timedelta(hours=2))]
+            signers = [first.current.cert, trust.current.cert, trust.current.cert]
+            held = [[first, trust], [trust, first], [trust]]
+            for n, (state, signer, cas) in enumerate(zip(steps, signers, held, strict=True)):
+                source.state = state
+                k.set_registry_bundle(state.bundle_sha256())
+                await until(lambda n=n: len(renewed) == n + 2)
+                cert2 = x509.load_pem_x509_certificate((tls_dir / "imex.crt").read_bytes())
+                assert cert2.issuer == signer.subject, n
+                trusted = x509.load_pem_x509_certificates((tls_dir / "ca.crt").read_bytes())
+                assert [ca_mod.fingerprint(c) for c in trusted] == [
+                    c.current.sha256 for c in cas], n
+                # the new CA is pinned as soon as the cross-signature vouches for it
+                assert (tls_dir / "pinned-ca.sha256").read_text().strip() == \
+                    trust.current.sha256
             assert k.creds_digest() != before
-            # the overlap ends: the old CA leaves the bundle; the local pin carries trust
-            done = ca_mod.end_overlap(rotated, now + dt.timedelta(hours=2))
-            source.state = done
-            k.set_registry_bundle(done.bundle_sha256())
-            await until(lambda: len(renewed) == 3)
-            trusted = x509.load_pem_x509_certificates((tls_dir / "ca.crt").read_bytes())
-            assert [c.subject for c in trusted] == [rotated.current.cert.subject]
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -140,7 +140,7 @@ async def test_a_bundle_from_another_ca_is_refused_and_the_files_stay(tmp_path: 
         forged = ca_mod.rotate(stranger, ENS, "r1", now, dt.timedelta(hours=1))
         source.state = ca_mod.CaState(forged.current, first.current.cert, forged.cross, "r1",
                                       forged.overlap_until)
-        with pytest.raises(tls.BundleRefused, match="do not chain"):
+        with pytest.raises(tls.BundleRefused, match="does not chain to the pinned CA"):
             await k.request()
     assert {n: (tls_dir / n).read_bytes() for n in kept} == kept
     assert not (tls_dir / "pinned-ca.sha256").exists()

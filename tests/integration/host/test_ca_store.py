@@ -88,24 +88,33 @@ async def test_rotation_cross_signs_then_the_overlap_ends(client: AsyncClient,
     first = await leader.reconcile(spec())
     rotated = await leader.reconcile(spec("2026-12-01"))
     assert rotated.published is not None and first.published is not None
-    assert rotated.published.sha256 != first.published.sha256
-    assert rotated.recheck_after == 60.0  # the periodic re-check comes before the overlap end
+    # trust step: the old CA still signs (and is what is published), the bundle changed
+    assert rotated.published.sha256 == first.published.sha256
+    assert rotated.published.bundle_sha256 != first.published.bundle_sha256
+    assert rotated.recheck_after == 60.0  # the periodic re-check comes before the switch
     state = await leader.load(ENS)
-    assert state.previous is not None
+    assert state.step == "trust" and state.previous is not None
     assert ca_mod.fingerprint(state.previous) == first.published.sha256
     assert state.cross is not None and ca_mod.verify_signed_by(state.cross, state.previous)
     assert (await leader.reconcile(spec("2026-12-01"))).published == rotated.published
     assert kube_api.writes("secrets") == 2
-    now[0] += dt.timedelta(minutes=5)
+    now[0] += dt.timedelta(seconds=150)
+    switched = await leader.reconcile(spec("2026-12-01"))
+    assert switched.published is not None
+    assert switched.published.sha256 == state.current.sha256  # the new CA signs now
+    assert (await leader.load(ENS)).step == "switch"
+    obj = await SecretWriter(client, "m").get_secret(NS, "imex-ca-gpu.gb200")
+    assert obj is not None and "previous.key" not in obj["data"]  # the old key is gone
+    now[0] += dt.timedelta(seconds=150)
     ended = await leader.reconcile(spec("2026-12-01"))
     assert ended.published is not None
-    assert ended.published.sha256 == rotated.published.sha256
-    assert ended.published.bundle_sha256 != rotated.published.bundle_sha256
+    assert ended.published.sha256 == switched.published.sha256
+    assert ended.published.bundle_sha256 != switched.published.bundle_sha256
     assert (await leader.load(ENS)).previous is None
     # a follower never rotates, even when the spec asks for it
     follower = CaManager(SecretWriter(client, "m"), NS, NotTheLeader(), cache_seconds=0)
     assert (await follower.reconcile(spec("again"))).published == ended.published
-    assert kube_api.writes("secrets") == 3
+    assert kube_api.writes("secrets") == 4
 
 
 async def test_a_garbage_secret_is_a_problem_never_a_new_ca(client: AsyncClient,

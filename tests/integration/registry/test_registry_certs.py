@@ -299,32 +299,37 @@ def _ca_name(cert: x509.Certificate) -> str:
     return cert.subject.rfc4514_string()
 
 
-async def test_during_a_rotation_the_leaf_is_signed_by_the_new_ca_and_both_are_in_the_bundle(
+async def test_a_rotation_signs_with_the_old_ca_then_the_new_with_both_trusted(
         ca_state: ca_mod.CaState, tmp_path: Path) -> None:
     now = dt.datetime.now(dt.UTC)
-    rotated = ca_mod.rotate(ca_state, ENS, "r1", now, dt.timedelta(hours=1))
-    async with serve(make_state(), ca_source=FixedCa(rotated)) as reg, \
-            httpx.AsyncClient(base_url=reg.url) as client:
-        r = await client.post(URL.format(0), json={"csr": csr_for(p256())}, headers=AUTH)
-    assert r.status_code == 200, r.text
-    leaf = x509.load_pem_x509_certificate(r.json()["certificate"].encode())
-    assert leaf.issuer == rotated.current.cert.subject
-    bundle = x509.load_pem_x509_certificates(r.json()["ca"].encode())
-    assert [c.fingerprint(hashes.SHA256()) for c in bundle[:2]] == [
-        rotated.current.cert.fingerprint(hashes.SHA256()),
-        ca_state.current.cert.fingerprint(hashes.SHA256())]
-    assert ca_mod.verify_signed_by(bundle[2], ca_state.current.cert)
+    trust = ca_mod.rotate(ca_state, ENS, "r1", now, dt.timedelta(hours=1))
+    switch = ca_mod.advance(trust, now + dt.timedelta(minutes=30))
+    leaves = {}
+    for step, state in (("trust", trust), ("switch", switch)):
+        async with serve(make_state(), ca_source=FixedCa(state)) as reg, \
+                httpx.AsyncClient(base_url=reg.url) as client:
+            r = await client.post(URL.format(0), json={"csr": csr_for(p256())}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        leaves[step] = r.json()
+        bundle = x509.load_pem_x509_certificates(r.json()["ca"].encode())
+        assert [ca_mod.fingerprint(c) for c in bundle[:2]] == (
+            [ca_state.sha256, trust.current.sha256] if step == "trust"
+            else [trust.current.sha256, ca_state.sha256])
+        assert ca_mod.verify_signed_by(bundle[2], ca_state.current.cert)
+    old_leaf = x509.load_pem_x509_certificate(leaves["trust"]["certificate"].encode())
+    new_leaf = x509.load_pem_x509_certificate(leaves["switch"]["certificate"].encode())
+    assert old_leaf.issuer == ca_state.current.cert.subject
+    assert new_leaf.issuer == trust.current.cert.subject
     if openssl is None:
         pytest.skip("the openssl CLI is not installed")
-    # an old-CA leaf and a new-CA leaf both verify against the overlap bundle
-    old_leaf = ca_mod.issue_leaf(ca_state.current, x509.load_pem_x509_csr(
-        csr_for(p256()).encode()), SLOT0, now)
-    (tmp_path / "bundle.pem").write_text(r.json()["ca"])
-    for name, cert_text in (("new", r.json()["certificate"]), ("old", ca_mod.cert_pem(old_leaf))):
-        (tmp_path / f"{name}.pem").write_text(cert_text)
-        out = run_openssl("verify", "-CAfile", str(tmp_path / "bundle.pem"),
-                          str(tmp_path / f"{name}.pem"))
-        assert out.returncode == 0, (name, out)
+    # an old-CA leaf and a new-CA leaf both verify against either step's bundle
+    for step in ("trust", "switch"):
+        (tmp_path / f"{step}-bundle.pem").write_text(leaves[step]["ca"])
+        for name, leaf in (("old", old_leaf), ("new", new_leaf)):
+            (tmp_path / f"{name}.pem").write_text(ca_mod.cert_pem(leaf))
+            out = run_openssl("verify", "-CAfile", str(tmp_path / f"{step}-bundle.pem"),
+                              str(tmp_path / f"{name}.pem"))
+            assert out.returncode == 0, (step, name, out)
     # and the old CA alone does not accept the new leaf
     (tmp_path / "old-ca.pem").write_text(ca_mod.cert_pem(ca_state.current.cert))
     out = run_openssl("verify", "-CAfile", str(tmp_path / "old-ca.pem"),

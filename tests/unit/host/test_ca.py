@@ -66,20 +66,40 @@ def test_secret_round_trip_keeps_the_same_ca() -> None:
 def test_rotation_cross_signs_with_the_old_key_and_the_overlap_ends() -> None:
     old = ca.first_state(ENS, NOW)
     new = ca.rotate(old, ENS, "evict gb200-3", NOW, dt.timedelta(minutes=10))
-    assert new.sha256 != old.sha256 and new.current.cert.subject != old.current.cert.subject
+    assert new.current.sha256 != old.sha256 and new.current.cert.subject != old.current.cert.subject
     assert new.cross is not None
     assert ca.verify_signed_by(new.cross, old.current.cert)
     assert not ca.verify_signed_by(new.cross, new.current.cert)
     assert new.cross.public_key().public_numbers() == \
         new.current.cert.public_key().public_numbers()  # type: ignore[union-attr]
     assert new.cross.subject == new.current.cert.subject
-    assert [c.subject for c in new.bundle()] == [
-        new.current.cert.subject, old.current.cert.subject, new.current.cert.subject]
+    old_s, new_s = old.current.cert.subject, new.current.cert.subject
+    # trust: the old CA still signs and comes first; everyone learns the new one
+    assert new.step == "trust" and new.signer.cert == old.current.cert
+    assert new.sha256 == old.sha256  # what new guests pin while the old CA signs
+    assert [c.subject for c in new.bundle()] == [old_s, new_s, new_s]
     assert new.bundle_sha256() != old.bundle_sha256()
-    assert ca.end_overlap(new, NOW + dt.timedelta(minutes=9)) is new
-    done = ca.end_overlap(new, NOW + dt.timedelta(minutes=10))
+    assert ca.advance(new, NOW + dt.timedelta(minutes=4)) is new
+    switch = ca.advance(new, NOW + dt.timedelta(minutes=5))
+    # switch: the old key is gone, the new CA signs, the old one is still trusted
+    assert switch.step == "switch" and switch.previous_key is None
+    assert switch.signer.cert == new.current.cert and switch.sha256 == new.current.sha256
+    assert [c.subject for c in switch.bundle()] == [new_s, old_s, new_s]
+    assert ca.advance(switch, NOW + dt.timedelta(minutes=9)) is switch
+    done = ca.advance(switch, NOW + dt.timedelta(minutes=10))
     assert done.bundle() == (new.current.cert,) and done.previous is None
-    assert done.bundle_sha256() != new.bundle_sha256()
+    assert done.step == "steady"
+    assert len({s.bundle_sha256() for s in (old, new, switch, done)}) == 4
+    assert ca.end_overlap(new, NOW + dt.timedelta(minutes=10)) == done
+
+
+def test_the_trust_step_survives_the_secret_round_trip() -> None:
+    new = ca.rotate(ca.first_state(ENS, NOW), ENS, "r1", NOW, dt.timedelta(hours=1))
+    back = ca.parse_secret(secret(new), NOW)
+    assert back.step == "trust" and back.switch_at == NOW + dt.timedelta(minutes=30)
+    assert back.signer.sha256 == new.signer.sha256
+    switch = ca.parse_secret(secret(ca.advance(new, NOW + dt.timedelta(minutes=30))), NOW)
+    assert switch.step == "switch" and "previous.key" not in ca.secret_data(switch)
 
 
 def _other_key_pem() -> str:
