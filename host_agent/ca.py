@@ -29,9 +29,10 @@ The first certificate of a bundle is always the one that signs now, and its
 fingerprint is what ``status.caSHA256`` publishes.
 
 The Secret (``imex-ca-<namespace>.<name>``) holds ``ca.crt`` and ``ca.key``
-(PEM), and during an overlap ``previous.crt`` and ``cross.crt``;
-annotations record the rotation value that produced the current CA and when
-the overlap ends. A Secret that does not parse into exactly that is an
+(PEM), during a rotation ``previous.crt`` and ``cross.crt`` (and, in the
+*trust* step only, ``previous.key``); annotations record the rotation value
+that produced the current CA, when the *switch* comes and when the overlap
+ends. A Secret that does not parse into exactly that is an
 error (``CaSecretError``), never a reason to mint a new CA: a second CA
 would split the domain.
 """
