@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +38,9 @@ from host_agent.state import CaPublished, EnsembleSpec
 log = logging.getLogger("imex.host.ca")
 
 Obj = dict[str, Any]
+
+#: Where a Service-only ensemble publishes its CA's fingerprint (an ImexEnsemble: status).
+CA_SHA256_ANNOTATION = "imex-ensemble.io/ca-sha256"
 
 #: How often an authEncryption ensemble is looked at without any event (a hand edit
 #: of its Secret is noticed within this; an overlap end is scheduled exactly).
@@ -62,6 +65,15 @@ class CaOutcome:
     problems: tuple[str, ...] = ()
     #: seconds until the pass must run again (overlap end, periodic re-check).
     recheck_after: float | None = None
+
+
+def ca_annotation_patch(service: Mapping[str, Any] | None, sha256: str) -> Obj | None:
+    """The merge patch that puts ``sha256`` on a Service-only ensemble (None: already there)."""
+    meta = (service or {}).get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    if annotations.get(CA_SHA256_ANNOTATION) == sha256:
+        return None
+    return {"metadata": {"annotations": {CA_SHA256_ANNOTATION: sha256}}}
 
 
 def published(state: ca_mod.CaState) -> CaPublished:
@@ -101,7 +113,10 @@ class CaManager:
         cache_seconds: float = 2.0,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         monotonic: Callable[[], float] = time.monotonic,
+        patch_service: Callable[[str, str, Obj], Awaitable[object]] | None = None,
     ) -> None:
+        #: merge-patches a Service (namespace, name, body): the fingerprint annotation
+        self.patch_service = patch_service
         self.api = api
         self.namespace = namespace
         self.gate = gate
@@ -136,6 +151,21 @@ class CaManager:
         if state is None:
             raise CaUnavailable(f"{self._where(ens)} does not exist yet (the leader creates it)")
         return state
+
+    async def publish_on_service(self, spec: EnsembleSpec, service: Mapping[str, Any] | None,
+                                 sha256: str) -> bool:
+        """A Service-only ensemble: ``imex-ensemble.io/ca-sha256`` (leader; True: written)."""
+        if spec.source != "service" or self.patch_service is None or \
+                not self.gate.may_write():
+            return False
+        patch = ca_annotation_patch(service, sha256)
+        if patch is None:
+            return False
+        self.gate.ensure()
+        await self.patch_service(spec.ens.namespace, spec.ens.name, patch)
+        log.info("%s: published the CA fingerprint %s on its Service", spec.ens.key,
+                 sha256[:16], extra={"ensemble": spec.ens.key})
+        return True
 
     def forget(self, ens: EnsembleId) -> None:
         self._cache.pop(ens, None)

@@ -59,6 +59,7 @@ from host_agent.kube import (
     ServiceWriter,
     SliceWriter,
     VirtualMachineInstance,
+    api_call,
     make_client,
 )
 from host_agent.leadership import ALWAYS, LeaseGate, WriteGate
@@ -138,8 +139,15 @@ class HostAgent:
             self.metrics.set_leader(True)
         writer = SliceWriter(client, s.field_manager, self.gate)
         applier = SliceApplier(writer, self.slices.get)
+        async def patch_service(namespace: str, name: str, body: dict[str, object]) -> object:
+            return await api_call(client, "PATCH",
+                                  f"/api/v1/namespaces/{namespace}/services/{name}",
+                                  body=body, content_type="application/merge-patch+json",
+                                  params={"fieldManager": s.field_manager})
+
         self.cas = CaManager(SecretWriter(client, s.field_manager), s.agent_namespace,
-                             self.gate, overlap=dt.timedelta(seconds=s.ca_overlap_seconds))
+                             self.gate, overlap=dt.timedelta(seconds=s.ca_overlap_seconds),
+                             patch_service=patch_service)
         sidecar = s.vmi is not None
         owned = None if sidecar else ServiceApplier(
             ServiceWriter(client, s.field_manager, self.gate), self.services.get)

@@ -495,6 +495,9 @@ class Reconciler:
         outcome = await self._cas.reconcile(spec)
         if outcome.recheck_after is not None:
             asyncio.get_running_loop().call_later(outcome.recheck_after, self.enqueue, key)
+        if outcome.published is not None:  # an ImexEnsemble has it in status.caSHA256
+            await self._cas.publish_on_service(spec, self._services.get(*key),
+                                               outcome.published.sha256)
         return list(outcome.problems), outcome.published
     def _adopt_reports(self, snap: EnsembleSnapshot) -> EnsembleSnapshot:
         """Reports stored in the API for members this snapshot shows without one."""

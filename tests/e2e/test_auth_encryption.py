@@ -124,6 +124,8 @@ def test_the_domain_forms_over_mutual_tls(rack: TlsRack) -> None:
     ca = rack.ca()
     doc = rack.sbx.registry_json(rack.spec, strict=True)
     assert doc["tls"]["ca_sha256"] == ca.sha256
+    svc = rack.sbx.api.get("v1", "Service", rack.spec.name, rack.spec.namespace)  # type: ignore[union-attr]
+    assert svc["metadata"]["annotations"]["imex-ensemble.io/ca-sha256"] == ca.sha256
     for vm in rack.vms():
         assert doc["tls"]["ca_bundle_sha256"] == ca.bundle_sha256()
         leaf = leaf_of(vm)

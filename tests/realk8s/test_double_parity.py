@@ -111,6 +111,32 @@ def _slice(ns: str, ctx: dict[str, Any], **change: Any) -> Body:
     return body
 
 
+SECRETS = "/api/v1/namespaces/{ns}/secrets"
+
+
+def _ca_secret(ns: str, ctx: dict[str, Any], **data: str) -> Body:
+    """The shape host_agent/ca_store.py writes (issue 19): a dotted name, base64 data."""
+    body: Body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": "imex-ca-gpu.gb200", "namespace": ns,
+                               "labels": {"imex-ensemble.io/ca": "true"},
+                               "annotations": {"imex-ensemble.io/ca-rotation": ""}},
+                  "data": {"ca.crt": "Y2VydA==", "ca.key": "a2V5"}}
+    body["data"].update(data)
+    return body
+
+
+def _ca_secret_update(ns: str, ctx: dict[str, Any], rv: str | None = None,
+                      **data: str) -> Body:
+    body = _ca_secret(ns, ctx, **data)
+    body["metadata"]["resourceVersion"] = rv if rv is not None else ctx["secret_rv"]
+    return body
+
+
+def _secret_view(obj: Body) -> Any:
+    return (obj.get("type"), obj.get("data"), obj.get("stringData"),
+            _meta(obj, "name", "annotations", "labels"))
+
+
 def _status_put(ns: str, ctx: dict[str, Any]) -> Body:
     obj: Body = copy.deepcopy(ctx["vmi"])
     obj["status"] = _vmi_body(ns, "ens-0")["status"]
@@ -186,6 +212,27 @@ STEPS: list[Step] = [
     Step("slice with an IPv6 address in an IPv4 slice: Invalid", "POST", SLICES,
          lambda ns, ctx: _slice(ns, ctx, **{"metadata.name": "v6",
                                             "endpoints.0.addresses": ["fd00::1"]})),
+    # the CA Secrets (issue 19): GET by name, create, update with a resourceVersion
+    Step("get a missing Secret: NotFound", "GET", SECRETS + "/imex-ca-gpu.gb200"),
+    Step("create the CA Secret", "POST", SECRETS, _ca_secret, project=_secret_view),
+    Step("create it twice: AlreadyExists", "POST", SECRETS, _ca_secret),
+    Step("get the CA Secret", "GET", SECRETS + "/imex-ca-gpu.gb200", project=_secret_view),
+    Step("update it (rotation)", "PUT", SECRETS + "/imex-ca-gpu.gb200",
+         lambda ns, ctx: _ca_secret_update(ns, ctx, **{"previous.crt": "b2xk"}),
+         project=_secret_view),
+    Step("update with a stale resourceVersion: Conflict", "PUT",
+         SECRETS + "/imex-ca-gpu.gb200",
+         lambda ns, ctx: _ca_secret_update(ns, ctx, rv=ctx["secret_rv0"])),
+    Step("update without a change keeps resourceVersion", "PUT",
+         SECRETS + "/imex-ca-gpu.gb200",
+         lambda ns, ctx: _ca_secret_update(ns, ctx, **{"previous.crt": "b2xk"}),
+         project=lambda o: o["metadata"]["resourceVersion"] == _LAST_RV.get("secret")),
+    Step("data that is not base64: BadRequest", "POST", SECRETS,
+         lambda ns, ctx: {**_ca_secret(ns, ctx, **{"ca.crt": "!!"}),
+                          "metadata": {"name": "bad-b64", "namespace": ns}}),
+    Step("a data key with a slash: Invalid", "POST", SECRETS,
+         lambda ns, ctx: {**_ca_secret(ns, ctx, **{"a/b": "eA=="}),
+                          "metadata": {"name": "bad-key", "namespace": ns}}),
     Step("delete VMI", "DELETE", VMIS + "/ens-0"),
     Step("get deleted VMI: NotFound", "GET", VMIS + "/ens-0"),
 ]
@@ -208,9 +255,15 @@ def outcome(api: Api, ns: str, step: Step, ctx: dict[str, Any]) -> Any:
         ctx["vmi"] = obj
     if step.name.startswith("create headless"):
         ctx["svc_uid"] = obj["metadata"]["uid"]
+    if step.path.startswith(SECRETS) and step.method in ("POST", "PUT"):
+        rv = obj.get("metadata", {}).get("resourceVersion")
+        ctx.setdefault("secret_rv0", rv)
+        ctx["secret_rv"] = rv
     result = (resp.status_code, step.project(obj))
     if step.path == SLICES + "/ens-imex" or step.name.startswith("create contract"):
         _LAST_RV["slice"] = obj.get("metadata", {}).get("resourceVersion")
+    if step.path.startswith(SECRETS):
+        _LAST_RV["secret"] = obj.get("metadata", {}).get("resourceVersion")
     return result
 
 

@@ -31,6 +31,8 @@ reason `Invalid`, `details.causes`):
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import json
 import re
@@ -540,8 +542,41 @@ _MICROTIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2
 _LEASE_TIMES = ("acquireTime", "renewTime")
 
 
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+def _secret_decode_problem(obj: Mapping[str, Any]) -> str | None:
+    """Secret ``data`` values are []byte: JSON strings in standard base64, else 400."""
+    data = obj.get("data")
+    if not isinstance(data, Mapping):
+        return None
+    for value in data.values():
+        if not isinstance(value, str):
+            continue
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            return ('Secret in version "v1" cannot be handled as a Secret: illegal base64 '
+                    "data at input byte 0")
+    return None
+
+
+def validate_secret(obj: Mapping[str, Any]) -> list[Cause]:
+    """core/validation ValidateSecret: data keys are config keys (253 at most)."""
+    causes: list[Cause] = []
+    for key in obj.get("data") or {}:
+        if not _CONFIG_KEY.match(str(key)) or len(str(key)) > 253:
+            causes.append(invalid(
+                f"data[{key}]", key, "a valid config key must consist of alphanumeric "
+                "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or "
+                "'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"))
+    return causes
+
+
 def decode_problem(t: ResourceType, obj: Mapping[str, Any]) -> str | None:
     """Why the real apiserver could not decode `obj` (its 400 message), or None."""
+    if t is rt.SECRET:
+        return _secret_decode_problem(obj)
     if t is not rt.LEASE:
         return None
     spec = obj.get("spec")
@@ -581,6 +616,8 @@ def validate(t: ResourceType, obj: Mapping[str, Any]) -> list[Cause]:
         causes.extend(validate_endpointslice(obj))
     elif t is rt.SERVICE:
         causes.extend(validate_service(obj))
+    elif t is rt.SECRET:
+        causes.extend(validate_secret(obj))
     return causes
 
 
