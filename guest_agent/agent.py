@@ -55,9 +55,9 @@ from guest_agent.ownslot import OwnSlot, resolve_own
 from guest_agent.status import Status, StatusError, format_table, load_status, write_status
 
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
+    from guest_agent.certkeeper import CertKeeper, TlsStatus
     from guest_agent.discovery import Discovery
     from guest_agent.reporter import Reporter
-    from guest_agent.tls import CertKeeper, TlsStatus
 
 log = logging.getLogger("guest_agent")
 
@@ -178,20 +178,12 @@ def make_discovery(settings: Settings) -> Discovery:
 
 
 def make_keeper(settings: Settings, on_renewed: Any, on_status: Any) -> CertKeeper:
-    """The TLS keeper; ``cryptography`` is imported here, only when auth is on."""
-    from guest_agent.reporter import ReportError, read_token
-    from guest_agent.tls import CertKeeper, ensure_imex_config
+    """The TLS keeper; ``cryptography`` runs only in its short-lived child."""
+    from guest_agent.certkeeper import CertKeeper
+    from guest_agent.tlsconfig import ensure_imex_config
 
     assert settings.registry_url is not None
     base = f"{settings.registry_url}/v1/ensembles/{settings.namespace}/{settings.ensemble}"
-
-    def token() -> str | None:
-        try:
-            return read_token(settings.token_file)
-        except ReportError as exc:
-            log.warning("certificate request without a token: %s", exc)
-            return None
-
     try:
         if ensure_imex_config(settings.imex_config, settings.tls_dir):
             log.info("wrote the TLS keys into %s", settings.imex_config)
@@ -201,7 +193,7 @@ def make_keeper(settings: Settings, on_renewed: Any, on_status: Any) -> CertKeep
         tls_dir=settings.tls_dir,
         ca_sha256=settings.ca_sha256,
         url_for=lambda index: f"{base}/members/{index}/certificate",
-        token=token,
+        token_file=settings.token_file,
         on_renewed=on_renewed,
         on_status=on_status,
     )

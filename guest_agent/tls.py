@@ -23,25 +23,20 @@ safe writer: ``imex.key`` (0600, made here, never sent anywhere), ``imex.crt``,
 key is written before the certificate that needs it, the CA file before the
 certificate (a peer's new certificate verifies as soon as ours does).
 
-Renewal (``CertKeeper``): at two thirds of the certificate's lifetime, or at once
-when the registry's CA bundle digest differs from ours (a rotation began or its
-overlap ended). A failed request keeps the current files and is retried with
-exponential backoff and jitter (2 s doubling to 5 min). ``on_renewed`` tells the
-agent that the files changed; the IMEX supervisor then sends one SIGUSR1, in the
-same window as membership signals.
+This module runs as a short-lived child of the agent (``main``: ``inspect`` at
+start, ``request`` for each certificate); the agent's own side, with the renewal
+schedule and backoff, is guest_agent/certkeeper.py, which never imports
+``cryptography``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
 import hashlib
 import logging
 import os
-import random
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -63,7 +58,7 @@ BACKOFF_FIRST: Final = 2.0
 BACKOFF_MAX: Final = 300.0
 
 
-__all__ = ["CertKeeper", "TlsError", "TlsStatus", "ensure_imex_config", "verify_bundle"]
+__all__ = ["BundleRefused", "TlsError", "ensure_imex_config", "main", "verify_bundle"]
 
 
 class TlsError(RuntimeError):
@@ -208,24 +203,21 @@ def make_csr(key: ec.EllipticCurvePrivateKey, slot: str) -> str:
     )
 
 
-def renew_at(cert: x509.Certificate, obtained: dt.datetime | None = None) -> dt.datetime:
-    """Two thirds into the certificate's lifetime, counted from when we got it.
-
-    Not from ``notBefore``: the registry backdates that by 5 minutes (clock skew), which
-    for a short lifetime would put the renewal in the past, a renewal loop.
-    """
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    if obtained is not None:
-        start = min(max(start, obtained), end)
-    return start + (end - start) * 2 / 3
+def cert_facts(cert: x509.Certificate) -> dict[str, object]:
+    """What the daemon keeps of a certificate: its names and validity (no crypto needed)."""
+    cns = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    return {"cn": cns, "not_before": _iso(cert.not_valid_before_utc),
+            "not_after": _iso(cert.not_valid_after_utc)}
 
 
-def expiring(cert: x509.Certificate | None, now: dt.datetime) -> bool:
-    return cert is not None and cert.not_valid_after_utc - now <= EXPIRY_WARNING
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
 class TlsPaths:
+    """The files under ``tls_dir`` (docs/guest-agent.md "TLS files")."""
+
     directory: Path
 
     @property
@@ -286,186 +278,83 @@ def load_pins(paths: TlsPaths, configured: str | None) -> set[str]:
     return pins
 
 
-@dataclass
-class TlsStatus:
-    """What the status file says about the credentials (``tls`` in status.json)."""
-
-    cert_not_after: str | None = None
-    renew_at: str | None = None
-    ca_sha256: str | None = None
-    bundle_sha256: str | None = None
-    pinned: list[str] = field(default_factory=list)
-    renewals: int = 0
-    failures: int = 0
-    expiring: bool = False
-    last_error: str | None = None
-    waiting: str | None = None
+def inspect(paths: TlsPaths) -> dict[str, object]:
+    """The key (made here, 0600, when missing) and what the certificate on disk says."""
+    key = load_or_make_key(paths)
+    cert = load_cert(paths)
+    if cert is not None and _public_der(cert) != _public_der(key):
+        cert = None  # a certificate for another key is no credential
+    return {"ok": True, "cert": cert_facts(cert) if cert is not None else None,
+            "ca": paths.ca.exists()}
 
 
-def _iso(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class CertKeeper:
-    """One task: get the first certificate, then renew it; see the module docstring."""
-
-    def __init__(
-        self,
-        *,
-        tls_dir: str,
-        ca_sha256: str | None,
-        url_for: Callable[[int], str],
-        token: Callable[[], str | None],
-        on_renewed: Callable[[], None],
-        on_status: Callable[[TlsStatus], None] | None = None,
-        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
-        timeout: float = 10.0,
-    ) -> None:
-        self.paths = TlsPaths(Path(tls_dir))
-        self.configured_pin = ca_sha256
-        self.url_for = url_for
-        self.token = token
-        self.on_renewed = on_renewed
-        self.on_status = on_status
-        self.clock = clock
-        self.timeout = timeout
-        self.key = load_or_make_key(self.paths)
-        self.cert = load_cert(self.paths)
-        if self.cert is not None and _public_der(self.cert) != _public_der(self.key):
-            self.cert = None  # a certificate for another key is no credential
-        #: when the current certificate was obtained (its file's mtime after a restart)
-        self.obtained: dt.datetime | None = None
-        if self.cert is not None:
-            self.obtained = dt.datetime.fromtimestamp(self.paths.cert.stat().st_mtime, dt.UTC)
-        self.status = TlsStatus()
-        self.index: int | None = None
-        self.slot: str | None = None
-        self.registry_bundle: str | None = None
-        self._news = asyncio.Event()
-        self.ready = asyncio.Event()
-        if self.cert is not None and self.paths.ca.exists() and \
-                self.cert.not_valid_after_utc > self.clock():
-            self.ready.set()
-        self._publish()
-
-    # -- inputs
-
-    def set_slot(self, index: int | None, slot: str | None) -> None:
-        if (index, slot) != (self.index, self.slot):
-            self.index, self.slot = index, slot
-            self._news.set()
-
-    def set_registry_bundle(self, digest: str | None) -> None:
-        """The bundle digest the registry publishes; a change means renew now."""
-        if digest != self.registry_bundle:
-            self.registry_bundle = digest
-            self._news.set()
-
-    def creds_digest(self) -> str | None:
-        """Changes whenever the files IMEX reads change (what the supervisor compares)."""
-        cert, ca = read_bytes(self.paths.cert), read_bytes(self.paths.ca)
-        if cert is None or ca is None:
-            return None
-        return hashlib.sha256(cert + b"\0" + ca).hexdigest()
-
-    # -- decisions
-
-    def due(self, now: dt.datetime) -> str | None:
-        """Why a request is needed now (None: not yet)."""
-        if self.slot is None or self.index is None:
-            return None
-        if self.cert is None:
-            return "no certificate yet"
-        cns = [a.value for a in self.cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-        if cns != [self.slot]:
-            return f"the certificate names {cns}, this guest is {self.slot}"
-        if self.registry_bundle is not None and self.registry_bundle != \
-                self.status.bundle_sha256:
-            return "the registry's CA bundle changed (rotation)"
-        if now >= renew_at(self.cert, self.obtained):
-            return "two thirds of its lifetime have passed"
-        return None
-
-    # -- the request
-
-    async def request(self) -> None:
-        assert self.slot is not None and self.index is not None
-        csr = make_csr(self.key, self.slot)
-        try:
-            answer = await http.post_json(
-                self.url_for(self.index), {"csr": csr}, token=self.token(),
-                connect_timeout=min(5.0, self.timeout), read_timeout=self.timeout,
-            )
-        except http.HttpError as exc:
-            raise TlsError(f"certificate request failed: {exc}") from exc
-        if not isinstance(answer, dict) or not all(
-                isinstance(answer.get(k), str) for k in ("certificate", "ca")):
-            raise TlsError("the registry's certificate answer lacks certificate/ca")
-        bundle = verify_bundle(str(answer["ca"]), load_pins(self.paths, self.configured_pin))
-        cert = check_leaf(str(answer["certificate"]), self.key, self.slot, bundle)
-        try:
-            if bundle.new_pin is not None:
-                write_file(self.paths.pin, (bundle.new_pin + "\n").encode())
-            write_file(self.paths.ca, bundle.ca_pem())
-            write_file(self.paths.cert, cert.public_bytes(serialization.Encoding.PEM))
-        except FileWriteError as exc:
-            raise TlsError(f"cannot write the credentials: {exc}") from exc
+async def request(paths: TlsPaths, pins: set[str], url: str, token: str | None, slot: str,
+                  timeout: float = 10.0) -> dict[str, object]:
+    """One certificate: CSR from our key, POST, checks, files written. Raises TlsError."""
+    key = load_or_make_key(paths)
+    csr = make_csr(key, slot)
+    try:
+        answer = await http.post_json(url, {"csr": csr}, token=token,
+                                      connect_timeout=min(5.0, timeout), read_timeout=timeout)
+    except http.HttpError as exc:
+        raise TlsError(f"certificate request failed: {exc}") from exc
+    if not isinstance(answer, dict) or not all(
+            isinstance(answer.get(k), str) for k in ("certificate", "ca")):
+        raise TlsError("the registry's certificate answer lacks certificate/ca")
+    bundle = verify_bundle(str(answer["ca"]), pins)
+    cert = check_leaf(str(answer["certificate"]), key, slot, bundle)
+    try:
         if bundle.new_pin is not None:
-            log.info("CA rotation: pinned the new CA %s (vouched for by the pinned CA)",
-                     bundle.new_pin[:16])
-        self.cert = cert
-        self.obtained = self.clock()
-        self.status.bundle_sha256 = bundle.bundle_sha256
-        self.status.ca_sha256 = sha256_hex(bundle.current)
-        self.status.renewals += 1
-        self.status.last_error = None
-        log.info("certificate for %s renewed: not after %s, CA %s", self.slot,
-                 _iso(cert.not_valid_after_utc), self.status.ca_sha256[:16])
-        self.ready.set()
-        self.on_renewed()
+            write_file(paths.pin, (bundle.new_pin + "\n").encode())
+        write_file(paths.ca, bundle.ca_pem())
+        write_file(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
+    except FileWriteError as exc:
+        raise TlsError(f"cannot write the credentials: {exc}") from exc
+    return {"ok": True, "cert": cert_facts(cert), "bundle_sha256": bundle.bundle_sha256,
+            "ca_sha256": sha256_hex(bundle.current), "new_pin": bundle.new_pin}
 
-    def _publish(self) -> None:
-        s = self.status
-        now = self.clock()
-        if self.cert is not None:
-            s.cert_not_after = _iso(self.cert.not_valid_after_utc)
-            s.renew_at = _iso(renew_at(self.cert, self.obtained))
-        s.expiring = expiring(self.cert, now)
-        s.pinned = sorted(p[:16] for p in load_pins(self.paths, self.configured_pin))
-        if self.on_status is not None:
-            self.on_status(s)
 
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._news.wait(), max(0.0, seconds))
+def main(argv: list[str] | None = None) -> int:
+    """``python -m guest_agent.tls inspect|request ...``: one JSON object on stdout.
 
-    async def run(self) -> None:
-        """Forever: request when due, back off on failure, sleep until due or news."""
-        delay = BACKOFF_FIRST
-        while True:
-            self._news.clear()
-            now = self.clock()
-            reason = self.due(now)
-            if reason is None:
-                self.status.waiting = None if self.slot else "own slot not known yet"
-                self._publish()
-                wake = ((renew_at(self.cert, self.obtained) - now).total_seconds()
-                        if self.cert else 3600.0)
-                # re-check the expiry warning at least hourly
-                await self._sleep(min(wake, 3600.0))
-                continue
-            log.info("requesting a certificate for %s: %s", self.slot, reason)
-            try:
-                await self.request()
-            except TlsError as exc:
-                self.status.failures += 1
-                self.status.last_error = str(exc)
-                self.status.waiting = f"retrying in {delay:.0f} s"
-                log.warning("%s; keeping the current credentials, retrying in %.0f s",
-                            exc, delay)
-                self._publish()
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, BACKOFF_MAX)
-                continue
-            delay = BACKOFF_FIRST
-            self._publish()
+    The daemon runs this as a short-lived child, so ``cryptography`` (about 13 MB of
+    RSS) is never resident in the agent itself (docs/guest-agent.md, footprint).
+    """
+    import argparse
+    import json
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m guest_agent.tls")
+    p.add_argument("command", choices=("inspect", "request"))
+    p.add_argument("--tls-dir", required=True)
+    p.add_argument("--pin", action="append", default=[])
+    p.add_argument("--url")
+    p.add_argument("--token-file")
+    p.add_argument("--slot")
+    p.add_argument("--timeout", type=float, default=10.0)
+    args = p.parse_args(argv)
+    paths = TlsPaths(Path(args.tls_dir))
+    try:
+        if args.command == "inspect":
+            out = inspect(paths)
+        else:
+            token = None
+            if args.token_file:
+                try:
+                    token = Path(args.token_file).read_text(encoding="utf-8").strip() or None
+                except OSError as exc:
+                    raise TlsError(f"token_file {args.token_file}: {exc.strerror}") from exc
+            if not args.url or not args.slot:
+                raise TlsError("request needs --url and --slot")
+            import asyncio
+
+            out = asyncio.run(request(paths, set(args.pin), args.url, token, args.slot,
+                                      args.timeout))
+    except (TlsError, OSError) as exc:
+        out = {"ok": False, "error": str(exc), "refused": isinstance(exc, BundleRefused)}
+    sys.stdout.write(json.dumps(out) + "\n")
+    return 0 if out.get("ok") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

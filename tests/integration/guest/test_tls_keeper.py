@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from guest_agent import tls
+from guest_agent import certkeeper, tls
+from guest_agent.certkeeper import CertFacts, KeeperError
 from guest_agent.model import EnsembleId, Member
 from guest_agent.tlsconfig import merge_imex_config
 from host_agent import ca as ca_mod
@@ -47,11 +48,13 @@ def registry_state() -> State:
     return state
 
 
-def keeper(url: str, tls_dir: Path, pin: str, renewed: list[int]) -> tls.CertKeeper:
+def keeper(url: str, tls_dir: Path, pin: str, renewed: list[int]) -> certkeeper.CertKeeper:
     base = f"{url}/v1/ensembles/gpu/tls"
-    k = tls.CertKeeper(tls_dir=str(tls_dir), ca_sha256=pin,
-                       url_for=lambda i: f"{base}/members/{i}/certificate",
-                       token=lambda: TOKEN, on_renewed=lambda: renewed.append(1))
+    token = tls_dir.parent / "token"
+    token.write_text(TOKEN + "\n")
+    k = certkeeper.CertKeeper(tls_dir=str(tls_dir), ca_sha256=pin,
+                              url_for=lambda i: f"{base}/members/{i}/certificate",
+                              token_file=str(token), on_renewed=lambda: renewed.append(1))
     k.set_slot(0, ENS.slot(0))
     return k
 
@@ -76,8 +79,9 @@ async def test_first_certificate_files_modes_and_rotation(tmp_path: Path) -> Non
     renewed: list[int] = []
     async with serve(registry_state(), ca_source=source) as reg:
         k = keeper(reg.url, tls_dir, first.sha256, renewed)
+        await k.start()
         # the key exists (0600) before anything was asked
-        assert mode(tls_dir / "imex.key") == 0o600
+        assert mode(tls_dir / "imex.key") == 0o600 and not k.ready.is_set()
         key_bytes = (tls_dir / "imex.key").read_bytes()
         task = asyncio.create_task(k.run())
         try:
@@ -91,7 +95,8 @@ async def test_first_certificate_files_modes_and_rotation(tmp_path: Path) -> Non
             assert k.status.ca_sha256 == first.sha256 and k.status.renewals == 1
             assert k.due(dt.datetime.now(dt.UTC)) is None
             assert k.obtained is not None
-            at = tls.renew_at(cert, k.obtained)
+            assert k.cert is not None and k.cert.not_after == cert.not_valid_after_utc
+            at = certkeeper.renew_at(k.cert, k.obtained)
             assert at == k.obtained + (cert.not_valid_after_utc - k.obtained) * 2 / 3
             assert k.due(at - dt.timedelta(seconds=1)) is None
             assert k.due(at) == "two thirds of its lifetime have passed"
@@ -133,15 +138,17 @@ async def test_a_bundle_from_another_ca_is_refused_and_the_files_stay(tmp_path: 
         # someone swaps the CA (a Secret replaced by hand, a registry impostor)
         impostor = ca_mod.first_state(ENS, now)
         source.state = impostor
-        with pytest.raises(tls.BundleRefused, match="pinned fingerprint"):
+        with pytest.raises(KeeperError, match="pinned fingerprint") as err:
             await k.request()
+        assert err.value.refused
         # a "rotation" whose cross certificate was signed by a stranger is refused too
         stranger = ca_mod.first_state(EnsembleId("x", "y"), now)
         forged = ca_mod.rotate(stranger, ENS, "r1", now, dt.timedelta(hours=1))
         source.state = ca_mod.CaState(forged.current, first.current.cert, forged.cross, "r1",
                                       forged.overlap_until)
-        with pytest.raises(tls.BundleRefused, match="does not chain to the pinned CA"):
+        with pytest.raises(KeeperError, match="does not chain to the pinned CA") as err:
             await k.request()
+        assert err.value.refused
     assert {n: (tls_dir / n).read_bytes() for n in kept} == kept
     assert not (tls_dir / "pinned-ca.sha256").exists()
     assert len(renewed) == 1
@@ -157,7 +164,7 @@ async def test_registry_unreachable_keeps_the_certificate_and_backs_off(tmp_path
         await k.request()
     cert = (tmp_path / "tls" / "imex.crt").read_bytes()
     # the registry is gone; force a renewal and watch it fail, keep the file, and retry
-    k.cert = x509.load_pem_x509_certificate(cert)
+    k.started = True
     k.set_registry_bundle("0" * 64)
     task = asyncio.create_task(k.run())
     try:
@@ -215,6 +222,8 @@ def test_renewal_counts_from_when_the_certificate_came_not_from_the_backdated_st
     csr = x509.load_pem_x509_csr(tls.make_csr(key, ENS.slot(0)).encode())
     short = ca_mod.issue_leaf(state.current, csr, ENS.slot(0), now, dt.timedelta(seconds=90))
     assert short.not_valid_before_utc == now - dt.timedelta(minutes=5)
+    facts = CertFacts((ENS.slot(0),), short.not_valid_before_utc, short.not_valid_after_utc)
     # from notBefore, 2/3 of 390 s would be 40 s *before* issue: a renewal loop
-    assert tls.renew_at(short) < now
-    assert tls.renew_at(short, now) == now + dt.timedelta(seconds=60)
+    assert certkeeper.renew_at(facts) < now
+    assert certkeeper.renew_at(facts, now) == now + dt.timedelta(seconds=60)
+    assert certkeeper.expiring(facts, now)  # 90 s left: within 24 h
