@@ -27,15 +27,26 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from guest_agent.model import EnsembleId
-from host_agent import ca as ca_mod
 from host_agent.leadership import WriteGate
 from host_agent.registry_certs import CaUnavailable
 from host_agent.state import CaPublished, EnsembleSpec
 
+if TYPE_CHECKING:
+    from host_agent import ca as ca_mod
+
 log = logging.getLogger("imex.host.ca")
+
+
+def _ca() -> ModuleType:
+    """host_agent.ca, imported on first use: ``cryptography`` costs the agent about 13 MB
+    of RSS, which an agent without authEncryption ensembles never pays."""
+    import host_agent.ca
+
+    return host_agent.ca
 
 Obj = dict[str, Any]
 
@@ -83,16 +94,16 @@ def published(state: ca_mod.CaState) -> CaPublished:
 def secret_body(state: ca_mod.CaState, ens: EnsembleId, namespace: str,
                 resource_version: str | None = None) -> Obj:
     meta: Obj = {
-        "name": ca_mod.secret_name(ens),
+        "name": _ca().secret_name(ens),
         "namespace": namespace,
         "labels": {"app.kubernetes.io/managed-by": "imex-host-agent",
                    "imex-ensemble.io/ca": "true"},
-        "annotations": ca_mod.secret_annotations(state, ens),
+        "annotations": _ca().secret_annotations(state, ens),
     }
     if resource_version is not None:
         meta["resourceVersion"] = resource_version
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
-            "data": ca_mod.secret_data(state)}
+            "data": _ca().secret_data(state)}
 
 
 def _rv(obj: Obj) -> str | None:
@@ -127,13 +138,13 @@ class CaManager:
         self._cache: dict[EnsembleId, tuple[float, ca_mod.CaState]] = {}
 
     def _where(self, ens: EnsembleId) -> str:
-        return f"Secret {self.namespace}/{ca_mod.secret_name(ens)}"
+        return f"Secret {self.namespace}/{_ca().secret_name(ens)}"
 
     async def _read(self, ens: EnsembleId) -> tuple[ca_mod.CaState | None, str | None]:
-        obj = await self.api.get_secret(self.namespace, ca_mod.secret_name(ens))
+        obj = await self.api.get_secret(self.namespace, _ca().secret_name(ens))
         if obj is None:
             return None, None
-        state = ca_mod.parse_secret(obj, self.clock())  # CaSecretError propagates
+        state: ca_mod.CaState = _ca().parse_secret(obj, self.clock())  # errors propagate
         self._cache[ens] = (self.monotonic(), state)
         return state, _rv(obj)
 
@@ -144,7 +155,7 @@ class CaManager:
             return hit[1]
         try:
             state, _ = await self._read(ens)
-        except ca_mod.CaSecretError as exc:
+        except _ca().CaSecretError as exc:
             raise CaUnavailable(str(exc)) from exc
         except Exception as exc:  # the API is unreachable: the caller retries
             raise CaUnavailable(f"cannot read {self._where(ens)}: {exc}") from exc
@@ -176,7 +187,7 @@ class CaManager:
         where = self._where(ens)
         try:
             state, rv = await self._read(ens)
-        except ca_mod.CaSecretError as exc:
+        except _ca().CaSecretError as exc:
             self.forget(ens)
             return CaOutcome(None, (
                 f"{exc}; not minting a new CA (that would split the domain): fix the Secret, "
@@ -188,7 +199,7 @@ class CaManager:
             if not self.gate.may_write():
                 return CaOutcome(None, (f"{where} does not exist yet; the leader creates it",),
                                  RECHECK_SECONDS)
-            state = ca_mod.first_state(ens, now, wanted)
+            state = _ca().first_state(ens, now, wanted)
             self.gate.ensure()
             created = await self.api.create_secret(secret_body(state, ens, self.namespace))
             self._cache[ens] = (self.monotonic(), state)
@@ -197,7 +208,7 @@ class CaManager:
             rv = _rv(created)
         elif wanted != state.rotation and self.gate.may_write():
             old = state.sha256
-            state = ca_mod.rotate(state, ens, wanted, now, self.overlap)
+            state = _ca().rotate(state, ens, wanted, now, self.overlap)
             self.gate.ensure()
             await self.api.replace_secret(secret_body(state, ens, self.namespace, rv))
             self._cache[ens] = (self.monotonic(), state)
@@ -205,7 +216,7 @@ class CaManager:
                      ens.key, wanted, state.sha256[:16], old[:16],
                      f"{state.overlap_until:%Y-%m-%dT%H:%M:%SZ}",
                      extra={"ensemble": ens.key, "ca_sha256": state.sha256})
-        elif (nxt := ca_mod.advance(state, now)) is not state and self.gate.may_write():
+        elif (nxt := _ca().advance(state, now)) is not state and self.gate.may_write():
             self.gate.ensure()
             await self.api.replace_secret(secret_body(nxt, ens, self.namespace, rv))
             self._cache[ens] = (self.monotonic(), nxt)
