@@ -37,7 +37,9 @@ says (``views.all_problems``, ``state.served_cliques``): one source, two faces.
 
 Room for the other issues: ``domainStatus`` and the ``DomainUp`` condition
 (issue 17) belong in ``desired_status`` beside the three conditions here;
-``caSHA256`` (issue 19) is filled from the snapshot's CA.
+``caSHA256`` (issue 19) is filled from the snapshot's CA; ``GuestCertExpiring``
+(a fresh report's certificate expires within 24 h) and ``CASecretInvalid`` (the CA
+Secret is unusable; the agent never mints a new CA on its own) are Degraded reasons.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ ALL_READY: Final = "AllMembersReady"
 AS_EXPECTED: Final = "AsExpected"
 PROBLEM: Final = "Problem"
 PUBLISHED: Final = "EndpointsPublished"
+#: authEncryption (issue 19): a guest's certificate expires within 24 h (it cannot renew)
+GUEST_CERT_EXPIRING: Final = "GuestCertExpiring"
+#: authEncryption: the CA Secret does not hold a usable CA (never replaced by a new one)
+CA_SECRET_INVALID: Final = "CASecretInvalid"
+CERT_WARNING_S: Final = 24 * 3600.0
 
 #: Which reason a condition names when several apply: the most telling first.
 ABSENT_ORDER: Final = (DUPLICATE_INDEX, INDEX_OUT_OF_RANGE, NO_INDEX, INVALID_NAME, NO_ADDRESS,
@@ -172,6 +179,29 @@ def _guests(snap: EnsembleSnapshot, now: float, stale_after: float
             not_ready.append(f"slot {i}: applied generation {applied}, current "
                              f"{snap.generation}")
     return silent, not_ready, imex_down
+
+
+def _cert_not_after(report: GuestReport | None) -> float | None:
+    value = report.fields.get("cert_not_after") if report is not None else None
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def cert_expiring(snap: EnsembleSnapshot, now: float, stale_after: float) -> list[int]:
+    """Slots whose fresh report says their certificate expires within 24 h (issue 19)."""
+    out = []
+    for pub in snap.members:
+        report = snap.reports.get(pub.member.index)
+        not_after = _cert_not_after(report)
+        if _fresh(report, now, stale_after) and not_after is not None and \
+                not_after - now <= CERT_WARNING_S:
+            out.append(pub.member.index)
+    return out
 
 
 def _absent_reason(snap: EnsembleSnapshot) -> tuple[str, str] | None:
@@ -280,9 +310,16 @@ def desired_status(
                        f"{stale_after:g} s"))
     if imex_down:
         causes.append((GUEST_NOT_READY, f"IMEX not READY on {_slots(imex_down)}"))
+    expiring = cert_expiring(snap, now, stale_after)
+    if expiring:
+        causes.append((GUEST_CERT_EXPIRING, f"the IMEX certificate of {_slots(expiring)} "
+                       "expires within 24 h and was not renewed (is the registry reachable?)"))
     problems = all_problems(snap, now, stale_after)
     refused = {m for _, m in decl.refusals}
-    others = [p for p in problems if p not in refused]
+    ca_broken = [p for p in problems if "not minting a new CA" in p]
+    if ca_broken:
+        causes.append((CA_SECRET_INVALID, ca_broken[0]))
+    others = [p for p in problems if p not in refused and p not in ca_broken]
     if others and not causes:
         causes.append((PROBLEM, "; ".join(others)))
     degraded = (True, causes[0][0], "; ".join(m for _, m in causes)) if causes else \
@@ -314,6 +351,9 @@ def next_change(snap: EnsembleSnapshot | None, now: float, stale_after: float) -
         return None
     due = [r.received_at + stale_after for r in snap.reports.values()
            if r.received_at + stale_after >= now]
+    # a reported certificate entering its last 24 h (GuestCertExpiring)
+    due += [t - CERT_WARNING_S for r in snap.reports.values()
+            if (t := _cert_not_after(r)) is not None and t - CERT_WARNING_S >= now]
     return min(due) if due else None
 
 
