@@ -163,6 +163,8 @@ def test_members_connect_and_intruders_on_a_member_address_never_do(
             dom = imexes[m].domain()
             own = dom["nodes"][str(m)]
             assert own["connections"]["2"]["status"] == "AUTHENTICATING"  # A in the legend
+            table = imexes[m].ctl("-N").stdout
+            assert "2:A" in table, table  # the text view's legend letter
             assert dom["nodes"]["2"]["status"] == "UNAVAILABLE" and dom["status"] == "DEGRADED"
             wait_for(f"{what}: member {m} logged the refused incoming link", lambda m=m: any(
                 r["dir"] == "in" for r in imexes[m].state().get("auth_refusals", [])))

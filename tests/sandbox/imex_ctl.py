@@ -82,7 +82,8 @@ def render_table(domain: dict[str, Any]) -> str:
         conns = node.get("connections", {})
         if conns:
             marks = {"CONNECTED": "C", "DISCONNECTED": "D", "NEVER_CONNECTED": "N",
-                     "INVALID": "I", "MISMATCH": "!M!"}
+                     "INVALID": "I", "MISMATCH": "!M!", "AUTHENTICATING": "A",
+                     "RECOVERING": "R"}
             lines.append("    " + " ".join(f"{k}:{marks.get(v.get('status'), '?')}"
                                            for k, v in conns.items()))
     return "\n".join(lines)
