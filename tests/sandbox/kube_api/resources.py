@@ -106,6 +106,9 @@ SERVICEACCOUNT = ResourceType("", "v1", "ServiceAccount", "serviceaccounts", "se
                               True, ("sa",))
 DEPLOYMENT = ResourceType("apps", "v1", "Deployment", "deployments", "deployment", True,
                           ("deploy",), True)
+# the host agent's PodDisruptionBudget (issue 16), for `kubectl apply -k manifests/base`
+PDB = ResourceType("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets",
+                   "poddisruptionbudget", True, ("pdb",), True)
 NETWORKPOLICY = ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies",
                              "networkpolicy", True, ("netpol",))
 _RBAC = "rbac.authorization.k8s.io"
@@ -125,7 +128,7 @@ CRD = ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition",
 
 ALL_TYPES: tuple[ResourceType, ...] = (
     NAMESPACE, SERVICE, POD, CONFIGMAP, SECRET, EVENT, ENDPOINTSLICE, LEASE, VMI, VM, VMPOOL,
-    EVENT_V1, SERVICEACCOUNT, DEPLOYMENT, NETWORKPOLICY, CLUSTERROLE,
+    EVENT_V1, SERVICEACCOUNT, DEPLOYMENT, PDB, NETWORKPOLICY, CLUSTERROLE,
     CLUSTERROLEBINDING, ROLE, ROLEBINDING, VAP, VAPB, CRD,
 )
 
