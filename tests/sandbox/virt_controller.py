@@ -114,6 +114,10 @@ class Member:
     mac: str
 
 
+#: the host agent's own namespace (its default; the report ConfigMaps live there)
+AGENT_NAMESPACE = "imex-system"
+
+
 class VirtController:
     """The scripted controller; one per sandbox (see the module docstring)."""
 
@@ -122,6 +126,15 @@ class VirtController:
         self.client = Client(KubeConfig.from_file(sandbox.kubeconfig), trust_env=False,
                              field_manager="virt-controller")
         self._next_node = 0
+        self.ensure_namespace(AGENT_NAMESPACE)  # where the host agent keeps guest reports
+
+    def ensure_namespace(self, name: str) -> None:
+        try:
+            self.client.create(Namespace.from_dict({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))
+        except ApiError as e:
+            if e.status.code != 409:
+                raise
 
     def close(self) -> None:
         self.client.close()
@@ -139,12 +152,7 @@ class VirtController:
         spec = EnsembleSpec(namespace, name, max_members, auth_encryption=auth_encryption) \
             if token is None else EnsembleSpec(namespace, name, max_members, token=token,
                                                auth_encryption=auth_encryption)
-        try:
-            self.client.create(Namespace.from_dict({
-                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}))
-        except ApiError as e:
-            if e.status.code != 409:
-                raise
+        self.ensure_namespace(namespace)
         self.client.create(Service.from_dict(service_manifest(spec)))
         return spec
 
