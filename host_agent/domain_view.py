@@ -289,3 +289,20 @@ def matrix_text(view: DomainView) -> str:
     indices = [m.index for m in view.members]
     rows = [(a, [view.cell(a, b) for b in indices]) for a in indices]
     return "\n".join([*matrix_lines(indices, rows), f"Domain State: {view.status}"]) + "\n"
+
+
+def cr_status(view: DomainView) -> tuple[str, dict[str, str]]:
+    """``status.domainStatus`` and the ``DomainUp`` condition of the ImexEnsemble CR.
+
+    For the CR's status function (issue 15 owns the writer; it adds
+    ``lastTransitionTime`` and ``observedGeneration``): True only when UP, Unknown when
+    nothing can be judged, False otherwise, with the first problem as the message.
+    """
+    status = {"UP": "True", "UNKNOWN": "Unknown"}.get(view.status, "False")
+    reason = {"UP": "AllLinksConnected", "DEGRADED": "LinksMissing", "DOWN": "NoMemberReady",
+              "UNKNOWN": "ReportsMissing"}[view.status]
+    message = view.problems[0] if view.problems else (
+        f"{len(view.members)} members, every expected link CONNECTED" if view.status == "UP"
+        else "no fresh report from any member")
+    return view.status, {"type": "DomainUp", "status": status, "reason": reason,
+                         "message": message[:1024]}

@@ -153,3 +153,17 @@ def test_domain_json_has_the_issues_fields() -> None:
                              "partitions", "cliques", "asymmetric_links"]
     assert doc["cliques"] == {key: [0, 1, 2]}
     assert doc["missing_links"] == [[0, 2]]
+
+
+def test_the_cr_status_fields() -> None:
+    from host_agent.domain_view import cr_status
+
+    assert cr_status(aggregate(full(4), NOW, 120)) == ("UP", {
+        "type": "DomainUp", "status": "True", "reason": "AllLinksConnected",
+        "message": "4 members, every expected link CONNECTED"})
+    lost = aggregate(full(4, lambda a, b: "DISCONNECTED" if (a, b) == (1, 2) else "CONNECTED"),
+                     NOW, 120)
+    assert cr_status(lost) == ("DEGRADED", {
+        "type": "DomainUp", "status": "False", "reason": "LinksMissing",
+        "message": "1 links not CONNECTED: 1->2"})
+    assert cr_status(aggregate(snapshot(4), NOW, 120))[1]["status"] == "Unknown"
