@@ -35,8 +35,11 @@ status of that condition changes):
 ``problems`` and each member's ``clique`` are exactly what the registry's JSON
 says (``views.all_problems``, ``state.served_cliques``): one source, two faces.
 
-Room for the other issues: ``domainStatus`` and the ``DomainUp`` condition
-(issue 17) belong in ``desired_status`` beside the three conditions here;
+- ``DomainUp`` (issue 17) and ``domainStatus`` (the ``DOMAIN`` column): the
+  registry's domain view (``domain_view.aggregate``, ``cr_status``): True when
+  UP, Unknown when no member's report can be judged, False otherwise, the
+  first domain problem as the message.
+
 ``caSHA256`` (issue 19) is filled from the snapshot's CA; ``GuestCertExpiring``
 (a fresh report's certificate expires within 24 h) and ``CASecretInvalid`` (the CA
 Secret is unusable; the agent never mints a new CA on its own) are Degraded reasons.
@@ -52,12 +55,14 @@ from typing import Any, Final
 from guest_agent.model import EnsembleId, ModelError
 from host_agent.crd import (
     CONDITION_DEGRADED,
+    CONDITION_DOMAIN_UP,
     CONDITION_PUBLISHED,
     CONDITION_READY,
     MAX_CONDITION_MESSAGE,
     MAX_PROBLEM_LENGTH,
     MAX_PROBLEMS,
 )
+from host_agent.domain_view import aggregate, cr_status
 from host_agent.endpoints import slice_name
 from host_agent.ensembles import Declaration
 from host_agent.members import (
@@ -230,6 +235,17 @@ def _condition(ctype: str, status: bool, reason: str, message: str, generation: 
     }
 
 
+def _domain_up(cond: Mapping[str, str], generation: int,
+               previous: Mapping[str, Mapping[str, Any]], now: float) -> Status:
+    """``DomainUp`` (issue 17): True, False or Unknown, from ``domain_view.cr_status``."""
+    before = previous.get(CONDITION_DOMAIN_UP)
+    since = before.get("lastTransitionTime") if before is not None and \
+        before.get("status") == cond["status"] else None
+    return {**cond, "observedGeneration": generation,
+            "lastTransitionTime": since if isinstance(since, str) else rfc3339_seconds(now),
+            "message": _clip(cond["message"], MAX_CONDITION_MESSAGE)}
+
+
 def previous_conditions(status: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
     out: dict[str, Mapping[str, Any]] = {}
     for c in (status or {}).get("conditions") or ():
@@ -263,10 +279,13 @@ def desired_status(
         reason, message = refusal or (NOT_PUBLISHED, "the ensemble is not published")
         out.update(publishedSummary=f"0/{declared_max if declared_max is not None else '?'}",
                    membersPublished=0, imexReady=0, members=[])
+        out["domainStatus"] = "UNKNOWN"
         out["conditions"] = [
             _condition(CONDITION_READY, False, reason, message, gen, prev, now),
             _condition(CONDITION_DEGRADED, True, reason, message, gen, prev, now),
             _condition(CONDITION_PUBLISHED, False, reason, message, gen, prev, now),
+            _domain_up({"type": CONDITION_DOMAIN_UP, "status": "Unknown",
+                        "reason": "ReportsMissing", "message": message}, gen, prev, now),
         ]
         out["problems"] = [_clip(m, MAX_PROBLEM_LENGTH) for _, m in decl.refusals][:MAX_PROBLEMS]
         return out
@@ -336,10 +355,13 @@ def desired_status(
     else:
         pub = (False, NO_MEMBERS, f"no member is published (0/{spec.max_members})")
 
+    domain, domain_up = cr_status(aggregate(snap, now, stale_after))
+    out["domainStatus"] = domain
     out["conditions"] = [
         _condition(CONDITION_READY, *ready, gen, prev, now),
         _condition(CONDITION_DEGRADED, *degraded, gen, prev, now),
         _condition(CONDITION_PUBLISHED, *pub, gen, prev, now),
+        _domain_up(domain_up, gen, prev, now),
     ]
     out["problems"] = [_clip(p, MAX_PROBLEM_LENGTH) for p in problems][:MAX_PROBLEMS]
     return out
@@ -371,8 +393,8 @@ def _same_items(want: Any, have: Any, key: str) -> bool:
 def status_in_sync(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:
     """The observed status already says everything ``desired`` says.
 
-    Fields others write (``domainStatus``, a ``DomainUp`` condition, ha's persisted
-    generation) may be there too; they are not ours to compare.
+    Fields others write (ha's persisted generation, a member's extra fields) may be
+    there too; they are not ours to compare.
     """
     have = observed or {}
     for k, v in desired.items():

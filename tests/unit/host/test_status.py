@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import replace
 from typing import Any
@@ -49,7 +51,9 @@ def ready_all(n: int = 3, at: float = T0) -> dict[int, tuple[str, int | None, fl
 
 
 def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    """Ready, Degraded and Published by type (DomainUp has tests of its own)."""
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]
+            if c["type"] != "DomainUp"}
 
 
 def test_a_ready_ensemble_byte_for_byte() -> None:
@@ -76,7 +80,12 @@ def test_a_ready_ensemble_byte_for_byte() -> None:
             {"type": "Published", "status": "True", "observedGeneration": 2,
              "lastTransitionTime": "2026-11-30T00:53:25Z", "reason": "EndpointsPublished",
              "message": "3 of 4 slots published (EndpointSlice gb200-imex)"},
+            # issue 17: these reports carry no nvidia-imex-ctl -N -j view to judge links by
+            {"type": "DomainUp", "status": "Unknown", "observedGeneration": 2,
+             "lastTransitionTime": "2026-11-30T00:53:25Z", "reason": "ReportsMissing",
+             "message": "members 0-2 report no nvidia-imex-ctl -N -j view"},
         ],
+        "domainStatus": "UNKNOWN",
         "problems": [],
     }
     assert json.dumps(status, sort_keys=True, indent=1) == json.dumps(expected, sort_keys=True,
@@ -160,7 +169,11 @@ def test_not_published_shows_the_refusal() -> None:
             {"type": t, "status": v, "observedGeneration": 2,
              "lastTransitionTime": "2026-11-30T00:53:20Z", "reason": "ServiceConflict",
              "message": message}
-            for t, v in (("Ready", "False"), ("Degraded", "True"), ("Published", "False"))],
+            for t, v in (("Ready", "False"), ("Degraded", "True"), ("Published", "False"))]
+        + [{"type": "DomainUp", "status": "Unknown", "observedGeneration": 2,
+            "lastTransitionTime": "2026-11-30T00:53:20Z", "reason": "ReportsMissing",
+            "message": message}],
+        "domainStatus": "UNKNOWN",
         "problems": [message],
     }
 
@@ -211,14 +224,39 @@ def test_next_change_is_the_next_report_going_stale() -> None:
 def test_in_sync_ignores_what_others_write_but_not_ours() -> None:
     desired = desired_status(decl(), snapshot(reports=ready_all()), T0, STALE)
     observed = json.loads(json.dumps(desired))
-    observed["domainStatus"] = "UP"
-    observed["conditions"].append({"type": "DomainUp", "status": "True", "reason": "Up",
-                                   "message": "", "lastTransitionTime": "x"})
     observed["members"][0]["clique"] = "uuid.1"
     assert status_in_sync(desired, observed)
+    observed["domainStatus"] = "UP"  # ours since issue 17: a difference to write
+    assert not status_in_sync(desired, observed)
+    observed["domainStatus"] = desired["domainStatus"]
     observed["members"].append({"index": 3, "slot": "x"})
     assert not status_in_sync(desired, observed)
     observed["members"].pop()
     observed["conditions"][0]["status"] = "False"
     assert not status_in_sync(desired, observed)
     assert not status_in_sync(desired, None)
+
+
+
+def test_domain_up_and_domain_status_follow_the_domain_view() -> None:
+    from host_agent.state import GuestReport
+
+    snap = snapshot(reports=ready_all())
+    state_links = {i: tuple(None if j == i else "CONNECTED" for j in range(3)) for i in range(3)}
+    reports = {i: GuestReport(r.received_at, r.from_ip, r.fields, state_links[i])
+               for i, r in snap.reports.items()}
+    up = dataclasses.replace(snap, reports=reports)
+    status = desired_status(decl(), up, T0 + 5, STALE)
+    (cond,) = [c for c in status["conditions"] if c["type"] == "DomainUp"]
+    assert status["domainStatus"] == "UP"
+    assert (cond["status"], cond["reason"]) == ("True", "AllLinksConnected")
+    lost = dict(reports)
+    lost[1] = GuestReport(reports[1].received_at, reports[1].from_ip, reports[1].fields,
+                          ("CONNECTED", None, "DISCONNECTED"))
+    later = desired_status(decl(), dataclasses.replace(snap, reports=lost), T0 + 50, STALE,
+                           previous=status)
+    (cond2,) = [c for c in later["conditions"] if c["type"] == "DomainUp"]
+    assert later["domainStatus"] == "DEGRADED"
+    assert (cond2["status"], cond2["reason"], cond2["message"]) == (
+        "False", "LinksMissing", "1 links not CONNECTED: 1->2")
+    assert cond2["lastTransitionTime"] != cond["lastTransitionTime"]  # it moved
