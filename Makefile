@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers vmtest realk8s clean
+.PHONY: demo test lint bench bench-peers vmtest realk8s wheelhouse clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check guest_agent host_agent tests
+	$(BIN)/ruff check guest_agent host_agent tools tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -33,8 +33,13 @@ bench-peers: $(STAMP)
 vmtest: $(STAMP)
 	$(BIN)/python -m pytest -q -m vm -p no:cacheprovider tests/vm $(VMTEST_ARGS)
 
+# dist/wheelhouse/linux-<arch>-py<ver>/ per target; PLATFORM=linux/arm64 PYTHON=3.12 picks one
+wheelhouse: $(STAMP)
+	$(BIN)/python -m tools.wheelhouse $(if $(PLATFORM),--platform '$(PLATFORM)') \
+	  $(if $(PYTHON),--python '$(PYTHON)')
+
 realk8s: $(STAMP)
 	$(BIN)/python -m pytest -q -m realk8s tests/realk8s
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["cloudinit"]:
         # The user-data generator has its own flags and needs no agent config.
-        from guest_agent.cloudinit import main as cloudinit_main
+        from guest_agent.cloudinit_cli import main as cloudinit_main
 
         return cloudinit_main(argv[1:])
     parser = build_parser()

@@ -23,38 +23,39 @@ larger (or ``--output-secret`` is given) the generator prints a Secret with
 key ``userdata`` for ``cloudInitNoCloud.secretRef`` instead, and says so on
 stderr.
 
-Standard library only: the guest package installs without PyYAML, so YAML is
-emitted by hand. Every scalar we did not write ourselves is double-quoted with
-YAML escapes, and file contents go into literal block scalars only when that
-is provably lossless (else base64), so what cloud-init writes is exactly the
-bytes rendered here. The pure ``render_*`` functions do all the work; only
-``main`` reads files and prints.
+Standard library only (YAML is emitted by :mod:`guest_agent.cloudyaml`). The
+pure ``render_*`` functions do all the work; the command line
+(:mod:`guest_agent.cloudinit_cli`) reads files and prints.
+
+Where other parts add to the user-data: a new file goes into
+:func:`render_files` (its bytes join the setup digest, so a change re-arms the
+setup), an IMEX setting into :func:`render_imex_config`, a command into
+:func:`_install_lines` (before the commit) or ``_Setup.script`` (after it),
+a flag into ``Options`` and :mod:`guest_agent.cloudinit_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
+import functools
 import hashlib
 import re
 import shlex
-import sys
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata, resources
-from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
-from guest_agent.config import ConfigError, Settings, parse_nameserver, settings_from_mapping
-from guest_agent.from_ensemble import (
-    FromEnsembleError,
-    apply_to_flags,
-    load_document,
-    settings_from_object,
+from guest_agent.cloudyaml import (
+    WriteFile,
+    block_safe,
+    literal_item,
+    render_write_files,
+    yaml_quote,
 )
-from guest_agent.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, EnsembleId, ModelError
+from guest_agent.config import ConfigError, Settings, settings_from_mapping
+from guest_agent.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, EnsembleId
 from guest_agent.render import render_nodes_config
 from guest_agent.tlsconfig import imex_tls_settings
 
@@ -69,6 +70,9 @@ UNIT_NAME: Final = "imex-guest-agent.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT_NAME}"
 UNIT_RESOURCE: Final = "data/imex-guest-agent.service"
 VENV: Final = "/opt/imex-guest-agent"
+#: where cloud-init writes the installer (guest_agent/bootstrap.py, verbatim)
+INSTALLER_PATH: Final = "/var/lib/imex-guest-agent/install.py"
+INSTALLER_RESOURCE: Final = "bootstrap.py"
 DISTRIBUTION: Final = "imex-ensemble"
 IMEX_UNIT: Final = "nvidia-imex.service"
 DEFAULT_IMEX_CMD_PORT: Final = 50005
@@ -168,15 +172,6 @@ class Options:
 
 
 @dataclass(frozen=True, slots=True)
-class WriteFile:
-    """One ``write_files`` entry: exact bytes and octal permissions."""
-
-    path: str
-    content: bytes
-    permissions: str = "0644"
-
-
-@dataclass(frozen=True, slots=True)
 class Generated:
     """The generator's result: what to print, whether it is a Secret, notes for stderr."""
 
@@ -185,93 +180,6 @@ class Generated:
     is_secret: bool
     notes: tuple[str, ...]
 
-
-# ---------------------------------------------------------------------------
-# YAML emission (the subset we need, exact).
-
-
-def yaml_quote(text: str) -> str:
-    """A YAML double-quoted scalar that loads back to exactly ``text``.
-
-    Printable characters stay as they are; ``"`` and ``\\`` and everything
-    YAML 1.1 does not allow raw in a stream (C0/C1 controls, DEL, surrogates,
-    U+FFFE/FFFF) are escaped, so PyYAML (cloud-init's parser) reads it back
-    unchanged.
-    """
-    out = ['"']
-    for ch in text:
-        code = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif _yaml_printable(code):
-            out.append(ch)
-        elif code <= 0xFF:
-            out.append(f"\\x{code:02x}")
-        elif code <= 0xFFFF:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
-
-
-def _yaml_printable(code: int) -> bool:
-    # YAML 1.1 c-printable, minus NEL and U+2028/2029, which PyYAML treats as
-    # line breaks (and would fold), and minus the byte-order mark.
-    return (
-        0x20 <= code <= 0x7E
-        or (0xA0 <= code <= 0xD7FF and code not in (0x2028, 0x2029))
-        or (0xE000 <= code <= 0xFFFD and code != 0xFEFF)
-        or 0x10000 <= code <= 0x10FFFF
-    )
-
-
-def _block_safe(text: str) -> bool:
-    """True when a literal block scalar reproduces ``text`` exactly.
-
-    Refused (the caller falls back to base64): empty text, a first line that
-    starts with a space (it would set the indentation), carriage returns and
-    anything not plainly printable, and text ending in several newlines
-    (keep-chomping works but is easy to get wrong in review).
-    """
-    if not text or text[0] in " \t\n" or text.endswith("\n\n"):
-        return False
-    return all(ch in "\n\t" or _yaml_printable(ord(ch)) for ch in text)
-
-
-def _content_lines(content: bytes, indent: str) -> list[str]:
-    """``content:`` (and ``encoding:`` when needed) lines of one write_files entry."""
-    try:
-        text = content.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is not None and "\n" not in text and "\r" not in text:
-        return [f"{indent}content: {yaml_quote(text)}"]
-    if text is not None and _block_safe(text):
-        chomp = "" if text.endswith("\n") else "-"
-        body = text[:-1] if text.endswith("\n") else text
-        lines = [f"{indent}content: |{chomp}"]
-        lines += [f"{indent}  {line}" if line else "" for line in body.split("\n")]
-        return lines
-    return [
-        f"{indent}encoding: b64",
-        f"{indent}content: {base64.b64encode(content).decode('ascii')}",
-    ]
-
-
-def render_write_files(files: Sequence[WriteFile]) -> list[str]:
-    lines = ["write_files:"]
-    for f in files:
-        lines.append(f"  - path: {yaml_quote(f.path)}")
-        lines.append(f"    permissions: {yaml_quote(f.permissions)}")
-        lines += _content_lines(f.content, "    ")
-    return lines
 
 
 # ---------------------------------------------------------------------------
@@ -371,9 +279,20 @@ def render_files(opts: Options, unit: str | None) -> list[WriteFile]:
     files.append(
         WriteFile(NODES_CONFIG_PATH, render_nodes_config(ens, opts.max_members, opts.mode, {}))
     )
+    if opts.install.url is not None:
+        files.append(WriteFile(INSTALLER_PATH, installer_source().encode()))
     if unit is not None:
         files.append(WriteFile(UNIT_PATH, unit.encode()))
     return files
+
+
+@functools.cache
+def installer_source() -> str:
+    """The installer cloud-init writes: guest_agent/bootstrap.py, byte for byte.
+
+    Read from this package (the same file in a checkout, a wheel or a zip), so what runs on
+    the guest is exactly the module the tests import."""
+    return resources.files("guest_agent").joinpath(INSTALLER_RESOURCE).read_text("utf-8")
 
 
 def package_requirement(opts: Options) -> str:
@@ -396,41 +315,26 @@ def _printable_ascii(text: str) -> bool:
     return all(0x21 <= ord(c) <= 0x7E for c in text)
 
 
-def trusted_host_flag(url: str) -> str:
-    """`` --trusted-host HOST[:PORT]`` for a plain-HTTP index or wheelhouse, else "".
-
-    pip ignores an ``http://`` index or find-links location on any host but localhost
-    unless that host is trusted ("is not a trusted or secure host and is being ignored"),
-    and an air-gapped wheelhouse is often plain HTTP on the site network. Found by the VM
-    tier (tests/vm): a real guest's pip 23 refused the wheelhouse without this flag.
-    """
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.netloc:
-        return ""
-    return f" --trusted-host {shlex.quote(parts.netloc.rpartition('@')[2])}"
-
-
 def _install_lines(opts: Options) -> list[str]:
     """Install the agent from scratch and enable the units; nothing is started yet.
 
-    The venv is removed first: a re-run after a crash must not keep files that
-    pip considers installed but that never reached the disk."""
+    The installer (:mod:`guest_agent.bootstrap`, run by the image's ``python3``) picks the
+    interpreter, creates the venv without pip, runs pip from its own wheel and removes the
+    venv on any failure: a re-run after a crash never keeps files that pip considers
+    installed but that never reached the disk. It fails with one line naming what is
+    wrong, and ``set -e`` stops the script before the commit."""
     q = shlex.quote
-    pip = f"{VENV}/bin/pip install -q --disable-pip-version-check"
-    req = q(package_requirement(opts))
     src = opts.install
     lines = ["set -eu"]
     if src.url is not None:
-        lines.append(f"rm -rf {VENV}")
-        lines.append(f"python3 -m venv {VENV}")
-        trust = trusted_host_flag(src.url)
-        if src.kind == "pip-index":
-            lines.append(f"{pip} --index-url {q(src.url)}{trust} {req}")
-        elif src.kind == "find-links":
-            lines.append(f"{pip} --no-index --find-links {q(src.url)}{trust} {req}")
-        else:
+        if src.kind == "wheel":
             # A direct reference names the project and extras, never a version.
-            lines.append(f"{pip} {q(f'{requirement_name(opts)} @ {src.url}')}")
+            source, req = "--wheel", f"{requirement_name(opts)} @ {src.url}"
+        else:
+            source = "--find-links" if src.kind == "find-links" else "--index-url"
+            req = package_requirement(opts)
+        lines.append(f"python3 {INSTALLER_PATH} {source} {q(src.url)} "
+                     f"--requirement {q(req)} --venv {VENV}")
     lines.append("systemctl daemon-reload")
     lines.append(f"systemctl enable {UNIT_NAME}")
     return lines
@@ -505,14 +409,17 @@ class _Setup:
         return "".join(f"{line}\n" for line in lines)
 
     def bootcmd(self) -> str:
-        sems = " ".join(f"{CLOUD_INIT_SEM_DIR}/config_{m}" for m in SETUP_MODULES)
-        # Full paths, no cd: cloud-init runs every bootcmd item in one shell script.
-        return f"[ -e {self.sem} ] ||\n  rm -fv {sems}\n"
-
-
-def _literal_item(script: str) -> list[str]:
-    """A shell script as one list item in a literal block (our own text: no escaping)."""
-    return ["  - |", *(f"    {line}" for line in script[:-1].split("\n"))]
+        # One shell script holds every bootcmd item, so the variable is ours alone. A
+        # cloud-init that keeps its semaphores elsewhere fails loudly here (cloud-init logs
+        # the failed bootcmd) instead of silently never redoing a torn setup.
+        d, prefix = "$imex_sem", f"{CLOUD_INIT_SEM_DIR}/"
+        sems = " ".join(f"{d}/config_{m}" for m in SETUP_MODULES)
+        return (
+            f"imex_sem={CLOUD_INIT_SEM_DIR}\n"
+            f'[ -d {d} ] || {{ echo "imex-ensemble setup: error: no {d} in cloud-init'
+            f' $(cloud-init --version 2>&1): cannot redo a torn setup" >&2; exit 1; }}\n'
+            f"[ -e {d}/{self.sem.removeprefix(prefix)} ] || rm -fv {sems}\n"
+        )
 
 
 def render_user_data(opts: Options, unit: str | None) -> str:
@@ -523,17 +430,17 @@ def render_user_data(opts: Options, unit: str | None) -> str:
         f"# imex-ensemble {opts.ens.key}; /etc/hosts is the agent's, not cloud-init's",
         "manage_etc_hosts: false",
         "bootcmd:",
-        *_literal_item(setup.bootcmd()),
+        *literal_item(setup.bootcmd()),
         *render_write_files(setup.files),
         "runcmd:",
-        *_literal_item(setup.script(opts)),
+        *literal_item(setup.script(opts)),
     ]
     return "\n".join(lines) + "\n"
 
 
 def render_secret(name: str, opts: Options, user_data: str) -> str:
     """A Secret holding ``user_data`` under key ``userdata`` (``cloudInitNoCloud.secretRef``)."""
-    if not _block_safe(user_data):
+    if not block_safe(user_data):
         raise CloudInitError("user-data cannot be put into a Secret as text")  # never: we wrote it
     body = user_data[:-1] if user_data.endswith("\n") else user_data
     chomp = "" if user_data.endswith("\n") else "-"
@@ -583,6 +490,8 @@ def generate(opts: Options, unit: str | None) -> Generated:
             f"user-data is {size} bytes: too big for inline userData "
             f"({INLINE_USERDATA_LIMIT}); put it into a Secret yourself"
         )
+    else:
+        notes.append(f"user-data is {size} bytes (inline userData holds {INLINE_USERDATA_LIMIT})")
     if opts.token is not None:
         notes.append(
             f"annotate the ensemble Service: imex-ensemble.io/token-sha256: "
@@ -597,232 +506,6 @@ def generate(opts: Options, unit: str | None) -> Generated:
     return Generated(render_secret(secret_name, opts, user_data), user_data, True, tuple(notes))
 
 
-# ---------------------------------------------------------------------------
-# Command line.
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="imex-guest-agent cloudinit",
-        description=(
-            "Print #cloud-config user-data that installs and configures the imex guest agent "
-            "and IMEX for one ensemble member (or a Secret holding it, when it is over "
-            "KubeVirt's 2048-byte inline limit)."
-        ),
-    )
-    p.add_argument("--ensemble", help="ensemble (Service) name (required without "
-                   "--from-ensemble)")
-    p.add_argument("--namespace", help="namespace of the Service and the VMs (required "
-                   "without --from-ensemble)")
-    p.add_argument(
-        "--from-ensemble",
-        metavar="FILE",
-        help="take the ensemble, namespace, max-members, port and mode from an ImexEnsemble "
-        "(`kubectl get imexensemble NAME -o json`; '-' reads standard input; YAML needs "
-        "PyYAML); a flag that says otherwise is refused",
-    )
-    p.add_argument("--max-members", type=int, default=None, help="default 18")
-    p.add_argument("--cluster-domain", help="cluster DNS zone (agent default: cluster.local)")
-    p.add_argument(
-        "--registry-url",
-        help="host agent registry, e.g. http://imex-host-agent.imex-system.svc.cluster.local:8080",
-    )
-    tok = p.add_mutually_exclusive_group()
-    tok.add_argument("--token", help="ensemble token (prefer --token-file: argv is visible)")
-    tok.add_argument("--token-file", help="file holding the ensemble token")
-    p.add_argument(
-        "--install",
-        default="preinstalled",
-        help="pip-index:URL | wheel:URL | find-links:URL | preinstalled (default)",
-    )
-    p.add_argument(
-        "--package",
-        help="pip requirement to install (default: imex-ensemble[guest]==<this version>)",
-    )
-    p.add_argument("--mode", choices=("names", "ips"), default=None, help="default names")
-    p.add_argument("--imex-port", type=int, default=None, help="IMEX SERVER_PORT (default "
-                   f"{DEFAULT_PORT})")
-    p.add_argument("--imex-cmd-port", type=int, default=DEFAULT_IMEX_CMD_PORT)
-    p.add_argument("--wait-for-quorum", choices=("RECOVERY", "NONE"), default="RECOVERY")
-    p.add_argument("--own-slot", choices=("auto", "published", "local"), default="auto")
-    p.add_argument(
-        "--nameserver",
-        action="append",
-        default=[],
-        metavar="IP[:PORT]",
-        help="DNS server for the agent's fallback (repeatable; default resolv.conf)",
-    )
-    p.add_argument(
-        "--no-restart-imex",
-        action="store_true",
-        help="do not enable and restart nvidia-imex.service at first boot",
-    )
-    p.add_argument(
-        "--auth-encryption",
-        action="store_true",
-        help="IMEX mutual TLS: certificates from the registry (needs --registry-url, --token "
-        "and --ca-sha256; mode names only)",
-    )
-    p.add_argument(
-        "--ca-sha256",
-        metavar="HEX",
-        help="the ensemble CA's fingerprint guests pin: the ImexEnsemble's status.caSHA256 "
-        "(or the Service's imex-ensemble.io/ca-sha256 annotation)",
-    )
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--output-secret", metavar="NAME", help="always print a Secret named NAME")
-    out.add_argument(
-        "--raw",
-        action="store_true",
-        help="always print plain user-data, even over the inline limit",
-    )
-    return p
-
-
-def _port(flag: str, value: int) -> int:
-    if not 1 <= value <= 65535:
-        raise CloudInitError(f"{flag}: {value} is not a port number (1..65535)")
-    return value
-
-
-def _read_token(path: str) -> str:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CloudInitError(f"--token-file {path}: cannot read: {exc}") from exc
-    return text.strip()
-
-
-def from_ensemble_args(args: argparse.Namespace) -> list[str]:
-    """``--from-ensemble``: fill the flags from the ImexEnsemble (refusing contradictions);
-    returns notes for stderr. Without it, nothing changes."""
-    if getattr(args, "from_ensemble", None) is None:
-        return []
-    token: str | None = args.token
-    if args.token_file is not None:
-        token = _read_token(args.token_file)
-    dests = ["ensemble", "namespace", "max_members", "imex_port", "mode",
-             *(d for d in ("auth_encryption", "ca_sha256") if hasattr(args, d))]
-    source = "standard input" if args.from_ensemble == "-" else args.from_ensemble
-    try:
-        settings = settings_from_object(load_document(args.from_ensemble))
-        filled, notes = apply_to_flags(settings, {d: getattr(args, d) for d in dests},
-                                       token, source)
-    except FromEnsembleError as exc:
-        raise CloudInitError(f"--from-ensemble: {exc}") from exc
-    for dest, value in filled.items():
-        setattr(args, dest, value)
-    return notes
-
-
-def options_from_args(args: argparse.Namespace) -> Options:
-    """Turn parsed flags into Options, refusing anything the guest would refuse later."""
-    if args.ensemble is None or args.namespace is None:
-        raise CloudInitError("--ensemble and --namespace are required (or --from-ensemble)")
-    token: str | None = args.token
-    if args.token_file is not None:
-        token = _read_token(args.token_file)
-    if token is not None and not _TOKEN.match(token):
-        raise CloudInitError(
-            "the token must be one line of letters, digits and -._~+/ (a bearer token), "
-            "e.g. from `openssl rand -hex 32`"
-        )
-    if args.output_secret is not None and not _K8S_NAME.match(args.output_secret):
-        raise CloudInitError(f"--output-secret {args.output_secret!r} is not a Kubernetes name")
-    for ns in args.nameserver:
-        try:
-            parse_nameserver("--nameserver", ns)
-        except ConfigError as exc:
-            raise CloudInitError(str(exc)) from exc
-    if args.package is not None and not _REQUIREMENT.match(args.package):
-        raise CloudInitError(
-            f"--package {args.package!r} is not a pip requirement such as "
-            "'imex-ensemble[guest]==0.1.0'"
-        )
-    ca_sha256 = getattr(args, "ca_sha256", None)
-    auth = bool(getattr(args, "auth_encryption", False))
-    if ca_sha256 is not None:
-        ca_sha256 = ca_sha256.strip().lower()
-        if len(ca_sha256) != 64 or any(c not in "0123456789abcdef" for c in ca_sha256):
-            raise CloudInitError(f"--ca-sha256 {ca_sha256!r} is not 64 hex digits")
-    if auth:
-        if args.mode == "ips":
-            raise CloudInitError(
-                "--auth-encryption cannot be used with --mode ips: IMEX then dials IP "
-                "addresses, which a slot-named certificate cannot match")
-        if args.registry_url is None:
-            raise CloudInitError(
-                "--auth-encryption needs --registry-url: certificates come from the registry "
-                "(a DNS-only guest cannot get a first certificate)")
-        if token is None:
-            raise CloudInitError("--auth-encryption needs --token or --token-file: the "
-                                 "certificate request is authenticated like the status PUT")
-        if ca_sha256 is None:
-            raise CloudInitError(
-                "--auth-encryption needs --ca-sha256 (the ensemble's status.caSHA256): guests "
-                "never trust a CA because the registry sent it")
-    elif ca_sha256 is not None:
-        raise CloudInitError("--ca-sha256 is only meaningful with --auth-encryption")
-    opts = Options(
-        auth_encryption=auth,
-        ca_sha256=ca_sha256,
-        ensemble=args.ensemble,
-        namespace=args.namespace,
-        max_members=DEFAULT_MAX_MEMBERS if args.max_members is None else args.max_members,
-        cluster_domain=args.cluster_domain,
-        registry_url=args.registry_url,
-        token=token,
-        install=InstallSource.parse(args.install),
-        package=args.package,
-        mode=args.mode or "names",
-        imex_port=_port("--imex-port", DEFAULT_PORT if args.imex_port is None
-                        else args.imex_port),
-        imex_cmd_port=_port("--imex-cmd-port", args.imex_cmd_port),
-        wait_for_quorum=args.wait_for_quorum,
-        own_slot=args.own_slot,
-        nameservers=tuple(args.nameserver),
-        restart_imex=not args.no_restart_imex,
-        output_secret=args.output_secret,
-        raw=args.raw,
-    )
-    try:
-        opts.ens  # noqa: B018 - validates both names
-    except ModelError as exc:
-        raise CloudInitError(f"--ensemble/--namespace: {exc}") from exc
-    render_agent_config(opts)  # the agent's validator has the last word on every key
-    return opts
-
-
-def load_unit() -> str:
-    """The agent's systemd unit, shipped as package data of guest_agent."""
-    try:
-        return resources.files("guest_agent").joinpath(UNIT_RESOURCE).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CloudInitError(
-            f"the agent's systemd unit (guest_agent/{UNIT_RESOURCE}) is missing from this "
-            f"installation: {exc}"
-        ) from exc
-
-
-def main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(list(argv))
-    try:
-        for note in from_ensemble_args(args):
-            print(f"imex-guest-agent cloudinit: {note}", file=sys.stderr)
-        opts = options_from_args(args)
-        unit = None if opts.install.kind == "preinstalled" else load_unit()
-        out = generate(opts, unit)
-    except CloudInitError as exc:
-        print(f"imex-guest-agent cloudinit: error: {exc}", file=sys.stderr)
-        return 2
-    for note in out.notes:
-        if args.from_ensemble is not None and note.startswith("annotate the ensemble Service"):
-            continue  # the ImexEnsemble already says it (and its agent annotates the Service)
-        print(f"imex-guest-agent cloudinit: {note}", file=sys.stderr)
-    sys.stdout.write(out.text)
-    sys.stdout.flush()
-    return 0
-
 
 __all__ = [
     "INLINE_USERDATA_LIMIT",
@@ -833,10 +516,11 @@ __all__ = [
     "WriteFile",
     "agent_config",
     "generate",
-    "main",
+    "installer_source",
     "render_files",
     "render_secret",
     "render_user_data",
+    "render_write_files",
     "token_sha256",
     "yaml_quote",
 ]

@@ -1,15 +1,17 @@
-"""The user-data's install script, run for real: venv, pip from a wheelhouse, the unit's binary.
+"""The user-data's install script, run for real: the installer, a wheelhouse, the unit's binary.
 
 The ``runcmd`` script the generator writes is executed by ``sh`` as cloud-init
 would, in a private mount namespace where a scratch directory is bind-mounted
 over ``/opt`` (the script hard-codes ``/opt/imex-guest-agent``, which the
-agent's unit names in ExecStart). ``python3`` is the system Python, as in a
-Debian guest; the wheelhouse holds this repository's wheel, built here.
-``systemctl`` is a recorder on PATH: there is no systemd to talk to, and what
-matters is which commands run in which order. The binary the unit starts
-must exist afterwards and run. cloud-init's semaphore directory is a scratch
-directory too (its path is swapped in the script's text); this machine has
-no ``/var/lib/cloud`` to bind over.
+agent's unit names in ExecStart). ``python3`` is the system Python and the only
+one on PATH, as in a Debian guest; the wheelhouse is laid out as ``make
+wheelhouse`` lays it out, with this tree's wheel built here and the guest
+closure repacked from the test venv (offline). ``systemctl`` is a recorder on
+PATH: there is no systemd to talk to, and what matters is which commands run in
+which order. The binary the unit starts must exist afterwards and run.
+cloud-init's semaphore directory and the installer's path are scratch paths too
+(swapped in the script's text); this machine has no ``/var/lib/cloud`` to bind
+over.
 """
 
 from __future__ import annotations
@@ -17,22 +19,22 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from guest_agent import cloudinit as ci
+from guest_agent import cloudinit_cli as cli
+from tests.guest_support.wheels import guest_wheelhouse
 
-REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(
         not Path(SYSTEM_PYTHON).exists() or shutil.which("unshare") is None,
-        reason="needs the system python3 (with venv) and unshare",
+        reason="needs the system python3 and unshare",
     ),
 ]
 
@@ -50,77 +52,59 @@ def in_scratch_sems(script: str, tmp_path: Path) -> tuple[str, Path]:
     return script.replace(ci.CLOUD_INIT_SEM_DIR, str(sem_dir)), sem_dir
 
 
+def with_installer(script: str, opts: ci.Options, tmp_path: Path) -> str:
+    """Write the installer as write_files would (its bytes from the rendered files) at a
+    scratch path, and point the script there."""
+    (entry,) = [f for f in ci.render_files(opts, None) if f.path == ci.INSTALLER_PATH]
+    path = tmp_path / "lib" / "install.py"
+    path.parent.mkdir()
+    path.write_bytes(entry.content)
+    return script.replace(ci.INSTALLER_PATH, str(path))
+
+
 def exec_start(unit: str) -> list[str]:
     line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
     return line.removeprefix("ExecStart=").split()
 
 
-def test_install_script_installs_what_the_unit_starts(tmp_path: Path) -> None:
-    # A wheel of this very tree, built from a copy so the work tree stays clean.
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    for pkg in ("guest_agent", "host_agent"):
-        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    wheelhouse = tmp_path / "wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(wheelhouse),
-            str(src),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    # The [guest] extra's dependencies are not in this offline wheelhouse, so
-    # the requirement is the bare distribution, pinned like the default one.
-    opts = ci.Options(
-        ensemble="gb200",
-        namespace="gpu-jobs",
-        install=ci.InstallSource("find-links", wheelhouse.as_uri()),
-        package=f"imex-ensemble=={version('imex-ensemble')}",
-    )
-    script, sem_dir = in_scratch_sems(ci.render_setup_script(opts, ci.load_unit()), tmp_path)
+def run_setup(script: str, tmp_path: Path, after: str = "") -> subprocess.CompletedProcess[str]:
+    """``script`` under sh as cloud-init runs it, /opt a scratch dir, systemctl a recorder."""
     fakebin = tmp_path / "bin"
     fakebin.mkdir()
     (fakebin / "systemctl").write_text(RECORDER)
     (fakebin / "systemctl").chmod(0o755)
+    (fakebin / "python3").symlink_to(SYSTEM_PYTHON)  # the image's python3, nothing else
     opt = tmp_path / "opt"
     opt.mkdir()
-    log = tmp_path / "systemctl.log"
-    argv = exec_start(ci.load_unit())
-    assert argv[0].startswith(ci.VENV + "/")
-    runner = f'mount --bind {opt} /opt && sh -c "$SCRIPT" && {argv[0]} --help >/dev/null'
+    runner = f'mount --bind {opt} /opt && sh -c "$SCRIPT"{after}'
     # A guest has none of this machine's pip settings (find-links, index).
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env = dict(
-        clean,
-        PATH=f"{fakebin}:/usr/sbin:/usr/bin:/sbin:/bin",
-        SCRIPT=script,
-        SYSTEMCTL_LOG=str(log),
-        PIP_NO_CACHE_DIR="1",
-    )
-    proc = subprocess.run(
+    env = dict(clean, PATH=f"{fakebin}:/usr/sbin:/usr/bin:/sbin:/bin", SCRIPT=script,
+               SYSTEMCTL_LOG=str(tmp_path / "systemctl.log"))
+    return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", runner],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_install_script_installs_what_the_unit_starts(tmp_path: Path) -> None:
+    # A wheelhouse of this very tree and its guest closure (repacked: offline), laid out as
+    # make wheelhouse lays it out, on a file: URL (a wheelhouse copied into the image).
+    guest_wheelhouse(tmp_path / "w" / "linux-amd64-py3.11")
+    opts = ci.Options(
+        ensemble="gb200",
+        namespace="gpu-jobs",
+        install=ci.InstallSource("find-links", (tmp_path / "w").as_uri()),
     )
+    script, sem_dir = in_scratch_sems(ci.render_setup_script(opts, cli.load_unit()), tmp_path)
+    script = with_installer(script, opts, tmp_path)
+    argv = exec_start(cli.load_unit())
+    assert argv[0].startswith(ci.VENV + "/")
+    proc = run_setup(script, tmp_path, f" && {argv[0]} --help >/dev/null")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    installed = opt / Path(argv[0]).relative_to("/opt")
+    installed = tmp_path / "opt" / Path(argv[0]).relative_to("/opt")
     assert installed.is_file() and os.access(installed, os.X_OK)
-    assert log.read_text().splitlines() == [
+    assert f"imex-ensemble[guest]=={version('imex-ensemble')}" in proc.stdout
+    assert (tmp_path / "systemctl.log").read_text().splitlines() == [
         "daemon-reload",
         "enable imex-guest-agent.service",
         "restart imex-guest-agent.service",
@@ -129,36 +113,26 @@ def test_install_script_installs_what_the_unit_starts(tmp_path: Path) -> None:
         "restart nvidia-imex.service",
     ]
     # committed: the next boot's bootcmd leaves cloud-init's semaphores alone
-    sem = Path(ci.setup_sem(opts, ci.load_unit()))
+    sem = Path(ci.setup_sem(opts, cli.load_unit()))
     assert [p.name for p in sem_dir.iterdir()] == [sem.name]
 
 
 def test_install_script_stops_at_the_first_failure(tmp_path: Path) -> None:
-    """A pip failure must not go on to enable a unit whose binary is missing."""
+    """A failed install must not go on to enable a unit whose binary is missing."""
+    (tmp_path / "empty" / "linux-amd64-py3.11").mkdir(parents=True)  # not even pip
     opts = ci.Options(
         ensemble="gb200",
         namespace="gpu-jobs",
         install=ci.InstallSource("find-links", (tmp_path / "empty").as_uri()),
     )
-    (tmp_path / "empty").mkdir()
-    fakebin = tmp_path / "bin"
-    fakebin.mkdir()
-    for tool in ("systemctl", "python3"):
-        (fakebin / tool).write_text(RECORDER)  # python3 too: no real venv needed here
-        (fakebin / tool).chmod(0o755)
-    log = tmp_path / "calls.log"
     script, sem_dir = in_scratch_sems(ci.render_setup_script(opts, None), tmp_path)
-    proc = subprocess.run(
-        ["sh", "-c", script],
-        env=dict(os.environ, PATH=f"{fakebin}:/usr/bin:/bin", SYSTEMCTL_LOG=str(log)),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert proc.returncode != 0  # /opt/imex-guest-agent/bin/pip does not exist
-    assert log.read_text().splitlines() == ["-m venv /opt/imex-guest-agent"]
+    proc = run_setup(with_installer(script, opts, tmp_path), tmp_path)
+    assert proc.returncode != 0
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("imex-ensemble setup: error: the wheelhouse ") and "no pip" in line
+    assert not (tmp_path / "systemctl.log").exists()  # nothing enabled
     assert list(sem_dir.iterdir()) == []  # never committed: the next boot sets up again
+    assert list((tmp_path / "opt").iterdir()) == []  # nothing half-installed
 
 
 BOOT_SEMS = ("config_write_files", "config_runcmd", "config_scripts_user", "config_ssh")
@@ -189,3 +163,18 @@ def test_bootcmd_rearms_the_setup_until_it_is_committed(state: str, tmp_path: Pa
         # only the three modules of the setup run again; ssh keys and the rest stay done
         assert [n for n in left if n.startswith("config_")] == ["config_ssh"]
         assert proc.stdout.count("removed") == 3
+
+
+def test_bootcmd_fails_loudly_without_cloud_inits_semaphore_directory(tmp_path: Path) -> None:
+    o = ci.Options(ensemble="gb200", namespace="gpu-jobs")
+    bootcmd = ci.render_bootcmd(o, None).replace(ci.CLOUD_INIT_SEM_DIR, str(tmp_path / "sem"))
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    (fakebin / "cloud-init").write_text("#!/bin/sh\necho '/usr/bin/cloud-init 25.1.4'\n")
+    (fakebin / "cloud-init").chmod(0o755)
+    proc = subprocess.run(["sh", "-c", bootcmd], capture_output=True, text=True, timeout=10,
+                          env={"PATH": f"{fakebin}:/usr/bin:/bin"}, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line == (f"imex-ensemble setup: error: no {tmp_path}/sem in cloud-init "
+                    "/usr/bin/cloud-init 25.1.4: cannot redo a torn setup")

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from guest_agent import cloudinit as ci
+from guest_agent import cloudinit_cli as cli
 from guest_agent.config import load_settings
 
 CLOUD_INIT = "/usr/bin/cloud-init"
@@ -60,7 +61,7 @@ class Variant:
 BASE = ("--ensemble", "gb200", "--namespace", "gpu-jobs")
 REG = ("--registry-url", "http://imex-host-agent.imex-system.svc.cluster.local:8080")
 VARIANTS = [
-    Variant("preinstalled-minimal", BASE, False),
+    Variant("preinstalled-minimal", (*BASE, "--max-members", "8"), False),
     Variant("preinstalled-token", (*BASE, *REG, "--token", TOKEN), True),
     Variant(
         "find-links",
@@ -117,7 +118,7 @@ def generate(variant: Variant) -> tuple[str, str]:
 
 
 def options(variant: Variant) -> ci.Options:
-    return ci.options_from_args(ci.build_parser().parse_args(list(variant.argv)))
+    return cli.options_from_args(cli.build_parser().parse_args(list(variant.argv)))
 
 
 def user_data_of(stdout: str, secret: bool) -> str:
@@ -188,7 +189,7 @@ def test_cloud_init_writes_the_expected_files(variant: Variant, tmp_path: Path) 
         capture_output=True,
     )
     opts = options(variant)
-    unit = None if opts.install.kind == "preinstalled" else ci.load_unit()
+    unit = None if opts.install.kind == "preinstalled" else cli.load_unit()
     expected = {f.path: (f.content, f.permissions) for f in ci.render_files(opts, unit)}
     written = {
         "/" + str(p.relative_to(root)): (p.read_bytes(), mode_of(p))
@@ -243,6 +244,7 @@ def test_bootcmd_names_the_semaphores_real_cloud_init_uses() -> None:
         "bootcmd-first True",
     ]
     bootcmd = ci.render_bootcmd(ci.Options(ensemble="gb200", namespace="gpu-jobs"), None)
+    bootcmd = bootcmd.replace("$imex_sem", ci.CLOUD_INIT_SEM_DIR)
     for line in got[:3]:
         assert line.split()[0] in bootcmd
 

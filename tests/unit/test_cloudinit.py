@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guest_agent import cloudinit as ci
+from guest_agent import cloudinit_cli as cli
 from guest_agent.config import settings_from_mapping
 from guest_agent.model import EnsembleId
 from guest_agent.render import render_nodes_config
@@ -50,7 +51,7 @@ def files_of(user_data: str) -> dict[str, tuple[bytes, str]]:
 
 
 def parse(argv: list[str]) -> ci.Options:
-    return ci.options_from_args(ci.build_parser().parse_args(argv))
+    return cli.options_from_args(cli.build_parser().parse_args(argv))
 
 
 # --- YAML emission --------------------------------------------------------
@@ -169,39 +170,42 @@ def script_lines(o: ci.Options) -> list[list[str]]:
 
 
 @pytest.mark.parametrize(
-    ("install", "pip_args"),
+    ("install", "source"),
     [
-        (
-            "find-links:http://wheels.internal/imex/",
-            ["--no-index", "--find-links", "http://wheels.internal/imex/",
-             "--trusted-host", "wheels.internal", "imex-ensemble[guest]"],
-        ),
-        (
-            "pip-index:https://mirror.internal/simple",
-            ["--index-url", "https://mirror.internal/simple", "imex-ensemble[guest]"],
-        ),
-        (
-            "wheel:https://files.internal/imex_ensemble-0.1.0-py3-none-any.whl",
-            ["imex-ensemble[guest] @ https://files.internal/imex_ensemble-0.1.0-py3-none-any.whl"],
-        ),
+        ("find-links:http://wheels.internal/imex/",
+         ["--find-links", "http://wheels.internal/imex/"]),
+        ("pip-index:https://mirror.internal/simple",
+         ["--index-url", "https://mirror.internal/simple"]),
+        ("wheel:https://files.internal/imex_ensemble-0.1.0-py3-none-any.whl",
+         ["--wheel", "https://files.internal/imex_ensemble-0.1.0-py3-none-any.whl"]),
     ],
 )
-def test_install_sources(install: str, pip_args: list[str]) -> None:
+def test_install_sources(install: str, source: list[str]) -> None:
     o = opts(install=ci.InstallSource.parse(install), package=None)
     lines = script_lines(o)
     assert lines[0] == ["set", "-eu"]
-    # from scratch: a re-run must not keep files pip thinks are installed
-    assert lines[1] == ["rm", "-rf", "/opt/imex-guest-agent"]
-    assert lines[2] == ["python3", "-m", "venv", "/opt/imex-guest-agent"]
-    pip = lines[3]
-    assert pip[:2] == ["/opt/imex-guest-agent/bin/pip", "install"]
-    tail = [a.split("==")[0] for a in pip[-len(pip_args) :]]
-    assert tail == pip_args
+    # one installer run by the image's python3: it picks the interpreter, makes the venv
+    # without pip and removes it again on any failure (guest_agent/bootstrap.py)
+    run = lines[1]
+    assert run[:2] == ["python3", ci.INSTALLER_PATH]
+    assert run[2:4] == source
+    assert run[run.index("--venv") + 1] == "/opt/imex-guest-agent"
+    req = run[run.index("--requirement") + 1]
+    if source[0] == "--wheel":
+        assert req == f"imex-ensemble[guest] @ {source[1]}"
+    else:
+        assert req.split("==")[0] == "imex-ensemble[guest]"
+    # the installer is written by write_files, verbatim from the package
+    doc = yaml.safe_load(ci.render_user_data(o, UNIT))
+    (inst,) = [f for f in doc["write_files"] if f["path"] == ci.INSTALLER_PATH]
+    from guest_agent import bootstrap
+
+    assert inst["content"] == Path(bootstrap.__file__).read_text()
     # Installed, enabled, committed to disk, then started; IMEX restarts last.
     joined = [" ".join(line) for line in lines]
     enable = joined.index("systemctl enable imex-guest-agent.service")
     start = joined.index("systemctl restart imex-guest-agent.service")
-    assert 3 < enable < start
+    assert 1 < enable < start
     assert "systemctl restart nvidia-imex.service" in joined[start + 1]
 
 
@@ -218,12 +222,15 @@ def test_version_pin_follows_the_generator() -> None:
 def test_wheel_direct_reference_drops_the_version_spec() -> None:
     url = "https://files.internal/imex_ensemble-0.2.0-py3-none-any.whl"
     o = opts(install=ci.InstallSource.parse(f"wheel:{url}"), package="imex-ensemble[guest]>=0.2")
-    assert script_lines(o)[3][-1] == f"imex-ensemble[guest] @ {url}"
+    run = script_lines(o)[1]
+    assert run[run.index("--requirement") + 1] == f"imex-ensemble[guest] @ {url}"
 
 
 def test_preinstalled_only_enables() -> None:
     lines = script_lines(opts())
-    assert ["python3", "-m", "venv", "/opt/imex-guest-agent"] not in lines
+    assert not any(ci.INSTALLER_PATH in line for line in lines)
+    doc = yaml.safe_load(ci.render_user_data(opts(), None))
+    assert ci.INSTALLER_PATH not in {f["path"] for f in doc["write_files"]}
     assert not any(line[:2] == ["rm", "-rf"] for line in lines)  # the image's agent stays
     assert ["systemctl", "enable", "imex-guest-agent.service"] in lines
     assert ["systemctl", "restart", "imex-guest-agent.service"] in lines
@@ -268,11 +275,12 @@ def test_bootcmd_rearms_write_files_and_runcmd_unless_the_setup_is_committed() -
     assert len(digest) == ci.SETUP_DIGEST_CHARS and int(digest, 16) >= 0
     (bootcmd,) = doc["bootcmd"]
     assert bootcmd == ci.render_bootcmd(o, UNIT)
-    test, rm = bootcmd.splitlines()
-    assert test == f"[ -e {sem} ] ||"
-    assert rm.split() == [
-        "rm",
-        "-fv",
+    assign, check, rearm = bootcmd.splitlines()
+    assert assign == f"imex_sem={SEM_DIR}"
+    assert check.startswith("[ -d $imex_sem ] || { echo ") and check.endswith("exit 1; }")
+    expanded = rearm.replace("$imex_sem", SEM_DIR).split()
+    assert expanded == [
+        "[", "-e", sem, "]", "||", "rm", "-fv",
         f"{SEM_DIR}/config_write_files",
         f"{SEM_DIR}/config_runcmd",
         f"{SEM_DIR}/config_scripts_user",
@@ -305,7 +313,10 @@ def test_digest_changes_with_any_file_or_install_step() -> None:
 
 
 def test_small_output_stays_inline() -> None:
-    out = ci.generate(opts(), None)  # baked image, no registry: the smallest user-data
+    # a baked image, no registry, a small ensemble: inline. (With 18 members the loud
+    # check for cloud-init's semaphore directory took even this one just over 2048 bytes.)
+    assert ci.generate(opts(), None).is_secret
+    out = ci.generate(opts(max_members=8), None)
     assert not out.is_secret
     assert out.text == out.user_data
     assert len(out.text.encode()) <= ci.INLINE_USERDATA_LIMIT
@@ -423,7 +434,7 @@ def test_missing_token_file_is_named(tmp_path: Path) -> None:
 
 
 def test_main_reports_errors_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = ci.main(["--ensemble", "e", "--namespace", "n", "--imex-port", "0"])
+    rc = cli.main(["--ensemble", "e", "--namespace", "n", "--imex-port", "0"])
     err = capsys.readouterr()
     assert rc == 2
     assert err.out == ""
@@ -431,7 +442,7 @@ def test_main_reports_errors_on_stderr(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_main_prints_inline_user_data(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = ci.main(["--ensemble", "e", "--namespace", "n", "--token", TOKEN])
+    rc = cli.main(["--ensemble", "e", "--namespace", "n", "--token", TOKEN])
     out = capsys.readouterr()
     assert rc == 0
     assert out.out == ci.generate(opts(ensemble="e", namespace="n", token=TOKEN), None).text
@@ -459,14 +470,14 @@ def test_auth_encryption_writes_the_imex_tls_keys_and_the_pin() -> None:
     from guest_agent import cloudinit as ci
     from guest_agent.tlsconfig import imex_tls_settings
 
-    opts = ci.options_from_args(ci.build_parser().parse_args(_auth_args()))
+    opts = cli.options_from_args(cli.build_parser().parse_args(_auth_args()))
     imex = ci.render_imex_config(opts)
     for key, value in imex_tls_settings():
         assert f"\n{key}={value}\n" in imex
     assert "IMEX_SECURITY_TARGET_OVERRIDE" not in imex  # names mode: the dialled name matches
     settings = ci.check_agent_config(ci.render_agent_config(opts))
     assert settings.auth_encryption and settings.ca_sha256 == CA_PIN
-    plain = ci.options_from_args(ci.build_parser().parse_args(_auth_args()[:8]))
+    plain = cli.options_from_args(cli.build_parser().parse_args(_auth_args()[:8]))
     assert "AUTH" not in ci.render_imex_config(plain)  # unchanged without the flag
 
 
@@ -485,7 +496,7 @@ def test_auth_encryption_refuses_what_cannot_work(drop: str | None, add: tuple[s
         i = argv.index(drop)
         del argv[i:i + 2]
     with pytest.raises(ci.CloudInitError, match=words):
-        ci.options_from_args(ci.build_parser().parse_args(argv))
+        cli.options_from_args(cli.build_parser().parse_args(argv))
 
 
 def test_a_pin_without_auth_or_not_hex_is_refused() -> None:
@@ -494,8 +505,23 @@ def test_a_pin_without_auth_or_not_hex_is_refused() -> None:
     argv = _auth_args()
     argv.remove("--auth-encryption")
     with pytest.raises(ci.CloudInitError, match="only meaningful with --auth-encryption"):
-        ci.options_from_args(ci.build_parser().parse_args(argv))
+        cli.options_from_args(cli.build_parser().parse_args(argv))
     bad = _auth_args()
     bad[bad.index(CA_PIN)] = "xyz"
     with pytest.raises(ci.CloudInitError, match="not 64 hex digits"):
-        ci.options_from_args(ci.build_parser().parse_args(bad))
+        cli.options_from_args(cli.build_parser().parse_args(bad))
+@pytest.mark.parametrize("kwargs", [{}, {"token": TOKEN}, {"raw": True, "token": TOKEN}])
+def test_the_user_data_size_is_always_told(kwargs: dict[str, Any]) -> None:
+    o = opts(install=ci.InstallSource.parse("find-links:http://w.internal/"), **kwargs)
+    out = ci.generate(o, UNIT)
+    size = len(out.user_data.encode())
+    assert sum(f"{size} bytes" in n for n in out.notes) == 1
+
+
+def test_user_data_with_the_installer_stays_small_for_a_secret() -> None:
+    # a Secret holds 1 MiB; the installer is most of the user-data and is kept readable
+    o = opts(token=TOKEN, registry_url="http://r.example:8080",
+             install=ci.InstallSource.parse("find-links:http://w.internal/"))
+    size = len(ci.generate(o, UNIT).user_data.encode())
+    assert size < 32 * 1024
+    assert size > len(ci.installer_source().encode())

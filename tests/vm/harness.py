@@ -69,7 +69,7 @@ from tests.sandbox.virt_controller import VMI, VirtController, running_status, v
 from tests.vm.image import REPO_ROOT, Image, ensure_image
 from tests.vm.machine import Machine, make_seed, pick_accel, relevant_lines
 from tests.vm.qga import QgaError
-from tests.vm.wheelhouse import build_wheelhouse
+from tests.vm.wheelhouse import build_wheelhouse, target_for
 
 if TYPE_CHECKING:
     from tests.sandbox.ensemble import Sandbox
@@ -280,7 +280,8 @@ class VmHarness:
         self.image = ensure_image()
         self.timings["image"] = time.monotonic() - t
         t = time.monotonic()
-        build_wheelhouse(self.workdir / "wheelhouse")
+        build_wheelhouse(self.workdir / "wheelhouse",
+                         [target_for(self.image.guest.arch, self.image.guest.python)])
         self.timings["wheelhouse"] = time.monotonic() - t
         self.accel = pick_accel(self.image, self.workdir)
         # 2. the namespace, entered by this thread

@@ -44,20 +44,55 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.vm.binfmt import foreign_arch
+
 log = logging.getLogger("vm.image")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SUITE = "bookworm"
 VARIANT = "minbase"
-#: what the guest needs: systemd as init, the kernel (direct boot), cloud-init and what the
-#: generated user-data runs (python3 -m venv, pip from a wheelhouse), iproute2 and a DHCP
-#: client (ifupdown + isc-dhcp-client: cloud-init's Debian renderer), qemu-guest-agent (the
-#: harness reads guest files through it, as KubeVirt reads guest info), procps for ps/pgrep.
-PACKAGES = (
-    "systemd-sysv", "udev", "dbus", "kmod", "linux-image-amd64", "cloud-init", "python3",
-    "python3-venv", "iproute2", "ifupdown", "isc-dhcp-client", "netbase", "procps",
-    "qemu-guest-agent",
+#: what every guest needs: systemd as init, cloud-init and the python3 it runs on (and
+#: nothing else of Python: no python3-venv, no pip, as in stock cloud images; the generated
+#: user-data must cope), iproute2 and a DHCP client (ifupdown + isc-dhcp-client: cloud-init's
+#: Debian renderer), qemu-guest-agent (the harness reads guest files through it, as KubeVirt
+#: reads guest info), procps for ps/pgrep. The kernel comes per architecture.
+COMMON_PACKAGES = (
+    "systemd-sysv", "udev", "dbus", "kmod", "cloud-init", "python3", "iproute2",
+    "ifupdown", "isc-dhcp-client", "netbase", "procps", "qemu-guest-agent",
 )
+
+
+@dataclass(frozen=True)
+class GuestOs:
+    """One guest of the matrix: Debian suite and architecture, and how QEMU boots it."""
+
+    suite: str
+    major: int
+    arch: str
+    #: the suite's python3 (what the wheelhouse must serve this guest)
+    python: str
+
+    @property
+    def id(self) -> str:
+        """The matrix's guest id: ``debian-<major>-<arch>``."""
+        return f"debian-{self.major}-{self.arch}"
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        return (*COMMON_PACKAGES, f"linux-image-{self.arch}")
+
+    @property
+    def console(self) -> str:
+        # -M virt's serial port is a PL011 (ttyAMA0); q35's is a 16550 (ttyS0)
+        return "ttyAMA0" if self.arch == "arm64" else "ttyS0"
+
+
+BOOKWORM_AMD64 = GuestOs("bookworm", 12, "amd64", "3.11")
+BOOKWORM_ARM64 = GuestOs("bookworm", 12, "arm64", "3.11")
+TRIXIE_AMD64 = GuestOs("trixie", 13, "amd64", "3.13")
+GUESTS = {g.id: g for g in (BOOKWORM_AMD64, TRIXIE_AMD64, BOOKWORM_ARM64)}
+#: the suite today's scenario boots (pinned, not the host's: FACTS.md)
+SUITE = BOOKWORM_AMD64.suite
+PACKAGES = BOOKWORM_AMD64.packages
 DISK_SIZE = "3G"
 STANDIN_IMEX = REPO_ROOT / "tests" / "sandbox" / "imex_standin.py"
 STANDIN_CTL = REPO_ROOT / "tests" / "sandbox" / "imex_ctl.py"
@@ -111,6 +146,7 @@ class Image:
     initrd: Path
     base_key: str
     disk_key: str
+    guest: GuestOs = BOOKWORM_AMD64
 
 
 def cache_root() -> Path:
@@ -125,10 +161,12 @@ def _sha(parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def base_key(packages: tuple[str, ...] = PACKAGES, suite: str = SUITE) -> str:
-    """Pure: the base cache key (suite, variant, sorted package list, mirror override)."""
-    return _sha({"suite": suite, "variant": VARIANT, "packages": sorted(packages),
-                 "mirror": os.environ.get("IMEX_VM_MIRROR", ""), "v": 1})
+def base_key(packages: tuple[str, ...] = PACKAGES, suite: str = SUITE,
+             arch: str = "amd64") -> str:
+    """Pure: the base cache key (suite, architecture, variant, sorted package list, mirror)."""
+    return _sha({"suite": suite, "arch": arch, "variant": VARIANT,
+                 "packages": sorted(packages),
+                 "mirror": os.environ.get("IMEX_VM_MIRROR", ""), "v": 2})
 
 
 def overlay_files() -> dict[str, tuple[int, bytes]]:
@@ -176,7 +214,7 @@ def _boot_files(members: list[tarfile.TarInfo]) -> tuple[str, str]:
     names = {m.name.removeprefix("./") for m in members if m.isfile()}
     kernels = sorted(n for n in names if n.startswith("boot/vmlinuz-"))
     if not kernels:
-        raise ImageError("the rootfs has no boot/vmlinuz-*: linux-image-amd64 not installed?")
+        raise ImageError("the rootfs has no boot/vmlinuz-*: linux-image-<arch> not installed?")
     kernel = kernels[-1]
     initrd = "boot/initrd.img-" + kernel.removeprefix("boot/vmlinuz-")
     if initrd not in names:
@@ -184,9 +222,12 @@ def _boot_files(members: list[tarfile.TarInfo]) -> tuple[str, str]:
     return kernel, initrd
 
 
-def build_base(root: Path, key: str) -> Path:
-    """``base-<key>/`` with rootfs.tar, vmlinuz, initrd.img (built when missing)."""
-    final = root / f"base-{key}"
+def build_base(root: Path, key: str, guest: GuestOs = BOOKWORM_AMD64) -> Path:
+    """``base-<key>/`` with rootfs.tar, vmlinuz, initrd.img (built when missing).
+
+    A foreign architecture runs its maintainer scripts through qemu-user
+    (:func:`tests.vm.binfmt.foreign_arch` registers the handler for the build only)."""
+    final = root / f"base-{guest.id}-{key}"
     if (final / "rootfs.tar").is_file():
         return final
     for tool in ("mmdebstrap",):
@@ -194,14 +235,15 @@ def build_base(root: Path, key: str) -> Path:
             raise ImageError(f"{tool} is not installed (apt-get install mmdebstrap)")
     tmp = Path(tempfile.mkdtemp(prefix=".base-", dir=root))
     try:
-        argv = ["mmdebstrap", "--quiet", f"--variant={VARIANT}",
-                "--include=" + ",".join(PACKAGES), SUITE, str(tmp / "rootfs.tar")]
+        argv = ["mmdebstrap", "--quiet", f"--variant={VARIANT}", f"--arch={guest.arch}",
+                "--include=" + ",".join(guest.packages), guest.suite, str(tmp / "rootfs.tar")]
         mirror = os.environ.get("IMEX_VM_MIRROR")
         if mirror:
             argv.append(mirror)
         t0 = time.monotonic()
         log.info("building the guest rootfs (%s): %s", key, " ".join(argv))
-        _run(argv, "mmdebstrap", 1800)
+        with foreign_arch(guest.arch):
+            _run(argv, f"mmdebstrap ({guest.id})", 5400)
         with tarfile.open(tmp / "rootfs.tar") as tf:
             kernel, initrd = _boot_files(tf.getmembers())
             for name, out in ((kernel, "vmlinuz"), (initrd, "initrd.img")):
@@ -211,19 +253,20 @@ def build_base(root: Path, key: str) -> Path:
                 with src, open(tmp / out, "wb") as dst:
                     shutil.copyfileobj(src, dst)
         (tmp / "built.json").write_text(json.dumps({
-            "packages": list(PACKAGES), "suite": SUITE, "kernel": kernel,
+            "guest": guest.id, "packages": list(guest.packages), "suite": guest.suite,
+            "arch": guest.arch, "kernel": kernel,
             "seconds": round(time.monotonic() - t0, 1)}))
         os.replace(tmp, final)
-        log.info("guest rootfs built in %.0fs", time.monotonic() - t0)
+        log.info("guest rootfs %s built in %.0fs", guest.id, time.monotonic() - t0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
 def build_disk(root: Path, base: Path, key: str,
-               overlay: dict[str, tuple[int, bytes]]) -> Path:
-    """``disk-<key>/disk.img``: the rootfs plus the overlay as an ext4 image."""
-    final = root / f"disk-{key}"
+               overlay: dict[str, tuple[int, bytes]], guest: GuestOs = BOOKWORM_AMD64) -> Path:
+    """``disk-<guest>-<key>/disk.img``: the rootfs plus the overlay as an ext4 image."""
+    final = root / f"disk-{guest.id}-{key}"
     if (final / "disk.img").is_file():
         return final
     tmp = Path(tempfile.mkdtemp(prefix=".disk-", dir=root))
@@ -244,27 +287,33 @@ def build_disk(root: Path, base: Path, key: str,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     # keep the cache small: older disks of this base go (bases stay; they are the slow part)
-    for old in root.glob("disk-*"):
+    for old in root.glob(f"disk-{guest.id}-*"):
         if old != final and old.is_dir() and time.time() - old.stat().st_mtime > 3600:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def ensure_image(root: Path | None = None) -> Image:
+def ensure_image(root: Path | None = None, guest: GuestOs = BOOKWORM_AMD64) -> Image:
     """The cached image, building what is missing; :class:`ImageError` says what failed."""
     root = root or cache_root()
-    bkey = base_key()
+    bkey = base_key(guest.packages, guest.suite, guest.arch)
     overlay = overlay_files()
     dkey = disk_key(bkey, overlay)
     with _locked(root):
-        base = build_base(root, bkey)
-        disk = build_disk(root, base, dkey, overlay)
+        base = build_base(root, bkey, guest)
+        disk = build_disk(root, base, dkey, overlay, guest)
     os.utime(disk)
-    return Image(disk / "disk.img", base / "vmlinuz", base / "initrd.img", bkey, dkey)
+    return Image(disk / "disk.img", base / "vmlinuz", base / "initrd.img", bkey, dkey,
+                 guest)
 
 
-if __name__ == "__main__":  # python -m tests.vm.image: build (or find) and print the image
+if __name__ == "__main__":  # python -m tests.vm.image [GUEST...]: build (or find) the images
+    import sys
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    t = time.monotonic()
-    img = ensure_image()
-    print(f"{img} ({time.monotonic() - t:.1f}s)")
+    for gid in sys.argv[1:] or [BOOKWORM_AMD64.id]:
+        if gid not in GUESTS:
+            raise SystemExit(f"unknown guest {gid!r}; known: {', '.join(GUESTS)}")
+        t = time.monotonic()
+        img = ensure_image(guest=GUESTS[gid])
+        print(f"{gid}: {img.disk} ({time.monotonic() - t:.1f}s)", flush=True)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from guest_agent import cloudinit as ci
+from guest_agent import cloudinit_cli as cli
 from guest_agent.ensemble_crd import SPEC_FIELDS
 from guest_agent.from_ensemble import (
     EnsembleSettings,
@@ -201,7 +202,7 @@ def test_the_cli_refuses_a_contradiction_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_without_from_ensemble_nothing_changes() -> None:
-    args = ci.build_parser().parse_args(["--ensemble", "gb200", "--namespace", "gpu-jobs"])
-    assert ci.from_ensemble_args(args) == []
-    opts = ci.options_from_args(args)
+    args = cli.build_parser().parse_args(["--ensemble", "gb200", "--namespace", "gpu-jobs"])
+    assert cli.from_ensemble_args(args) == []
+    opts = cli.options_from_args(args)
     assert (opts.max_members, opts.imex_port, opts.mode) == (18, 50000, "names")

@@ -23,7 +23,8 @@ def _parsed() -> configparser.ConfigParser:
 def test_ordering_and_restart_policy() -> None:
     cp = _parsed()
     unit, service = cp["Unit"], cp["Service"]
-    assert set(unit["After"].split()) >= {"network-online.target", "cloud-init.service"}
+    assert set(unit["After"].split()) >= {"network-online.target", "cloud-init.service",
+                                        "cloud-init-network.service"}  # 24.3 renamed it
     assert "network-online.target" in unit["Wants"].split()
     assert "nvidia-imex.service" in unit["Before"].split()
     assert service["Restart"] == "always"

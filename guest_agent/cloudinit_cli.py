@@ -1,0 +1,260 @@
+"""The command line of ``imex-guest-agent cloudinit``: flags in, user-data (or a Secret) out.
+
+Every flag is checked here or by the agent's own config validator before anything is
+printed, so a value the guest would refuse is refused on the workstation, naming the flag
+(exit 2). The rendering itself is :mod:`guest_agent.cloudinit`; this module only reads
+the token file and the package's unit, and prints the result and its notes (the
+user-data's size among them) on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from guest_agent.cloudinit import (
+    _K8S_NAME,
+    _REQUIREMENT,
+    _TOKEN,
+    DEFAULT_IMEX_CMD_PORT,
+    UNIT_RESOURCE,
+    CloudInitError,
+    InstallSource,
+    Options,
+    generate,
+    render_agent_config,
+)
+from guest_agent.config import ConfigError, parse_nameserver
+from guest_agent.from_ensemble import (
+    FromEnsembleError,
+    apply_to_flags,
+    load_document,
+    settings_from_object,
+)
+from guest_agent.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, ModelError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="imex-guest-agent cloudinit",
+        description=(
+            "Print #cloud-config user-data that installs and configures the imex guest agent "
+            "and IMEX for one ensemble member (or a Secret holding it, when it is over "
+            "KubeVirt's 2048-byte inline limit)."
+        ),
+    )
+    p.add_argument("--ensemble", help="ensemble (Service) name (required without "
+                   "--from-ensemble)")
+    p.add_argument("--namespace", help="namespace of the Service and the VMs (required "
+                   "without --from-ensemble)")
+    p.add_argument(
+        "--from-ensemble",
+        metavar="FILE",
+        help="take the ensemble, namespace, max-members, port and mode from an ImexEnsemble "
+        "(`kubectl get imexensemble NAME -o json`; '-' reads standard input; YAML needs "
+        "PyYAML); a flag that says otherwise is refused",
+    )
+    p.add_argument("--max-members", type=int, default=None, help="default 18")
+    p.add_argument("--cluster-domain", help="cluster DNS zone (agent default: cluster.local)")
+    p.add_argument(
+        "--registry-url",
+        help="host agent registry, e.g. http://imex-host-agent.imex-system.svc.cluster.local:8080",
+    )
+    tok = p.add_mutually_exclusive_group()
+    tok.add_argument("--token", help="ensemble token (prefer --token-file: argv is visible)")
+    tok.add_argument("--token-file", help="file holding the ensemble token")
+    p.add_argument(
+        "--install",
+        default="preinstalled",
+        help="pip-index:URL | wheel:URL | find-links:URL | preinstalled (default)",
+    )
+    p.add_argument(
+        "--package",
+        help="pip requirement to install (default: imex-ensemble[guest]==<this version>)",
+    )
+    p.add_argument("--mode", choices=("names", "ips"), default=None, help="default names")
+    p.add_argument("--imex-port", type=int, default=None, help="IMEX SERVER_PORT (default "
+                   f"{DEFAULT_PORT})")
+    p.add_argument("--imex-cmd-port", type=int, default=DEFAULT_IMEX_CMD_PORT)
+    p.add_argument("--wait-for-quorum", choices=("RECOVERY", "NONE"), default="RECOVERY")
+    p.add_argument("--own-slot", choices=("auto", "published", "local"), default="auto")
+    p.add_argument(
+        "--nameserver",
+        action="append",
+        default=[],
+        metavar="IP[:PORT]",
+        help="DNS server for the agent's fallback (repeatable; default resolv.conf)",
+    )
+    p.add_argument(
+        "--no-restart-imex",
+        action="store_true",
+        help="do not enable and restart nvidia-imex.service at first boot",
+    )
+    p.add_argument(
+        "--auth-encryption",
+        action="store_true",
+        help="IMEX mutual TLS: certificates from the registry (needs --registry-url, --token "
+        "and --ca-sha256; mode names only)",
+    )
+    p.add_argument(
+        "--ca-sha256",
+        metavar="HEX",
+        help="the ensemble CA's fingerprint guests pin: the ImexEnsemble's status.caSHA256 "
+        "(or the Service's imex-ensemble.io/ca-sha256 annotation)",
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--output-secret", metavar="NAME", help="always print a Secret named NAME")
+    out.add_argument(
+        "--raw",
+        action="store_true",
+        help="always print plain user-data, even over the inline limit",
+    )
+    return p
+
+
+def _port(flag: str, value: int) -> int:
+    if not 1 <= value <= 65535:
+        raise CloudInitError(f"{flag}: {value} is not a port number (1..65535)")
+    return value
+
+
+def _read_token(path: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CloudInitError(f"--token-file {path}: cannot read: {exc}") from exc
+    return text.strip()
+
+
+def from_ensemble_args(args: argparse.Namespace) -> list[str]:
+    """``--from-ensemble``: fill the flags from the ImexEnsemble (refusing contradictions);
+    returns notes for stderr. Without it, nothing changes."""
+    if getattr(args, "from_ensemble", None) is None:
+        return []
+    token: str | None = args.token
+    if args.token_file is not None:
+        token = _read_token(args.token_file)
+    dests = ["ensemble", "namespace", "max_members", "imex_port", "mode",
+             *(d for d in ("auth_encryption", "ca_sha256") if hasattr(args, d))]
+    source = "standard input" if args.from_ensemble == "-" else args.from_ensemble
+    try:
+        settings = settings_from_object(load_document(args.from_ensemble))
+        filled, notes = apply_to_flags(settings, {d: getattr(args, d) for d in dests},
+                                       token, source)
+    except FromEnsembleError as exc:
+        raise CloudInitError(f"--from-ensemble: {exc}") from exc
+    for dest, value in filled.items():
+        setattr(args, dest, value)
+    return notes
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    """Turn parsed flags into Options, refusing anything the guest would refuse later."""
+    if args.ensemble is None or args.namespace is None:
+        raise CloudInitError("--ensemble and --namespace are required (or --from-ensemble)")
+    token: str | None = args.token
+    if args.token_file is not None:
+        token = _read_token(args.token_file)
+    if token is not None and not _TOKEN.match(token):
+        raise CloudInitError(
+            "the token must be one line of letters, digits and -._~+/ (a bearer token), "
+            "e.g. from `openssl rand -hex 32`"
+        )
+    if args.output_secret is not None and not _K8S_NAME.match(args.output_secret):
+        raise CloudInitError(f"--output-secret {args.output_secret!r} is not a Kubernetes name")
+    for ns in args.nameserver:
+        try:
+            parse_nameserver("--nameserver", ns)
+        except ConfigError as exc:
+            raise CloudInitError(str(exc)) from exc
+    if args.package is not None and not _REQUIREMENT.match(args.package):
+        raise CloudInitError(
+            f"--package {args.package!r} is not a pip requirement such as "
+            "'imex-ensemble[guest]==0.1.0'"
+        )
+    ca_sha256 = getattr(args, "ca_sha256", None)
+    auth = bool(getattr(args, "auth_encryption", False))
+    if ca_sha256 is not None:
+        ca_sha256 = ca_sha256.strip().lower()
+        if len(ca_sha256) != 64 or any(c not in "0123456789abcdef" for c in ca_sha256):
+            raise CloudInitError(f"--ca-sha256 {ca_sha256!r} is not 64 hex digits")
+    if auth:
+        if args.mode == "ips":
+            raise CloudInitError(
+                "--auth-encryption cannot be used with --mode ips: IMEX then dials IP "
+                "addresses, which a slot-named certificate cannot match")
+        if args.registry_url is None:
+            raise CloudInitError(
+                "--auth-encryption needs --registry-url: certificates come from the registry "
+                "(a DNS-only guest cannot get a first certificate)")
+        if token is None:
+            raise CloudInitError("--auth-encryption needs --token or --token-file: the "
+                                 "certificate request is authenticated like the status PUT")
+        if ca_sha256 is None:
+            raise CloudInitError(
+                "--auth-encryption needs --ca-sha256 (the ensemble's status.caSHA256): guests "
+                "never trust a CA because the registry sent it")
+    elif ca_sha256 is not None:
+        raise CloudInitError("--ca-sha256 is only meaningful with --auth-encryption")
+    opts = Options(
+        auth_encryption=auth,
+        ca_sha256=ca_sha256,
+        ensemble=args.ensemble,
+        namespace=args.namespace,
+        max_members=DEFAULT_MAX_MEMBERS if args.max_members is None else args.max_members,
+        cluster_domain=args.cluster_domain,
+        registry_url=args.registry_url,
+        token=token,
+        install=InstallSource.parse(args.install),
+        package=args.package,
+        mode=args.mode or "names",
+        imex_port=_port("--imex-port", DEFAULT_PORT if args.imex_port is None
+                        else args.imex_port),
+        imex_cmd_port=_port("--imex-cmd-port", args.imex_cmd_port),
+        wait_for_quorum=args.wait_for_quorum,
+        own_slot=args.own_slot,
+        nameservers=tuple(args.nameserver),
+        restart_imex=not args.no_restart_imex,
+        output_secret=args.output_secret,
+        raw=args.raw,
+    )
+    try:
+        opts.ens  # noqa: B018 - validates both names
+    except ModelError as exc:
+        raise CloudInitError(f"--ensemble/--namespace: {exc}") from exc
+    render_agent_config(opts)  # the agent's validator has the last word on every key
+    return opts
+
+
+def load_unit() -> str:
+    """The agent's systemd unit, shipped as package data of guest_agent."""
+    try:
+        return resources.files("guest_agent").joinpath(UNIT_RESOURCE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CloudInitError(
+            f"the agent's systemd unit (guest_agent/{UNIT_RESOURCE}) is missing from this "
+            f"installation: {exc}"
+        ) from exc
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    try:
+        for note in from_ensemble_args(args):
+            print(f"imex-guest-agent cloudinit: {note}", file=sys.stderr)
+        opts = options_from_args(args)
+        unit = None if opts.install.kind == "preinstalled" else load_unit()
+        out = generate(opts, unit)
+    except CloudInitError as exc:
+        print(f"imex-guest-agent cloudinit: error: {exc}", file=sys.stderr)
+        return 2
+    for note in out.notes:
+        if args.from_ensemble is not None and note.startswith("annotate the ensemble Service"):
+            continue  # the ImexEnsemble already says it (and its agent annotates the Service)
+        print(f"imex-guest-agent cloudinit: {note}", file=sys.stderr)
+    sys.stdout.write(out.text)
+    sys.stdout.flush()
+    return 0
