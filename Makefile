@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers vmtest realk8s wheelhouse clean
+.PHONY: demo test lint bench bench-peers vmtest vmtest-matrix chroottest realk8s wheelhouse clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,12 +31,22 @@ bench-peers: $(STAMP)
 	$(BIN)/python -m tests.bench.peers $(if $(QUICK),--quick)
 
 vmtest: $(STAMP)
-	$(BIN)/python -m pytest -q -m vm -p no:cacheprovider tests/vm $(VMTEST_ARGS)
+	$(BIN)/python -m pytest -q -m vm -p no:cacheprovider tests/vm --ignore=tests/vm/test_matrix.py \
+	  $(VMTEST_ARGS)
+
+# the guest package under Debian 11/12/13's own python3 and cloud-init, arm64 under qemu-user
+chroottest: $(STAMP)
+	$(BIN)/python -m pytest -q -m chroot -p no:cacheprovider tests/chroot $(CHROOTTEST_ARGS)
 
 # dist/wheelhouse/linux-<arch>-py<ver>/ per target; PLATFORM=linux/arm64 PYTHON=3.12 picks one
 wheelhouse: $(STAMP)
 	$(BIN)/python -m tools.wheelhouse $(if $(PLATFORM),--platform '$(PLATFORM)') \
 	  $(if $(PYTHON),--python '$(PYTHON)')
+
+# every guest OS (install-and-converge with one peer) and the mixed arm64+amd64 ensemble;
+# IMEX_VM_GUESTS=debian-12-arm64 picks guests for the smokes
+vmtest-matrix: $(STAMP)
+	$(BIN)/python -m pytest -q -m vm -p no:cacheprovider tests/vm/test_matrix.py $(VMTEST_ARGS)
 
 realk8s: $(STAMP)
 	$(BIN)/python -m pytest -q -m realk8s tests/realk8s

@@ -77,8 +77,15 @@ DISTRIBUTION: Final = "imex-ensemble"
 IMEX_UNIT: Final = "nvidia-imex.service"
 DEFAULT_IMEX_CMD_PORT: Final = 50005
 SECRET_KEY: Final = "userdata"
-#: cloud-init's per-instance semaphores: ``config_<module>`` (module name, ``-`` as ``_``).
+#: cloud-init's per-instance semaphores: ``config_<module>`` (module name, ``-`` as ``_``),
+#: under its default ``cloud_dir`` (checked on 22.4 and 25.1 in tests/chroot).
 CLOUD_INIT_SEM_DIR: Final = "/var/lib/cloud/instance/sem"
+#: asks the guest's own cloud-init where its semaphores are, when not at the default (a
+#: ``system_info.paths.cloud_dir`` of its own); the same internals on 22.4 and 25.1
+SEM_DIR_PROBE: Final = (
+    "from cloudinit.stages import Init;i=Init();i.read_cfg();"
+    "print(i.paths.get_ipath_cur('sem'))"
+)
 #: The modules that carry the setup: write_files, runcmd (writes the script),
 #: scripts_user (runs it).
 SETUP_MODULES: Final = ("write_files", "runcmd", "scripts_user")
@@ -391,10 +398,17 @@ class _Setup:
         return cls(files, install,
                    f"{CLOUD_INIT_SEM_DIR}/{SETUP_SEM_PREFIX}{setup_digest(files, install)}")
 
+    @property
+    def sem_name(self) -> str:
+        return self.sem.rpartition("/")[2]
+
     def script(self, opts: Options) -> str:
+        # where to commit, checked before anything is installed
         lines = [
-            *self.install,
-            f"sync; touch {self.sem}; sync",
+            *self.install[:1],
+            *_sem_dir_lines(),
+            *self.install[1:],
+            f"sync; touch $imex_sem/{self.sem_name}; sync",
             # restart, not start: on a re-run an old agent may be running from the
             # venv just replaced. Type=notify: this returns once the files are written.
             f"systemctl restart {UNIT_NAME}",
@@ -409,17 +423,26 @@ class _Setup:
         return "".join(f"{line}\n" for line in lines)
 
     def bootcmd(self) -> str:
-        # One shell script holds every bootcmd item, so the variable is ours alone. A
-        # cloud-init that keeps its semaphores elsewhere fails loudly here (cloud-init logs
-        # the failed bootcmd) instead of silently never redoing a torn setup.
-        d, prefix = "$imex_sem", f"{CLOUD_INIT_SEM_DIR}/"
-        sems = " ".join(f"{d}/config_{m}" for m in SETUP_MODULES)
-        return (
-            f"imex_sem={CLOUD_INIT_SEM_DIR}\n"
-            f'[ -d {d} ] || {{ echo "imex-ensemble setup: error: no {d} in cloud-init'
-            f' $(cloud-init --version 2>&1): cannot redo a torn setup" >&2; exit 1; }}\n'
-            f"[ -e {d}/{self.sem.removeprefix(prefix)} ] || rm -fv {sems}\n"
-        )
+        sems = " ".join(f"$imex_sem/config_{m}" for m in SETUP_MODULES)
+        lines = [*_sem_dir_lines(), f"[ -e $imex_sem/{self.sem_name} ] || rm -fv {sems}"]
+        return "".join(f"{line}\n" for line in lines)
+
+
+def _sem_dir_lines() -> list[str]:
+    """``imex_sem`` := cloud-init's semaphore directory, or one error line and exit 1.
+
+    The default first; else what this guest's cloud-init says (its own ``cloud_dir``).
+    Never a silent skip: a setup that cannot be re-armed or committed says so, and
+    cloud-init records the failed bootcmd or runcmd. One shell script holds every bootcmd
+    item, so the variable name is ours alone."""
+    return [
+        f"imex_sem={CLOUD_INIT_SEM_DIR}",
+        f'[ -d $imex_sem ] || imex_sem=$(python3 -c "{SEM_DIR_PROBE}" 2>/dev/null) &&'
+        ' [ -d "$imex_sem" ] || { echo "imex-ensemble setup: error: no semaphore directory'
+        f' in cloud-init $(cloud-init --version 2>&1) (not {CLOUD_INIT_SEM_DIR},'
+        ' nor what it says: ${imex_sem:-nothing}): cannot commit or redo a torn setup" >&2;'
+        " exit 1; }",
+    ]
 
 
 def render_user_data(opts: Options, unit: str | None) -> str:

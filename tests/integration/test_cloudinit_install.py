@@ -172,9 +172,13 @@ def test_bootcmd_fails_loudly_without_cloud_inits_semaphore_directory(tmp_path: 
     fakebin.mkdir()
     (fakebin / "cloud-init").write_text("#!/bin/sh\necho '/usr/bin/cloud-init 25.1.4'\n")
     (fakebin / "cloud-init").chmod(0o755)
+    # a python3 without cloud-init's modules: nothing can say where its semaphores are
+    (fakebin / "python3").write_text("#!/bin/sh\nexit 1\n")
+    (fakebin / "python3").chmod(0o755)
     proc = subprocess.run(["sh", "-c", bootcmd], capture_output=True, text=True, timeout=10,
                           env={"PATH": f"{fakebin}:/usr/bin:/bin"}, check=False)
     assert proc.returncode == 1 and proc.stdout == ""
     (line,) = proc.stderr.splitlines()
-    assert line == (f"imex-ensemble setup: error: no {tmp_path}/sem in cloud-init "
-                    "/usr/bin/cloud-init 25.1.4: cannot redo a torn setup")
+    assert line == ("imex-ensemble setup: error: no semaphore directory in cloud-init "
+                    f"/usr/bin/cloud-init 25.1.4 (not {tmp_path}/sem, nor what it says: "
+                    "nothing): cannot commit or redo a torn setup")

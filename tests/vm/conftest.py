@@ -2,7 +2,8 @@
 
 Settings come from the environment so CI and a developer can size the run without editing
 code: ``IMEX_VM_COUNT`` (members booted, default 3; CI may use 2), ``IMEX_VM_MEMORY``
-(MiB per guest, default 640), ``IMEX_VM_BOOT_TIMEOUT`` (seconds from qemu start to the
+(MiB per guest, default 640), ``IMEX_VM_GUESTS`` (which guests tests/vm/test_matrix.py
+boots, default all), ``IMEX_VM_BOOT_TIMEOUT`` (seconds from qemu start to the
 agent running, default 2400: TCG on 2 cores shared with other jobs took 15+ minutes),
 ``IMEX_VM_KEEP=1`` (keep the work directory even when the run
 passes). Each run's work directory is ``tests/vm/artifacts/<test>-<time>`` (gitignored): on
@@ -45,3 +46,12 @@ def vm_settings(request: pytest.FixtureRequest) -> HarnessSettings:
         workdir=workdir,
         keep_artifacts=os.environ.get("IMEX_VM_KEEP") == "1",
     )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests.vm.verdicts import MATRIX_LINES
+
+    if MATRIX_LINES:
+        terminalreporter.write_sep("-", "vm-matrix")
+        for line in MATRIX_LINES:
+            terminalreporter.write_line(line)

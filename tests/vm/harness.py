@@ -66,8 +66,9 @@ from tests.sandbox.ensemble import EnsembleSpec, LoopThread
 from tests.sandbox.kube_api import ThreadedKubeApi
 from tests.sandbox.netns import in_netns, ip, list_netns, netns_pids
 from tests.sandbox.virt_controller import VMI, VirtController, running_status, vmi_manifest
-from tests.vm.image import REPO_ROOT, Image, ensure_image
+from tests.vm.image import BOOKWORM_AMD64, GUESTS, REPO_ROOT, GuestOs, Image, ensure_image
 from tests.vm.machine import Machine, make_seed, pick_accel, relevant_lines
+from tests.vm.peer import Peer
 from tests.vm.qga import QgaError
 from tests.vm.wheelhouse import build_wheelhouse, target_for
 
@@ -82,13 +83,17 @@ BRIDGE = "vmtbr0"
 STATUS_FILE = "/run/imex-guest-agent/status.json"
 IMEX_STATE_FILE = "/run/nvidia-imex/state.json"
 REQUIRED_TOOLS = {
-    "qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils",
+    "qemu-img": "qemu-utils",
     "mmdebstrap": "mmdebstrap", "cloud-localds": "cloud-image-utils",
     "dnsmasq": "dnsmasq-base", "mkfs.ext4": "e2fsprogs", "ip": "iproute2",
 }
-# serial-console markers of a failed first boot (cloud-init 22.4 wording)
+QEMU_PACKAGES = {"qemu-system-x86_64": "qemu-system-x86", "qemu-system-aarch64": "qemu-system-arm"}
+# serial-console markers of a failed first boot (cloud-init 22.4 wording; 25.1 says
+# "scripts_user" and logs the runcmd script the same way: tests/chroot, docs/facts.md)
 FATAL_MARKERS = ("Kernel panic", "Failed to run module scripts-user",
-                 "Failed running /var/lib/cloud/instance/scripts/runcmd")
+                 "Failed to run module scripts_user",
+                 "Failed running /var/lib/cloud/instance/scripts/runcmd",
+                 "imex-ensemble setup: error:")
 
 
 class HarnessError(Exception):
@@ -114,6 +119,10 @@ class HarnessSettings:
     install: str | None = None
     workdir: Path | None = None
     keep_artifacts: bool = False
+    #: the guest OS of each VM by index (``debian-12-arm64`` ...); empty: all bookworm amd64
+    guests: tuple[str, ...] = ()
+    #: lean members (tests/vm/peer.py) after the VMs' indexes
+    peers: int = 0
 
 
 @dataclass
@@ -125,7 +134,10 @@ class Guest:
     machine: Machine
     ip: str
     node: str
+    os: GuestOs = BOOKWORM_AMD64
     timings: dict[str, float] = field(default_factory=dict)
+    #: what the guest says it runs (python, cloud-init, systemd), read through qemu-ga
+    facts: dict[str, str] = field(default_factory=dict)
 
 
 class _KubeconfigHolder:
@@ -167,7 +179,8 @@ def cleanup_dead_runs() -> list[str]:
     """Delete ``vmt-<pid>`` namespaces whose owner process is gone."""
     removed = []
     for name in list_netns():
-        head, _, pid = name.partition("-")
+        head, _, rest = name.partition("-")
+        pid = rest.partition("-")[0]  # vmt-<pid> and its peers vmt-<pid>-p<i>
         if head == PREFIX and pid.isdigit() and not _pid_alive(int(pid)):
             delete_netns(name)
             removed.append(name)
@@ -213,10 +226,13 @@ class VmHarness:
         self.netns = f"{PREFIX}-{os.getpid()}"
         self.workdir = Path("/nonexistent")
         self.image: Image | None = None
+        self.images: dict[str, Image] = {}
+        self.accels: dict[str, str] = {}
         self.accel = "tcg"
         self.guests: dict[int, Guest] = {}
+        self.peers: dict[int, Peer] = {}
         self.timings: dict[str, float] = {}
-        self.spec = EnsembleSpec(s.namespace, s.ensemble, max_members=s.vms + 1)
+        self.spec = EnsembleSpec(s.namespace, s.ensemble, max_members=s.vms + s.peers + 1)
         self._stack = ExitStack()
         self._api: ThreadedKubeApi | None = None
         self.kubeconfig = Path("/nonexistent")
@@ -275,15 +291,26 @@ class VmHarness:
         else:
             self.workdir = Path(tempfile.mkdtemp(prefix="imex-vmtest-"))
         log.info("work dir %s", self.workdir)
-        # 1. image and wheelhouse (nothing to clean up if these fail)
-        t = time.monotonic()
-        self.image = ensure_image()
-        self.timings["image"] = time.monotonic() - t
+        for gid in set(self.guest_ids()):
+            if gid not in GUESTS:
+                raise HarnessError(f"unknown guest {gid!r}; known: {', '.join(GUESTS)}")
+            qemu = "qemu-system-aarch64" if GUESTS[gid].arch == "arm64" else "qemu-system-x86_64"
+            if shutil.which(qemu) is None:
+                raise HarnessError(f"missing tools: {qemu} (apt package {QEMU_PACKAGES[qemu]})")
+        # 1. images and wheelhouse (nothing to clean up if these fail)
+        for gid in dict.fromkeys(self.guest_ids()):
+            t = time.monotonic()
+            self.images[gid] = ensure_image(guest=GUESTS[gid])
+            self.timings[f"image {gid}"] = time.monotonic() - t
+        self.image = self.images[self.guest_ids()[0]]
+        self.timings["image"] = sum(v for k, v in self.timings.items() if k.startswith("image "))
         t = time.monotonic()
         build_wheelhouse(self.workdir / "wheelhouse",
-                         [target_for(self.image.guest.arch, self.image.guest.python)])
+                         [target_for(GUESTS[g].arch, GUESTS[g].python) for g in self.images])
         self.timings["wheelhouse"] = time.monotonic() - t
-        self.accel = pick_accel(self.image, self.workdir)
+        for gid, img in self.images.items():
+            self.accels[gid] = pick_accel(img, self.workdir)
+        self.accel = self.accels[self.guest_ids()[0]]
         # 2. the namespace, entered by this thread
         stale = cleanup_dead_runs()
         if stale:
@@ -310,7 +337,16 @@ class VmHarness:
                                 max_members=self.spec.max_members, token=self.spec.token)
         self.user_data = self.generate_user_data()
         (self.workdir / "user-data").write_text(self.user_data)
+        for k in range(s.peers):
+            self.add_peer(s.vms + k)
         return self
+
+    def guest_ids(self) -> list[str]:
+        """The guest OS of every VM, by index."""
+        s = self.settings
+        if s.guests and len(s.guests) != s.vms:
+            raise HarnessError(f"{len(s.guests)} guest OS names for {s.vms} VMs")
+        return list(s.guests) or [BOOKWORM_AMD64.id] * s.vms
 
     def close(self) -> None:
         if self._closed:
@@ -319,6 +355,7 @@ class VmHarness:
         steps: list[tuple[str, Callable[[], None]]] = [
             ("artifacts", self._collect_artifacts),
             ("vms", self._kill_vms),
+            ("peers", self._close_peers),
             ("dnsmasq", lambda: self._stop_proc(self._dnsmasq)),
             ("http", self._stop_http),
             ("host agent", lambda: self._stop_proc(self._host_agent)),
@@ -492,21 +529,45 @@ class VmHarness:
 
     def add_vm(self, index: int) -> Guest:
         """Create the VMI (Pending, Scheduled), its tap, seed and disk, and start qemu."""
-        assert self.vc is not None and self.image is not None
+        assert self.vc is not None
+        gos = GUESTS[self.guest_ids()[index]]
         vmi = self._vmi_name(index)
         tap = f"vmtt{index}"
         mac = f"52:54:00:77:00:{index + 10:02x}"
         ip("tuntap", "add", "dev", tap, "mode", "tap")
         ip("link", "set", tap, "master", BRIDGE, "up")
-        machine = Machine(vmi, self.workdir / vmi, self.image, tap, mac,
+        machine = Machine(vmi, self.workdir / vmi, self.images[gos.id], tap, mac,
                           self.settings.memory_mb, self.sock_dir)
         make_seed(machine.seed, self.user_data, self.meta_data(vmi))
-        guest = Guest(index, vmi, machine, self.next_ip(), self.vc.pick_node())
+        guest = Guest(index, vmi, machine, self.next_ip(), self.vc.pick_node(), gos)
         self.guests[index] = guest
         self._create_vmi(guest)
         self._write_dhcp_hosts()
-        machine.start(self.accel)
+        machine.start(self.accels[gos.id])
         return guest
+
+    def add_peer(self, index: int) -> Peer:
+        """A lean member (tests/vm/peer.py) at the next address, its VMI Running."""
+        assert self.vc is not None
+        vmi = self._vmi_name(index)
+        search = f"{self.spec.namespace}.svc.cluster.local svc.cluster.local cluster.local"
+        peer = Peer(index=index, vmi=vmi, addr=self.next_ip(), prefixlen=self.net.prefixlen,
+                    netns=f"{self.netns}-p{index}", veth=f"vmtp{index}", bridge=BRIDGE,
+                    spec=self.spec, workdir=self.workdir / vmi,
+                    registry_url=self.registry_url, dns=self.host_ip, search=search)
+        self.peers[index] = peer
+        node = self.vc.pick_node()
+        self.vc.client.create(VMI.from_dict(vmi_manifest(self.spec, vmi, self.spec.name)))
+        self.vc.set_status(self.spec, vmi, running_status(peer.ip, node, peer.mac))
+        peer.start()
+        return peer
+
+    def _close_peers(self) -> None:
+        for p in self.peers.values():
+            try:
+                p.close()
+            except Exception as e:  # teardown never raises
+                log.warning("teardown peer %s: %s", p.vmi, e)
 
     def _create_vmi(self, g: Guest) -> None:
         assert self.vc is not None
@@ -592,6 +653,27 @@ class VmHarness:
             self.wait_running(self.guests[i])
         for i in indexes:
             self.wait_agent(self.guests[i])
+            self.read_facts(self.guests[i])
+
+    def read_facts(self, g: Guest) -> dict[str, str]:
+        """The guest's python (the agent's venv), ``cloud-init --version``, systemd major."""
+        probes = {
+            "python": [f"{ci_venv()}/bin/python", "-c",
+                       "import sys; print('%d.%d' % sys.version_info[:2])"],
+            "cloud-init": ["/usr/bin/cloud-init", "--version"],
+            "systemd": ["/bin/systemctl", "--version"],
+        }
+        for key, argv in probes.items():
+            with contextlib.suppress(QgaError):
+                r = g.machine.qga.exec(argv, timeout=60)
+                words = (r.out + r.err).split()
+                if key == "python" and words:
+                    g.facts[key] = words[0]
+                elif key == "cloud-init" and len(words) >= 2:
+                    g.facts[key] = words[1]  # "/usr/bin/cloud-init 25.1.4"
+                elif key == "systemd" and len(words) >= 2:
+                    g.facts[key] = words[1]  # "systemd 257 (257.9-1~deb13u1)"
+        return g.facts
 
     def kill(self, index: int) -> None:
         """The VM dies (qemu SIGKILL); the VMI turns Failed, as virt-handler reports it."""
@@ -615,7 +697,7 @@ class VmHarness:
         g.node = self.vc.pick_node(avoid=g.node)
         self._create_vmi(g)
         self._write_dhcp_hosts()
-        g.machine.start(self.accel)
+        g.machine.start(self.accels[g.os.id])
         return g.ip
 
     def reboot_with_seed(self, index: int, user_data: str, timeout: float = 900) -> None:
@@ -628,7 +710,7 @@ class VmHarness:
             raise VmFailure(f"{g.vmi}: still running {timeout:.0f}s after powerdown"
                             f"\n{self.serial_evidence(g)}")
         make_seed(g.machine.seed, user_data, self.meta_data(g.vmi))
-        g.machine.start(self.accel)
+        g.machine.start(self.accels[g.os.id])
 
     def _kill_vms(self) -> None:
         for g in self.guests.values():
@@ -683,22 +765,17 @@ class VmHarness:
             return {}
         return doc if isinstance(doc, dict) else {}
 
+    def member_ip(self, i: int) -> str:
+        return self.guests[i].ip if i in self.guests else self.peers[i].ip
+
     def expected_pins(self, live: list[int]) -> dict[int, str]:
         """Every slot: the member's IP when live, else 127.0.0.2."""
-        return {i: (self.guests[i].ip if i in live else "127.0.0.2")
+        return {i: (self.member_ip(i) if i in live else "127.0.0.2")
                 for i in range(self.spec.max_members)}
 
     def connected_peers(self, g: Guest) -> set[str] | None:
         """Hosts this guest's IMEX reports CONNECTED (None when it cannot be asked)."""
-        dom = self.imex_domain(g)
-        if dom is None:
-            return None
-        out: set[str] = set()
-        for node in dom.get("nodes", {}).values():
-            for conn in node.get("connections", {}).values():
-                if conn.get("status") == "CONNECTED":
-                    out.add(str(conn.get("host")))
-        return out
+        return connected_hosts(self.imex_domain(g))
 
     def converged(self, live: list[int]) -> list[str]:
         """What is still missing for ``live`` members to be settled (empty when settled)."""
@@ -708,20 +785,21 @@ class VmHarness:
         reg = self.registry()
         reg_members = {m["index"]: m for m in reg.get("members", [])}
         for i in live:
-            g = self.guests[i]
-            pins = self.pins(g)
+            name = self._vmi_name(i)
+            pins = self.pins(self.guests[i]) if i in self.guests else self.peers[i].pins()
             if pins != want:
-                missing.append(f"{g.vmi}: pins {pins} != {want}")
+                missing.append(f"{name}: pins {pins} != {want}")
                 continue
-            peers = self.connected_peers(g)
+            peers = (self.connected_peers(self.guests[i]) if i in self.guests
+                     else connected_hosts(self.peers[i].domain()))
             want_peers = {slot(j) for j in live if j != i}
             if peers is None or not want_peers <= peers:
-                missing.append(f"{g.vmi}: IMEX CONNECTED to {sorted(peers or [])}, "
+                missing.append(f"{name}: IMEX CONNECTED to {sorted(peers or [])}, "
                                f"want {sorted(want_peers)}")
                 continue
             guest = (reg_members.get(i) or {}).get("guest") or {}
-            if guest.get("imex_state") != "READY" or reg_members[i].get("ip") != g.ip:
-                missing.append(f"{g.vmi}: registry member {reg_members.get(i)}")
+            if guest.get("imex_state") != "READY" or reg_members[i].get("ip") != self.member_ip(i):
+                missing.append(f"{name}: registry member {reg_members.get(i)}")
         for i, m in reg_members.items():
             if i not in live:
                 missing.append(f"registry still publishes slot {i}: {m.get('ip')}")
@@ -740,8 +818,12 @@ class VmHarness:
 
         wait_for(f"members {live} to converge", probe,
                  timeout or self.settings.converge_timeout, 3.0,
-                 lambda: "still missing:\n  " + "\n  ".join(last))
+                 lambda: "still missing:\n  " + "\n  ".join(last) + self._peer_logs())
         took = time.monotonic() - t
+        for i in live:
+            if i in self.guests:
+                g = self.guests[i]
+                g.timings["converged"] = time.monotonic() - g.machine.boot_started
         log.info("members %s converged in %.0fs", live, took)
         return took
 
@@ -758,6 +840,10 @@ class VmHarness:
             except QgaError as e:
                 parts.append(f"---- {g.vmi}: qemu-ga not answering ({e})")
         return "\n".join(parts)
+
+    def _peer_logs(self) -> str:
+        return "".join(f"\n---- peer {p.vmi} agent log:\n{p.log_tail(1500)}"
+                       for p in self.peers.values())
 
     def _dnsmasq_tail(self) -> str:
         try:
@@ -783,6 +869,24 @@ class VmHarness:
         reg = self.registry()
         if reg:
             (self.workdir / "registry.json").write_text(json.dumps(reg, indent=2))
+
+
+def connected_hosts(dom: dict[str, Any] | None) -> set[str] | None:
+    """Pure: the hosts an ``nvidia-imex-ctl -N -j`` document shows CONNECTED."""
+    if dom is None:
+        return None
+    out: set[str] = set()
+    for node in dom.get("nodes", {}).values():
+        for conn in node.get("connections", {}).values():
+            if conn.get("status") == "CONNECTED":
+                out.add(str(conn.get("host")))
+    return out
+
+
+def ci_venv() -> str:
+    from guest_agent.cloudinit import VENV
+
+    return VENV
 
 
 def _pdeathsig_child() -> None:

@@ -1,7 +1,8 @@
 """One QEMU guest: copy-on-write disk, NoCloud seed, tap NIC, serial log, qemu-ga socket.
 
 TEST HARNESS. The machine is booted the way FACTS.md found to work here: direct kernel
-boot (``-kernel``/``-initrd`` from the image, ``console=ttyS0``), the root disk a qcow2
+boot (``-kernel``/``-initrd`` from the image, ``console=ttyS0``; an arm64 guest runs under
+``qemu-system-aarch64 -M virt -cpu max`` with ``console=ttyAMA0``), the root disk a qcow2
 overlay over the shared cached image (so every VM has its own disk that survives a
 restart, as a VirtualMachine's disk does), the NoCloud seed a second virtio disk made by
 ``cloud-localds``, one virtio NIC on a tap that the harness created on its bridge.
@@ -35,6 +36,10 @@ log = logging.getLogger("vm.machine")
 
 PR_SET_PDEATHSIG = 1
 QEMU = "qemu-system-x86_64"
+#: per Debian architecture: the emulator and its machine. ``-M virt`` defaults to a 32-bit
+#: CPU, so aarch64 gets ``-cpu max``; its serial port is a PL011 (``ttyAMA0``). An aarch64
+#: guest on this x86 machine is TCG only.
+QEMU_BY_ARCH = {"amd64": ("qemu-system-x86_64", "q35"), "arm64": ("qemu-system-aarch64", "virt")}
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -59,22 +64,26 @@ def make_seed(path: Path, user_data: str, meta_data: str) -> Path:
     return path
 
 
-def kernel_cmdline() -> str:
+def kernel_cmdline(console: str = "ttyS0") -> str:
     # net.ifnames=0: the NIC is eth0 whatever its PCI slot, as in KubeVirt guests' docs
-    return "root=/dev/vda rw console=ttyS0,115200 net.ifnames=0 panic=-1 quiet loglevel=4"
+    return f"root=/dev/vda rw console={console},115200 net.ifnames=0 panic=-1 quiet loglevel=4"
 
 
 def qemu_argv(*, name: str, image: Image, disk: Path, seed: Path, tap: str, mac: str,
               serial: Path, qga_sock: Path, accel: str, memory_mb: int) -> list[str]:
-    """Pure: the qemu command line for one guest."""
+    """Pure: the qemu command line for one guest (its architecture from the image)."""
+    qemu, machine = QEMU_BY_ARCH[image.guest.arch]
     return [
-        QEMU, "-name", name, "-nodefaults", "-no-user-config", "-display", "none",
-        "-machine", "q35", "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
+        qemu, "-name", name, "-nodefaults", "-no-user-config", "-display", "none",
+        "-machine", machine, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
         "-smp", "1", "-m", str(memory_mb), "-no-reboot",
         "-kernel", str(image.kernel), "-initrd", str(image.initrd),
-        "-append", kernel_cmdline(),
-        "-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe",
-        "-drive", f"file={seed},if=virtio,format=raw,readonly=on",
+        "-append", kernel_cmdline(image.guest.console),
+        # explicit PCI devices: the same on q35 and virt (the seed is the second disk, vdb)
+        "-drive", f"file={disk},if=none,id=root,format=qcow2,cache=unsafe",
+        "-device", "virtio-blk-pci,drive=root",
+        "-drive", f"file={seed},if=none,id=seed,format=raw,readonly=on",
+        "-device", "virtio-blk-pci,drive=seed",
         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
         "-device", f"virtio-net-pci,netdev=n0,mac={mac}",
         "-device", "virtio-rng-pci",
@@ -150,7 +159,7 @@ class Machine:
                 self.proc = subprocess.Popen(argv, stdout=qlog, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig)
             except OSError as e:
-                raise MachineError(f"cannot start {QEMU}: {e}") from e
+                raise MachineError(f"cannot start {argv[0]}: {e}") from e
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -187,7 +196,11 @@ class Machine:
 
 
 def pick_accel(image: Image, workdir: Path, timeout: float = 20.0) -> str:
-    """``kvm`` when a KVM guest reaches the kernel within ``timeout``, else ``tcg``."""
+    """``kvm`` when a KVM guest reaches the kernel within ``timeout``, else ``tcg``.
+
+    A foreign architecture is always TCG."""
+    if image.guest.arch != "amd64":
+        return "tcg"
     forced = os.environ.get("IMEX_VM_ACCEL")
     if forced in ("tcg", "kvm"):
         return forced

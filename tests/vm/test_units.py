@@ -116,3 +116,18 @@ def test_binfmt_handler_line_comes_from_qemu_user_static(tmp_path: Path) -> None
     with pytest.raises(binfmt.BinfmtError, match="apt-get install qemu-user-static"):
         binfmt.handler_line("arm64", tmp_path / "missing")
     assert binfmt.native_arch() == "amd64"  # this machine; foreign_arch("amd64") is a no-op
+
+
+def test_qemu_argv_arm64_is_virt_with_a_64_bit_cpu_and_the_pl011_console(tmp_path: Path) -> None:
+    img = Image(tmp_path / "disk.img", tmp_path / "vmlinuz", tmp_path / "initrd.img", "b", "d",
+                image.BOOKWORM_ARM64)
+    argv = qemu_argv(name="gb200-1", image=img, disk=tmp_path / "d.qcow2",
+                     seed=tmp_path / "seed.img", tap="vmtt1", mac="52:54:00:77:00:0b",
+                     serial=tmp_path / "serial.log", qga_sock=tmp_path / "qga.sock",
+                     accel="tcg", memory_mb=1024)
+    assert argv[0] == "qemu-system-aarch64"
+    assert argv[argv.index("-machine") + 1] == "virt"
+    assert argv[argv.index("-cpu") + 1] == "max"  # virt's default CPU is 32-bit
+    cmdline = argv[argv.index("-append") + 1]
+    assert "console=ttyAMA0" in cmdline and "ttyS0" not in cmdline
+    assert argv.count("virtio-blk-pci,drive=root") == 1
