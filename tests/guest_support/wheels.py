@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from email.parser import HeaderParser
 from importlib import metadata
 from pathlib import Path
@@ -79,14 +80,17 @@ def closure(root: str, extra: str) -> list[str]:
     return out
 
 
-def project_wheel(out: Path) -> Path:
-    """This tree's wheel, built offline with the venv's setuptools, from a copy."""
+def project_wheel(out: Path, edit: Callable[[Path], None] | None = None) -> Path:
+    """This tree's wheel, built offline with the venv's setuptools, from a copy (which
+    ``edit`` may change first)."""
     with tempfile.TemporaryDirectory(prefix="imex-test-src-") as d:
         src = Path(d)
         for name in ("pyproject.toml", "README.md"):
             shutil.copy(REPO / name, src / name)
         for pkg in ("guest_agent", "host_agent"):
             shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        if edit is not None:
+            edit(src)
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                         "--no-build-isolation", "-w", str(out), str(src)],
                        check=True, capture_output=True, timeout=300)

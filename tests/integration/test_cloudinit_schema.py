@@ -61,7 +61,7 @@ class Variant:
 BASE = ("--ensemble", "gb200", "--namespace", "gpu-jobs")
 REG = ("--registry-url", "http://imex-host-agent.imex-system.svc.cluster.local:8080")
 VARIANTS = [
-    Variant("preinstalled-minimal", (*BASE, "--max-members", "8"), False),
+    Variant("preinstalled-minimal", (*BASE, "--raw"), False),  # 2816 bytes: --raw keeps it plain
     Variant("preinstalled-token", (*BASE, *REG, "--token", TOKEN), True),
     Variant(
         "find-links",

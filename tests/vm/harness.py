@@ -665,7 +665,7 @@ class VmHarness:
         }
         for key, argv in probes.items():
             with contextlib.suppress(QgaError):
-                r = g.machine.qga.exec(argv, timeout=60)
+                r = g.machine.qga.exec(argv, timeout=300)  # slow under TCG
                 words = (r.out + r.err).split()
                 if key == "python" and words:
                     g.facts[key] = words[0]
@@ -812,7 +812,11 @@ class VmHarness:
         def probe() -> bool:
             nonlocal last
             for i in live:
-                self.check_boot(self.guests[i])
+                if i in self.guests:
+                    self.check_boot(self.guests[i])
+                elif not self.peers[i].running():
+                    raise VmFailure(f"peer {self.peers[i].vmi}: agent exited\n"
+                                    f"{self.peers[i].log_tail()}")
             last = self.converged(live)
             return not last
 

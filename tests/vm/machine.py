@@ -36,10 +36,13 @@ log = logging.getLogger("vm.machine")
 
 PR_SET_PDEATHSIG = 1
 QEMU = "qemu-system-x86_64"
-#: per Debian architecture: the emulator and its machine. ``-M virt`` defaults to a 32-bit
-#: CPU, so aarch64 gets ``-cpu max``; its serial port is a PL011 (``ttyAMA0``). An aarch64
-#: guest on this x86 machine is TCG only.
-QEMU_BY_ARCH = {"amd64": ("qemu-system-x86_64", "q35"), "arm64": ("qemu-system-aarch64", "virt")}
+#: per Debian architecture: the emulator, its machine and its TCG CPU. ``-M virt`` defaults
+#: to a 32-bit CPU, so aarch64 gets ``-cpu max``, with QEMU's cheap implementation-defined
+#: pointer authentication (the architected algorithm is the costliest part of emulating
+#: ``max`` under TCG); its serial port is a PL011 (``ttyAMA0``). An aarch64 guest on this
+#: x86 machine is TCG only.
+QEMU_BY_ARCH = {"amd64": ("qemu-system-x86_64", "q35", "max"),
+                "arm64": ("qemu-system-aarch64", "virt", "max,pauth-impdef=on")}
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -72,10 +75,10 @@ def kernel_cmdline(console: str = "ttyS0") -> str:
 def qemu_argv(*, name: str, image: Image, disk: Path, seed: Path, tap: str, mac: str,
               serial: Path, qga_sock: Path, accel: str, memory_mb: int) -> list[str]:
     """Pure: the qemu command line for one guest (its architecture from the image)."""
-    qemu, machine = QEMU_BY_ARCH[image.guest.arch]
+    qemu, machine, cpu = QEMU_BY_ARCH[image.guest.arch]
     return [
         qemu, "-name", name, "-nodefaults", "-no-user-config", "-display", "none",
-        "-machine", machine, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
+        "-machine", machine, "-accel", accel, "-cpu", "host" if accel == "kvm" else cpu,
         "-smp", "1", "-m", str(memory_mb), "-no-reboot",
         "-kernel", str(image.kernel), "-initrd", str(image.initrd),
         "-append", kernel_cmdline(image.guest.console),

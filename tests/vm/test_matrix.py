@@ -54,7 +54,7 @@ def describe(g: Guest) -> str:
 def verdict(line: str, err: BaseException | None) -> str:
     if err is None:
         return f"vm-matrix: {line}: PASS"
-    reason = " ".join(str(err).split())[:200] or type(err).__name__
+    reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
     return f"vm-matrix: {line}: FAIL {reason}"
 
 

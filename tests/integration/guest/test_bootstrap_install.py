@@ -261,3 +261,23 @@ def test_a_single_wheel_needs_ensurepip_in_the_image(tmp_path: Path) -> None:
         b.plan_wheel("https://files.internal/x.whl", found, (3, 11), "h")
     assert "has no ensurepip (python3-venv): use find-links:URL" in str(e.value)
     assert os.access(fake, os.X_OK)
+
+
+def test_an_install_that_does_not_import_is_removed(tmp_path: Path, wheels: Path) -> None:
+    """pip succeeded, the daemon would not start: one line, and no venv left."""
+    from tests.guest_support.wheels import project_wheel
+
+    root = tree(tmp_path / "w", wheels, {"linux-amd64-py3.11": ("imex_ensemble",)})
+
+    def tear(src: Path) -> None:  # a module the daemon imports only lazily
+        with open(src / "guest_agent" / "netwatch.py", "a") as f:
+            f.write("\nraise ImportError('torn module')\n")
+
+    project_wheel(root / "linux-amd64-py3.11", tear)
+    with serve(root) as srv:
+        p = run(tmp_path, only_python(tmp_path), "--find-links", srv.url, "--requirement", REQ)
+    assert p.returncode == 1
+    (line,) = p.stderr.splitlines()
+    assert line == ("imex-ensemble setup: error: the installed agent does not start: "
+                    "ImportError: torn module")
+    assert not (tmp_path / "venv").exists()

@@ -182,3 +182,22 @@ def test_plain_http_locations_are_trusted_https_are_not() -> None:
     assert b.trusted_host("http://user@mirror.lan/simple/") == ["--trusted-host", "mirror.lan"]
     assert b.trusted_host("https://mirror.lan/simple/") == []
     assert b.trusted_host("file:///srv/wheels/") == []
+
+
+def test_the_import_check_covers_every_stage_the_daemon_imports_lazily() -> None:
+    # pip runs with --no-compile; this import is what compiles (and proves) the daemon
+    agent = ast.parse((REPO / "guest_agent" / "agent.py").read_text())
+    funcs = [f for f in ast.walk(agent) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+    lazy: set[str] = set()
+    for fn in funcs:
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom) and node.module == "guest_agent":
+                lazy |= {f"guest_agent.{a.name}" for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "guest_agent."):
+                lazy.add(node.module or "")
+    checked = {m.strip() for m in b.AGENT_IMPORTS.removeprefix("import ").split(",")}
+    assert {"guest_agent.discovery", "guest_agent.netwatch", "guest_agent.filewatch"} <= lazy
+    assert lazy - {"guest_agent.tls"} <= checked, lazy - checked  # TLS: only when it is on
+    for mod in checked:
+        assert (REPO / (mod.replace(".", "/") + ".py")).is_file(), mod
