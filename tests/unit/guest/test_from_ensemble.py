@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 
-from guest_agent import cloudinit as ci
 from guest_agent import cloudinit_cli as cli
 from guest_agent.ensemble_crd import SPEC_FIELDS
 from guest_agent.from_ensemble import (
