@@ -88,10 +88,9 @@ REQUIRED_TOOLS = {
     "dnsmasq": "dnsmasq-base", "mkfs.ext4": "e2fsprogs", "ip": "iproute2",
 }
 QEMU_PACKAGES = {"qemu-system-x86_64": "qemu-system-x86", "qemu-system-aarch64": "qemu-system-arm"}
-# serial-console markers of a failed first boot (cloud-init 22.4 wording; 25.1 says
-# "scripts_user" and logs the runcmd script the same way: tests/chroot, docs/facts.md)
+# serial-console markers of a failed first boot (cloud-init 22.4 and 25.1 word it the
+# same: docs/facts.md), and the installer's and the bootcmd's one line
 FATAL_MARKERS = ("Kernel panic", "Failed to run module scripts-user",
-                 "Failed to run module scripts_user",
                  "Failed running /var/lib/cloud/instance/scripts/runcmd",
                  "imex-ensemble setup: error:")
 
