@@ -52,11 +52,13 @@ _WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<ver>[^-]+)(-[0-9][^-]*)?-(?P<py>[^-]+
                     r"-(?P<plat>[^-]+)\.whl$")
 _NO_MATCH = re.compile(r"No matching distribution found for ([A-Za-z0-9._-]+)")
 _RHEL_LIKE = ("rhel", "centos", "fedora", "rocky", "almalinux", "ol")
-#: what the daemon imports at start (its lazily imported stages included; TLS only when an
-#: ensemble turns it on): importing them once proves the install whole, a compiled module
-#: for this CPU included, and byte-compiles exactly what runs
+#: what the daemon imports (its lazily imported stages included, and the TLS ones an
+#: ensemble with authEncryption needs, cryptography's compiled module with them): importing
+#: them once proves the install whole, each compiled module for this CPU included, and
+#: byte-compiles exactly what runs
 AGENT_IMPORTS = ("import guest_agent.cli, guest_agent.agent, guest_agent.discovery, "
-                 "guest_agent.reporter, guest_agent.netwatch, guest_agent.filewatch")
+                 "guest_agent.reporter, guest_agent.netwatch, guest_agent.filewatch, "
+                 "guest_agent.certkeeper, guest_agent.tlsconfig, guest_agent.tls")
 
 
 class SetupError(Exception):

@@ -198,6 +198,6 @@ def test_the_import_check_covers_every_stage_the_daemon_imports_lazily() -> None
                 lazy.add(node.module or "")
     checked = {m.strip() for m in b.AGENT_IMPORTS.removeprefix("import ").split(",")}
     assert {"guest_agent.discovery", "guest_agent.netwatch", "guest_agent.filewatch"} <= lazy
-    assert lazy - {"guest_agent.tls"} <= checked, lazy - checked  # TLS: only when it is on
+    assert lazy <= checked, lazy - checked
     for mod in checked:
         assert (REPO / (mod.replace(".", "/") + ".py")).is_file(), mod
