@@ -114,10 +114,6 @@ class Member:
     mac: str
 
 
-#: the host agent's own namespace (its default; the report ConfigMaps live there)
-AGENT_NAMESPACE = "imex-system"
-
-
 class VirtController:
     """The scripted controller; one per sandbox (see the module docstring)."""
 
@@ -126,7 +122,6 @@ class VirtController:
         self.client = Client(KubeConfig.from_file(sandbox.kubeconfig), trust_env=False,
                              field_manager="virt-controller")
         self._next_node = 0
-        self.ensure_namespace(AGENT_NAMESPACE)  # where the host agent keeps guest reports
 
     def ensure_namespace(self, name: str) -> None:
         try:
