@@ -44,9 +44,10 @@ ASSUMPTIONS = (
     "IMEX resolves with getaddrinfo (any family: A and AAAA) on every attempt and dials "
     "the addresses in the order glibc returns them (RFC 6724 sorting), one at a time, 2 s "
     "connect timeout each (gRPC's pick_first without its Happy Eyeballs stagger).",
-    "A recipe VM's IMEX starts the moment CoreDNS answers its own name (polled every "
-    "50 ms): IMEX must resolve its own name to find its node, and a real guest boots long "
-    "after its pod is Ready, so this is the recipe's best case.",
+    "A recipe VM's IMEX starts the moment CoreDNS answers its own name (asked from inside "
+    "the VM every 50 ms, past any caching resolver): IMEX must resolve its own name to "
+    "find its node, and a real guest boots long after its pod is Ready, so this is the "
+    "recipe's best case.",
     "A replaced VM's guest is booted (ours: the guest agent up and waiting) before its "
     "status with the new IP is written, gap_s after the old one's deletion: the figure "
     "is name propagation, not boot time.",

@@ -13,8 +13,9 @@ side (:class:`Side`) says what the API holds for a slot and what runs inside its
   resolving through the system resolver with what KubeVirt's DHCP hands a guest: the
   nameserver and the pod's search list, no ``ndots`` (glibc's default, 1). No agent.
   IMEX finds its own node by resolving its own name, so a recipe VM's IMEX is started the
-  moment CoreDNS answers its own name (the harness asks every 50 ms): a real guest boots
-  long after its pod is Ready, so this is the recipe's best case.
+  moment CoreDNS answers its own name (:mod:`tests.bench.peers.recipe_boot`, inside the
+  VM, asks every 50 ms): a real guest boots long after its pod is Ready, so this is the
+  recipe's best case.
 * :class:`OursSide`: VMIs (created, then ``status`` merge-patched as KubeVirt writes it),
   the ensemble Service, the real host agent, and in each VM the real guest agent (from a
   venv holding only the guest extra, production settings) with the IMEX stand-in as its
@@ -36,7 +37,7 @@ import os
 import secrets
 import signal
 import subprocess
-import threading
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from typing import Any
 
 from guest_agent.model import EnsembleId
 from tests.bench.peers.cluster import Cluster
-from tests.bench.peers.measure import Attempt, parse_attempts
+from tests.bench.peers.measure import Attempt, events_since, parse_attempts
 from tests.bench.peers.resolved import (
     Resolved,
     resolved_argv,
@@ -63,6 +64,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 STANDIN_IMEX = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-imex")
 STANDIN_CTL = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-imex-ctl")
 FLOOR_PROBE = str(Path(__file__).with_name("floor_probe.py"))
+RECIPE_BOOT = str(Path(__file__).with_name("recipe_boot.py"))
 SERVICE = "imex"
 ZONE = "cluster.local"
 PORT = 50000
@@ -128,6 +130,10 @@ class Slot:
             self._read += end
             self._attempts += parse_attempts(data[:end].decode())
         return self._attempts
+
+    def attempts_since(self, t: float) -> list[Attempt]:
+        """This boot's events that started or ended at wall time ``t`` or later."""
+        return events_since(self.attempts(), t)
 
     def imex_state(self) -> dict[str, Any]:
         if self.state_file is None:
@@ -335,12 +341,6 @@ class RecipeSide(Side):
         super().__init__(fleet)
         self.resolved = resolved
         self.pods: dict[int, str] = {}
-        self._pending: dict[int, Slot] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._waiter = threading.Thread(target=self._start_when_resolvable,
-                                        name="recipe-boot", daemon=True)
-        self._waiter.start()
 
     def fqdn(self, index: int) -> str:
         return f"vm-{index}.{SERVICE}.{self.namespace}.svc.{ZONE}"
@@ -355,10 +355,6 @@ class RecipeSide(Side):
             "metadata": {"name": SERVICE, "namespace": self.namespace},
             "spec": {"clusterIP": "None", "selector": {"imex-recipe": "member"},
                      "ports": [{"name": "imex", "port": PORT, "protocol": "TCP"}]}})
-
-    def teardown(self) -> None:
-        self._stop.set()
-        super().teardown()
 
     def resolv_conf(self) -> str:
         if self.resolved is not None:
@@ -428,32 +424,34 @@ class RecipeSide(Side):
             (conf / "resolved.conf").write_text(resolved_conf(self.cluster.dns_ip,
                                                               search_list(self.namespace)))
             self.fleet.popen(slot, resolved_argv(self.resolved, conf), "resolved.log")
-        with self._lock:
-            self._pending[slot.index] = slot
+        self.start_imex(slot, wait_for_name=True)
 
-    def start_imex(self, slot: Slot) -> None:
+    def imex_argv(self, slot: Slot) -> list[str]:
         assert slot.imex_cfg is not None and slot.state_file is not None
-        self.fleet.popen(slot, [STANDIN_IMEX, "-c", str(slot.imex_cfg), "--state-file",
-                                str(slot.state_file), "--attempt-log", str(slot.attempt_log)],
-                         "imex.out")
+        return [STANDIN_IMEX, "-c", str(slot.imex_cfg), "--state-file", str(slot.state_file),
+                "--attempt-log", str(slot.attempt_log)]
 
-    def _start_when_resolvable(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                pending = list(self._pending.values())
-            for slot in pending:
-                if slot.ip in self.cluster.ask(self.fqdn(slot.index), timeout=0.5):
-                    with self._lock:
-                        if self._pending.get(slot.index) is not slot:
-                            continue
-                        del self._pending[slot.index]
-                    self.start_imex(slot)
-            self._stop.wait(0.05)
+    def start_imex(self, slot: Slot, wait_for_name: bool = False) -> None:
+        """Start the slot's IMEX; ``wait_for_name``: through :mod:`recipe_boot`, inside the
+        VM, the moment CoreDNS answers the VM's own name with its address."""
+        mark = slot.dir / "imex-started"
+        argv = self.imex_argv(slot)
+        if wait_for_name:
+            argv = [sys.executable, RECIPE_BOOT, self.cluster.dns_ip, self.fqdn(slot.index),
+                    slot.ip, str(mark), "--", *argv]
+        else:
+            with open(mark, "a") as f:
+                f.write(f"{time.time()}\n")
+        self.fleet.popen(slot, argv, "imex.out")
 
-    def power_off(self, slot: Slot, crash: bool = False) -> None:
-        with self._lock:
-            self._pending.pop(slot.index, None)
-        super().power_off(slot, crash)
+    @staticmethod
+    def spawned_at(slot: Slot) -> float | None:
+        """When this boot's IMEX was started (the last start; None before)."""
+        try:
+            lines = (slot.dir / "imex-started").read_text().split()
+        except FileNotFoundError:
+            return None
+        return float(lines[-1]) if lines else None
 
 
 # ----------------------------------------------------------------------------- ours

@@ -57,6 +57,17 @@ def parse_attempts(text: str) -> list[Attempt]:
     return out
 
 
+def events_since(events: Sequence[Attempt], t: float, slack: float = 5.0) -> list[Attempt]:
+    """The events that started or ended at ``t`` or later, scanning only the log's tail:
+    lines are appended in time order, give or take an attempt's duration (``slack``)."""
+    lo = 0
+    for i in range(len(events) - 1, -1, -1):
+        if events[i].te < t - slack:
+            lo = i + 1
+            break
+    return [a for a in events[lo:] if a.t >= t or a.te >= t]
+
+
 def first_connected(attempts: Iterable[Attempt], peer: int, ip: str, after: float
                     ) -> float | None:
     """When this log's IMEX first finished a CONNECTED handshake with ``peer`` at ``ip``

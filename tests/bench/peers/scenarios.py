@@ -112,8 +112,8 @@ def sleep_until(wall: float) -> None:
         time.sleep(delay)
 
 
-def logs_of(slots: list[Slot]) -> dict[str, list[Any]]:
-    return {s.name: s.attempts() for s in slots}
+def logs_of(slots: list[Slot], since: float = 0.0) -> dict[str, list[Any]]:
+    return {s.name: s.attempts_since(since) if since else s.attempts() for s in slots}
 
 
 @contextlib.contextmanager
@@ -131,7 +131,7 @@ def hosts_watch(side: Side, slots: list[Slot]) -> Iterator[HostsWatch | None]:
 
 
 class DnsSeen:
-    """Asks CoreDNS for ``name`` every 10 ms (on a thread, from before t0) until it
+    """Asks CoreDNS for ``name`` every 20 ms (on a thread, from before t0) until it
     answers ``ip``: when the publication reached DNS, for the breakdown of each side."""
 
     def __init__(self, cluster: Any, name: str, ip: str, timeout: float) -> None:
@@ -144,7 +144,7 @@ class DnsSeen:
                 if ip in cluster.ask(name, timeout=0.5):
                     self._at = time.time()
                     break
-                time.sleep(0.01)
+                time.sleep(0.02)
             self._done.set()
 
         threading.Thread(target=poll, name="dns-seen", daemon=True).start()
@@ -246,6 +246,7 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
     first_dial: list[float] = []  # t0 -> the first peer's first dial to the new IP
     refused: list[float] = []  # failed dials to the new IP before the last peer connected
     dns: list[float] = []  # t0 -> CoreDNS answers the new IP
+    spawned: list[float] = []  # recipe: t0 -> the harness started the new VM's IMEX
     with hosts_watch(side, fleet.slots) as watch:
         for k in range(count):
             s = fleet.slots[k % len(fleet)]
@@ -266,15 +267,18 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
             if side.has_imex:
                 def connected(s: Slot = s, peers: list[Slot] = peers,
                               t0: float = t0) -> float | None:
-                    return all_connected_at(logs_of(peers), s.index, s.ip, t0)
+                    return all_connected_at(logs_of(peers, t0), s.index, s.ip, t0)
 
                 t_all = wait(f"{side.name}: every peer CONNECTED to {s.name} at {s.ip}",
-                             connected, p.timeout_s, 0.02)
+                             connected, p.timeout_s, 0.05)
                 connect.append((t_all - t0) * 1000)
+                started = RecipeSide.spawned_at(s) if isinstance(side, RecipeSide) else None
+                if started is not None:
+                    spawned.append((started - t0) * 1000)
                 own = [a.t for a in s.attempts() if a.ev == "listening"]
                 if own:
                     listen.append((own[0] - t0) * 1000)
-                dials = [a for log_ in logs_of(peers).values() for a in log_
+                dials = [a for log_ in logs_of(peers, t0 - 1).values() for a in log_
                          if a.ev == "attempt" and a.ip == s.ip and a.t >= t0 - 1]
                 if dials:
                     first_dial.append((min(a.t for a in dials) - t0) * 1000)
@@ -299,9 +303,13 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
         rec.samples[f"{key}_first_dial_ms"] = [round(x, 1) for x in first_dial]
         rec.samples[f"{key}_failed_dials"] = refused
         rec.samples[f"{key}_dns_ms"] = [round(x, 1) for x in dns]
+        if spawned:
+            rec.samples[f"{key}_spawned_ms"] = [round(x, 1) for x in spawned]
         rec.notes[f"{key}_replace"] = (
             f"{count} replacements; p50 from t0: CoreDNS answers the new IP "
-            f"{_ms(percentile(dns, 50))}, new VM's IMEX listening "
+            f"{_ms(percentile(dns, 50))}, "
+            + (f"new VM's IMEX started {_ms(percentile(spawned, 50))}, " if spawned else "")
+            + f"new VM's IMEX listening "
             f"{_ms(percentile(listen, 50))}, first peer dial to the new IP "
             f"{_ms(percentile(first_dial, 50))}, every peer CONNECTED "
             f"{_ms(percentile(connect, 50))}; failed dials to the new IP before that, mean "

@@ -12,6 +12,7 @@ from tests.bench.peers.measure import (
     all_connected_at,
     attempts_by_ip,
     by_label,
+    events_since,
     fewer,
     first_connected,
     metric_sum,
@@ -61,6 +62,16 @@ def test_first_connected_wants_that_peer_that_address_after_the_moment() -> None
            att(9.0, 2, "10.0.0.9", "connected", 9.1)]
     assert first_connected(log, 2, "10.0.0.9", after=4.0) == 7.2
     assert first_connected(log, 2, "10.0.0.2", after=4.0) is None
+
+
+def test_events_since_keeps_what_started_or_ended_from_then_on() -> None:
+    log = [att(float(t), 0, "ip", "refused", t + 0.5) for t in range(100)]
+    log.insert(60, att(47.0, 0, "ip", "timeout", 50.2))  # a long dial, logged late
+    got = events_since(log, 50.0)
+    assert [a.t for a in got][:2] == [50.0, 51.0] and 47.0 in [a.t for a in got]
+    assert len(got) == 51  # 50..99 and the long dial
+    assert events_since(log, 1000.0) == []
+    assert len(events_since(log, 0.0)) == 101
 
 
 def test_all_connected_is_the_last_peer_and_none_until_every_one() -> None:
