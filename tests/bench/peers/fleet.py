@@ -252,7 +252,7 @@ class Side:
                                      params={"gracePeriodSeconds": "0"})
         self.cluster.delete_namespace(self.namespace)
 
-    def wait_booted(self, slot: Slot, timeout: float = 60) -> None:
+    def wait_booted(self, slot: Slot, timeout: float = 180) -> None:
         """Until the slot's guest side is up and waiting for its publication."""
 
     # -- per slot, overridden
@@ -568,7 +568,7 @@ class OursSide(Side):
         self.fleet.popen(slot, [self.guest_python, "-m", "guest_agent.cli", "run", "--config",
                                 str(cfg), "--json"], "agent.log")
 
-    def wait_booted(self, slot: Slot, timeout: float = 60) -> None:
+    def wait_booted(self, slot: Slot, timeout: float = 180) -> None:
         _wait(f"{slot.name}'s guest agent to start", lambda: self.status_file(slot).exists(),
               timeout)
 
@@ -590,7 +590,7 @@ class FloorSide(OursSide):
         self.fleet.popen(slot, [self.guest_python, FLOOR_PROBE, host, port, self.namespace,
                                 SERVICE, "/etc/hosts"], "probe.log")
 
-    def wait_booted(self, slot: Slot, timeout: float = 60) -> None:
+    def wait_booted(self, slot: Slot, timeout: float = 180) -> None:
         marker = f"# BEGIN imex-ensemble {self.namespace}/{SERVICE}"
         _wait(f"{slot.name}'s probe to write its first answer",
               lambda: marker in slot.node.read_hosts(), timeout)

@@ -62,13 +62,13 @@ class Params:
     source_linger_s: float = 2.0
     resolved_replacements: int = 5
     #: a replacement not converged by then is a harness failure (the run stops)
-    timeout_s: float = 90.0
+    timeout_s: float = 180.0
     quick: bool = False
 
 
 QUICK = Params(members=3, replacements=3, steady_s=10.0, gap_s=6.0, crash_notice_s=4.0,
                crash_watch_s=8.0, settle_s=5.0, migration_s=3.0, resolved_replacements=1,
-               timeout_s=90.0, quick=True)
+               timeout_s=180.0, quick=True)
 
 
 @dataclass
