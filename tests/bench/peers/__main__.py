@@ -192,6 +192,12 @@ class Run:
         print(f"KubeSecondaryDNS: not built ({KSD_NOTE['error']}); its column is left out")
         for key, text in self.errors.items():
             print(f"error {key}: {text}")
+        if self.errors:  # a failed phase explains every key still null
+            why = "not measured: " + "; ".join(f"{k}: {v}" for k, v in self.errors.items())
+            for key in REQUIRED_KEYS:
+                if self.rec.figures.get(key) is None:
+                    self.rec.reasons.setdefault(key, why)
+            self.save()
         # a subset run (--only) leaves the other phases' keys null on purpose
         unexplained = [] if self.args.only else missing_required(self.rec.figures,
                                                                  self.rec.reasons)
