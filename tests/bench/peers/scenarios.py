@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.bench.hostswatch import HostsWatch
+from tests.bench.peers import cpu
 from tests.bench.peers.fleet import Fleet, OursSide, RecipeSide, Side, Slot
 from tests.bench.peers.measure import (
     all_connected_at,
@@ -154,6 +155,20 @@ class DnsSeen:
         return self._at
 
 
+def all_pids(side: Side, fleet: Fleet) -> list[int]:
+    """Every process the comparison runs: the VMs', CoreDNS's namespace, the control plane
+    and the host agent."""
+    from tests.sandbox.netns import netns_pids
+
+    cl = side.cluster
+    pids = [pid for s in fleet.slots for pid in netns_pids(s.node.name)]
+    if cl.dns_node is not None:
+        pids += netns_pids(cl.dns_node.name)
+    if cl.cp is not None:
+        pids += [proc.popen.pid for proc in cl.cp.procs.values()]
+    return pids
+
+
 def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f} ms"
 
@@ -247,6 +262,7 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
     refused: list[float] = []  # failed dials to the new IP before the last peer connected
     dns: list[float] = []  # t0 -> CoreDNS answers the new IP
     spawned: list[float] = []  # recipe: t0 -> the harness started the new VM's IMEX
+    window_cpu: dict[str, float] = {}  # CPU seconds by component in the windows
     with hosts_watch(side, fleet.slots) as watch:
         for k in range(count):
             s = fleet.slots[k % len(fleet)]
@@ -263,6 +279,7 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
                 mono, wall = time.monotonic(), time.time()
                 pending = watch.expect(s.index, s.ip, mono)
             seen = DnsSeen(side.cluster, side.dns_name(s), s.ip, p.timeout_s)
+            cpu0 = cpu.snapshot(all_pids(side, fleet))
             t0 = side.cluster.received_at(side.write_running(s))
             if side.has_imex:
                 def connected(s: Slot = s, peers: list[Slot] = peers,
@@ -284,6 +301,8 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
                     first_dial.append((min(a.t for a in dials) - t0) * 1000)
                 refused.append(sum(1 for a in dials if a.outcome != "connected"
                                    and a.t <= t_all))
+            if side.has_imex:  # the window: t0 -> every peer CONNECTED
+                cpu.add(window_cpu, cpu.delta(cpu0, cpu.snapshot(all_pids(side, fleet))))
             if pending is not None:
                 if not pending.done.wait(p.timeout_s):
                     raise Converge(f"{side.name}: hosts files never all held {s.ip}: "
@@ -313,7 +332,11 @@ def replacements(side: Side, fleet: Fleet, p: Params, rec: Record, key: str,
             f"{_ms(percentile(listen, 50))}, first peer dial to the new IP "
             f"{_ms(percentile(first_dial, 50))}, every peer CONNECTED "
             f"{_ms(percentile(connect, 50))}; failed dials to the new IP before that, mean "
-            f"{sum(refused) / max(1, len(refused)):.1f} per replacement")
+            f"{sum(refused) / max(1, len(refused)):.1f} per replacement; CPU per window "
+            "(t0 -> every peer CONNECTED), by component: "
+            + ", ".join(f"{k} {v / max(1, count):.2f} s" for k, v in
+                        sorted(window_cpu.items(), key=lambda kv: -kv[1])))
+
         rec.set(f"{key}_replace_p50_ms", percentile(connect, 50))
         rec.set(f"{key}_replace_p99_ms", percentile(connect, 99))
     if side.watches_hosts:

@@ -151,3 +151,24 @@ def test_rates_ratios_and_percentiles() -> None:
     assert percentile(list(range(1, 101)), 99) == 99
     assert percentile([7.0], 99) == 7.0
     assert percentile([], 50) is None
+
+
+def test_cpu_components_and_deltas() -> None:
+    from tests.bench.peers import cpu
+
+    assert cpu.classify("/v/bin/python -m guest_agent.cli run --config c") == \
+        "guest agents (+ their imex-ctl)"
+    assert cpu.classify("/usr/bin/python3 /r/tests/sandbox/bin/nvidia-imex -c x") == \
+        "IMEX stand-ins"
+    assert cpu.classify("/b/kube-apiserver --etcd-servers=x") == "kube-apiserver"
+    assert cpu.classify("bash") is None
+    tck = cpu.CLK_TCK
+    stat = f"42 (py thon) S 1 2 3 4 5 6 7 8 9 10 {3 * tck} {tck} {2 * tck} {tck} 20 0"
+    assert cpu.stat_seconds(stat, children=False) == 4.0
+    assert cpu.stat_seconds(stat, children=True) == 7.0
+    before = {1: ("IMEX stand-ins", 1.0), 2: ("host agent", 5.0)}
+    after = {1: ("IMEX stand-ins", 1.5), 2: ("host agent", 5.25), 3: ("IMEX stand-ins", 0.25)}
+    assert cpu.delta(before, after) == {"IMEX stand-ins": 0.75, "host agent": 0.25}
+    total: dict[str, float] = {"host agent": 1.0}
+    cpu.add(total, {"host agent": 0.5, "CoreDNS": 0.1})
+    assert total == {"host agent": 1.5, "CoreDNS": 0.1}
