@@ -14,10 +14,14 @@ spaced at least ``series_flush`` apart, with the count accumulated in
 between and flushed when the spacing allows, so a flapping condition costs
 one write per ``series_flush`` however fast it flaps.
 
-Spam bound: each regarding object has a token bucket (``burst`` Events, one
-more every ``refill`` seconds), like client-go's event spam filter; a new
-Event over the budget is dropped and counted
-(``imex_host_agent_events_total{result="dropped"}``). Failed writes are
+Spam bound, two token buckets: each regarding object may have ``burst`` new
+Events, one more every ``refill`` seconds (client-go's event spam filter:
+25, then one per five minutes), and the whole agent ``global_burst``, then
+``global_rate`` a second, so a cluster-wide storm (every VMI of 1,000
+ensembles changing its IP) never turns into a flood of API writes. A new
+Event over either budget is dropped and counted
+(``imex_host_agent_events_total{result="dropped"}``; logged once per object);
+a repeat of a recorded one still counts into its series. Failed writes are
 logged and counted, not retried: an Event is a record, and the next
 transition records itself.
 """
@@ -96,7 +100,9 @@ class EventRecorder:
         metrics: HostMetrics,
         *,
         burst: int = 25,
-        refill: float = 10.0,
+        refill: float = 300.0,
+        global_burst: int = 100,
+        global_rate: float = 10.0,
         series_window: float = 1800.0,
         series_flush: float = 10.0,
         loop_time: Callable[[], float] | None = None,
@@ -106,6 +112,10 @@ class EventRecorder:
         self._metrics = metrics
         self._burst = burst
         self._refill = refill
+        self._global_burst = global_burst
+        self._global_rate = global_rate
+        self._global: tuple[float, float] | None = None
+        self._dropped_logged: set[str] = set()
         self._window = series_window
         self._flush = series_flush
         self._loop_time = loop_time
@@ -168,13 +178,18 @@ class EventRecorder:
                 log.exception("Event not recorded")
 
     def _take_token(self, uid: str) -> bool:
+        """One token from the object's bucket and one from the agent's, or neither."""
         now = self._now()
         tokens, since = self._buckets.get(uid, (float(self._burst), now))
         tokens = min(float(self._burst), tokens + (now - since) / self._refill)
-        if tokens < 1.0:
+        g_tokens, g_since = self._global or (float(self._global_burst), now)
+        g_tokens = min(float(self._global_burst), g_tokens + (now - g_since) * self._global_rate)
+        if tokens < 1.0 or g_tokens < 1.0:
             self._buckets[uid] = (tokens, now)
+            self._global = (g_tokens, now)
             return False
         self._buckets[uid] = (tokens - 1.0, now)
+        self._global = (g_tokens - 1.0, now)
         return True
 
     async def _record(self, regarding: Regarding, intent: Intent, when: float) -> None:
@@ -194,8 +209,12 @@ class EventRecorder:
             return
         if not self._take_token(regarding.uid):
             self._metrics.events.labels("dropped").inc()
-            log.info("Event dropped (over the budget for %s %s/%s): %s %s", regarding.kind,
-                     regarding.namespace, regarding.name, intent.reason, intent.note)
+            if regarding.uid not in self._dropped_logged:
+                self._dropped_logged.add(regarding.uid)
+                log.warning("Events about %s %s/%s are over their budget and dropped "
+                            "(counted in imex_host_agent_events_total{result=\"dropped\"}); "
+                            "first: %s %s", regarding.kind, regarding.namespace,
+                            regarding.name, intent.reason, intent.note)
             return
         # client-go names Events <object>.<unix nanoseconds in hex>; a counter keeps two
         # of one nanosecond apart

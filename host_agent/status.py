@@ -132,10 +132,11 @@ def members_status(snap: EnsembleSnapshot, now: float, stale_after: float) -> li
     as the registry serves it."""
     out: list[Status] = []
     cliques = served_cliques(snap)
+    prefix = snap.ens.slot(0)[:-1]  # "imex-<domain id>-": the sha256 once, not per member
     for pub in snap.members:
         m = pub.member
         report = snap.reports.get(m.index)
-        entry: Status = {"index": m.index, "slot": snap.ens.slot(m.index), "ip": m.ip,
+        entry: Status = {"index": m.index, "slot": f"{prefix}{m.index}", "ip": m.ip,
                          "ready": bool(m.ready), "imexState": imex_state(report, now,
                                                                          stale_after)}
         if m.vmi:

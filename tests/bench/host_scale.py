@@ -19,6 +19,9 @@ Figures:
   same updates sent while the agent is stopped (SIGSTOP) and drained after
   SIGCONT, which is the agent's own ceiling when the double is not feeding it.
 - ``host_rss_mb``: the agent's peak RSS (VmHWM) over the whole run.
+- ``host_status_writes_per_report_storm`` / ``_churn`` (and friends): ImexEnsemble
+  status writes per guest report, from ``status_writes`` (its own fleet of
+  ImexEnsembles, run after the figures above).
 
 ``profile="wall"`` runs the agent under pyinstrument (wall-clock samples),
 ``profile="cpu"`` under cProfile with a CPU-time clock (``cpu_profile``); either
@@ -280,6 +283,11 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
         elif profile == "cpu" and pstats_path.exists():
             write_cpu_profile(pstats_path, prof_out)
             results.note(f"{prefix}profile", str(prof_out))
+    if api == "double":
+        # issue 15: API writes per guest report (ImexEnsemble status), beside the rest
+        from tests.bench import status_writes
+
+        status_writes.run(results, quick=quick)
 
 
 def run_real(results: Results, *, quick: bool = False, profile: str | None = None,

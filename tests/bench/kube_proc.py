@@ -8,7 +8,8 @@ here they are built as dicts and stored straight into the double (validated
 as any write) before it listens. The process prints
 ``kube-api ready url=<url> token=<token> objects=<n>`` once it accepts
 requests and stops on SIGTERM. The objects are what KubeVirt and an admin
-would have written: one headless ensemble Service per ensemble, ``N`` Running
+would have written: one headless ensemble Service (or, with ``--imexensembles``,
+one ImexEnsemble) per ensemble, ``N`` Running
 VMIs each with a pod-network IP (ensemble ``e``, member ``i``:
 ``10.<20 + e // 250>.<e % 250>.<i + 1>``).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import signal
 import sys
@@ -64,13 +66,27 @@ def member_ip(e: int, i: int, generation: int = 0) -> str:
     return f"10.{20 + (e // 250) + 8 * (generation % 6)}.{e % 250}.{i + 1}"
 
 
-def fleet(ensembles: int, per: int) -> list[dict[str, Any]]:
+#: The guests' token in the ImexEnsemble fleet (``--imexensembles``).
+BENCH_TOKEN = "bench-guest-token"
+
+
+def fleet(ensembles: int, per: int, imexensembles: bool = False) -> list[dict[str, Any]]:
+    """``imexensembles``: each ensemble an ImexEnsemble (tokenSHA256 of ``BENCH_TOKEN``),
+    whose Service the host agent creates, instead of a hand-made Service."""
     objs: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "imex-system"}}]
+    token_sha = hashlib.sha256(BENCH_TOKEN.encode()).hexdigest()
     for e in range(ensembles):
         name = f"e{e}"
-        objs.append(service(name, namespace=NAMESPACE, uid=f"00000000-0000-4000-8000-{e:012d}",
-                            annotations={"imex-ensemble.io/max-members": "18"}))
+        if imexensembles:
+            objs.append({"apiVersion": "imex-ensemble.io/v1alpha1", "kind": "ImexEnsemble",
+                         "metadata": {"name": name, "namespace": NAMESPACE},
+                         "spec": {"maxMembers": 18, "tokenSHA256": token_sha}})
+        else:
+            objs.append(service(name, namespace=NAMESPACE,
+                                uid=f"00000000-0000-4000-8000-{e:012d}",
+                                annotations={"imex-ensemble.io/max-members": "18"}))
         for i in range(per):
             objs.append(vmi(f"{name}-{i}", namespace=NAMESPACE, ensemble=name,
                             ip=member_ip(e, i), node=f"node-{(e * per + i) % 64}"))
@@ -81,7 +97,7 @@ async def serve(args: argparse.Namespace) -> int:
     json_first_bodies()
     server = KubeApiServer("127.0.0.1", 0, token=args.token,
                            history_limit=max(100_000, 4 * args.ensembles * args.per))
-    objs = fleet(args.ensembles, args.per)
+    objs = fleet(args.ensembles, args.per, args.imexensembles)
     for obj in objs:
         server.put(obj)
     stop = asyncio.Event()
@@ -105,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ensembles", type=int, default=1000)
     p.add_argument("--per", type=int, default=10)
     p.add_argument("--token", default="bench-token")
+    p.add_argument("--imexensembles", action="store_true",
+                   help="declare the ensembles as ImexEnsembles (the agent makes the Services)")
     return asyncio.run(serve(p.parse_args(argv)))
 
 

@@ -7,7 +7,8 @@ namespace VMs on and off, as virt-handler starts domains:
 
 * :meth:`VirtController.create_ensemble`: the namespace and the ensemble Service
   (headless, selector-less, label ``imex-ensemble.io/ensemble=<name>``, annotations
-  max-members, port and token-sha256; DESIGN.md "Names").
+  max-members, port and token-sha256; DESIGN.md "Names"), or an ImexEnsemble with the
+  same settings (``form="cr"``), as an operator would declare either.
 * :class:`Pool` (a VirtualMachinePool's VMIs, named ``<pool>-<i>``, lowest free index):
   ``scale(n)``; each new VMI goes Pending -> Scheduled (``nodeName``) -> the VM boots ->
   Running with ``status.interfaces[0].ipAddress`` and a Ready condition.
@@ -39,6 +40,9 @@ VMI = create_namespaced_resource("kubevirt.io", "v1", "VirtualMachineInstance",
                                  "virtualmachineinstances")
 Service = create_namespaced_resource("", "v1", "Service", "services")
 Namespace = create_global_resource("", "v1", "Namespace", "namespaces")
+ImexEnsemble = create_namespaced_resource("imex-ensemble.io", "v1alpha1", "ImexEnsemble",
+                                          "imexensembles")
+EventV1 = create_namespaced_resource("events.k8s.io", "v1", "Event", "events")
 
 LABEL = "imex-ensemble.io/ensemble"
 NODES = tuple(f"gb200-tray-{i:02d}" for i in range(24))
@@ -69,6 +73,17 @@ def service_manifest(spec: EnsembleSpec) -> dict[str, Any]:
             "clusterIP": "None",
             "ports": [{"name": "imex", "port": spec.port, "protocol": "TCP"}],
         },
+    }
+
+
+def ensemble_manifest(spec: EnsembleSpec) -> dict[str, Any]:
+    """The same ensemble as an ImexEnsemble (issue 15)."""
+    return {
+        "apiVersion": "imex-ensemble.io/v1alpha1",
+        "kind": "ImexEnsemble",
+        "metadata": {"name": spec.name, "namespace": spec.namespace},
+        "spec": {"maxMembers": spec.max_members, "port": spec.port,
+                 "tokenSHA256": spec.token_sha256, "authEncryption": spec.auth_encryption},
     }
 
 
@@ -142,14 +157,32 @@ class VirtController:
                 return node
 
     def create_ensemble(self, namespace: str, name: str, max_members: int = 18,
-                        token: str | None = None, auth_encryption: bool = False
-                        ) -> EnsembleSpec:
+                        token: str | None = None, auth_encryption: bool = False,
+                        form: str = "service") -> EnsembleSpec:
+        """The ensemble as an operator declares it: a hand-made Service (``form="service"``)
+        or an ImexEnsemble (``form="cr"``), whose Service the host agent then creates."""
         spec = EnsembleSpec(namespace, name, max_members, auth_encryption=auth_encryption) \
             if token is None else EnsembleSpec(namespace, name, max_members, token=token,
                                                auth_encryption=auth_encryption)
         self.ensure_namespace(namespace)
-        self.client.create(Service.from_dict(service_manifest(spec)))
+        if form == "cr":
+            self.client.create(ImexEnsemble.from_dict(ensemble_manifest(spec)))
+        else:
+            self.client.create(Service.from_dict(service_manifest(spec)))
         return spec
+
+    def get_ensemble(self, spec: EnsembleSpec) -> dict[str, Any]:
+        """The ImexEnsemble as the API serves it (status included)."""
+        obj = self.client.get(ImexEnsemble, spec.name, namespace=spec.namespace)
+        return dict(obj.to_dict())  # type: ignore[no-untyped-call]
+
+    def events(self, spec: EnsembleSpec, kind: str = "ImexEnsemble") -> list[dict[str, Any]]:
+        """events.k8s.io/v1 Events regarding the ensemble's CR (or its Service), by time."""
+        got = [dict(e.to_dict()) for e in self.client.list(  # type: ignore[no-untyped-call]
+            EventV1, namespace=spec.namespace)]
+        return sorted((e for e in got if e["regarding"]["kind"] == kind
+                       and e["regarding"]["name"] == spec.name),
+                      key=lambda e: str(e.get("eventTime")))
 
     def pool(self, spec: EnsembleSpec, name: str | None = None) -> Pool:
         return Pool(self, spec, name or spec.name)

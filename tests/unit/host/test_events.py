@@ -258,3 +258,13 @@ async def test_observe_records_what_decide_says(kind: str) -> None:
         assert [e["reason"] for e in api.created] == ["MemberJoined"]
         assert api.created[0]["regarding"]["kind"] == kind
         assert api.created[0]["reportingInstance"] == "agent-0"
+
+
+async def test_a_cluster_wide_storm_is_bounded_for_the_whole_agent() -> None:
+    async with recorder(burst=25, global_burst=10, global_rate=0.001) as (rec, api, metrics):
+        for n in range(50):  # fifty ensembles, one Event each
+            other = Regarding("v1", "Service", "rack1", f"e{n}", f"uid-{n}")
+            rec.record(other, Intent("Normal", "MemberIPChanged", "Publish", "moved"), T0)
+        await drain(rec)
+        assert len(api.created) == 10
+        assert metrics.events.labels("dropped")._value.get() == 40  # type: ignore[attr-defined]
