@@ -399,3 +399,79 @@ def test_host_agent_publishes_the_same_slices_on_double_and_real(
             agent.wait(10)
         dbl.close()
         admin.delete(f"/api/v1/namespaces/{ns}")
+
+
+def _cr_story(api: Api, ns: str) -> Any:
+    """What the agent wrote for ImexEnsemble ``crs`` (clock-made values left out): its
+    Service, the status it wrote through /status, and the reasons of its Events."""
+    svc = api.request("GET", f"{SERVICES.format(ns=ns)}/crs")
+    cr = api.request("GET", f"/apis/imex-ensemble.io/v1alpha1/namespaces/{ns}/imexensembles/crs")
+    events = api.request("GET", f"/apis/events.k8s.io/v1/namespaces/{ns}/events")
+    if svc.status_code != 200 or cr.status_code != 200 or events.status_code != 200:
+        return None
+    s, status = svc.json(), cr.json().get("status") or {}
+    return {
+        "service": (s["metadata"].get("labels"),
+                    {k: v for k, v in (s["metadata"].get("annotations") or {}).items()
+                     if k != "imex-ensemble.io/membership"},  # the leader's wall clock
+                    [(r["kind"], r["name"], r.get("controller"), r.get("blockOwnerDeletion"))
+                     for r in s["metadata"].get("ownerReferences") or []],
+                    s["spec"].get("clusterIP"), s["spec"].get("ports")),
+        "status": {k: v for k, v in status.items()
+                   if k not in ("membershipGeneration", "conditions", "members")},
+        "members": sorted((m["index"], m["slot"], m["ip"], m.get("vmi"), m.get("imexState"))
+                          for m in status.get("members") or []),
+        "conditions": sorted((c["type"], c["status"], c["reason"])
+                             for c in status.get("conditions") or []),
+        "events": sorted({e["reason"] for e in events.json()["items"]
+                          if e["regarding"]["kind"] == "ImexEnsemble"}),
+    }
+
+
+def test_host_agent_writes_the_same_service_status_and_events_on_double_and_real(
+        control_plane: ControlPlane, imex_crd: dict[str, Any], host_agent: HostAgentProc,
+        double_srv: ThreadedKubeApi, tmp_path: Path) -> None:
+    """An ImexEnsemble's calls (Service POST and apply, /status apply, Event POST) on both."""
+    admin = control_plane.admin
+    assert admin is not None
+    ns = f"rk8s-crs-{uuid.uuid4().hex[:6]}"
+    dbl = Api(double_srv.url, None, double_srv.token)
+    kc = double_srv.write_kubeconfig(tmp_path / "double.kubeconfig")
+    port = free_port()
+    agent = subprocess.Popen(
+        [str(Path(sys.executable).with_name("imex-host-agent")), "--kubeconfig", str(kc),
+         "--listen", f"127.0.0.1:{port}"],
+        stdout=(tmp_path / "agent.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        for api in (admin, dbl):
+            api.ok("POST", "/api/v1/namespaces",
+                   {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            api.create(f"/apis/imex-ensemble.io/v1alpha1/namespaces/{ns}/imexensembles",
+                       {"apiVersion": "imex-ensemble.io/v1alpha1", "kind": "ImexEnsemble",
+                        "metadata": {"name": "crs", "namespace": ns},
+                        "spec": {"maxMembers": 4, "network": "default"}})
+            for i in range(2):
+                create_vmi(api, vmi(ns, f"crs-{i}", "crs", ip=f"10.31.0.{i + 10}", node=f"n{i}"))
+
+        def told(api: Api) -> Callable[[], bool]:
+            def check() -> bool:
+                story = _cr_story(api, ns)
+                return bool(story) and len(story["members"]) == 2 and \
+                    {"ServiceCreated", "MemberJoined"} <= set(story["events"])
+            return check
+
+        # the agent lists ImexEnsembles again every 30 s if it started before the CRD
+        wait_until(told(admin), "the agent's story on the real apiserver", 90)
+        wait_until(told(dbl), "the agent's story on the double", 60,
+                   lambda: (tmp_path / "agent.log").read_text()[-3000:])
+        real, fake = _cr_story(admin, ns), _cr_story(dbl, ns)
+        assert real == fake, f"real: {real}\ndouble: {fake}"
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(10)
+        dbl.close()
+        admin.delete(f"/api/v1/namespaces/{ns}")
