@@ -285,3 +285,26 @@ async def test_crash_and_rejoin_flip_ready_and_tell_the_story(
         assert word in story, story
     left = next(e for e in events(api) if e["reason"] == "MemberLeft")
     assert left["type"] == "Warning" and "VMI Failed" in left["note"]
+
+
+async def test_a_selector_reaching_for_another_ensemble_is_refused_and_harmless(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    api.put(service("other", namespace=NS))
+    for i in range(2):
+        api.put(vmi(f"other-{i}", namespace=NS, ensemble="other", ip=f"10.244.6.{i + 1}"))
+    agent = await start(start_agent, api)
+    await eventually(lambda: len(registry(agent, "other").get("members", [])) == 2,
+                     what="the other ensemble")
+    other_slice = next(s for s in api.list(*SLICES, NS) if s["metadata"]["name"] == "other-imex")
+    api.put(cr(memberSelector={"matchLabels": {"imex-ensemble.io/ensemble": "other"}}))
+    st = await eventually(lambda: condition(status(api), "Degraded") == ("True",
+                                                                          "SelectorConflict")
+                          and status(api), what="Degraded")
+    assert "selects imex-ensemble.io/ensemble in (other)" in st["problems"][0]
+    await eventually(lambda: "SelectorConflict" in reasons(api), what="the Event")
+    assert not agent.task.done()  # the agent is still running
+    same = next(s for s in api.list(*SLICES, NS) if s["metadata"]["name"] == "other-imex")
+    assert same["metadata"]["resourceVersion"] == other_slice["metadata"]["resourceVersion"]
+    assert "gb200-imex" not in {s["metadata"]["name"] for s in api.list(*SLICES, NS)}
+    assert not any(s["metadata"]["name"] == "gb200" for s in api.list(*SVC, NS))
