@@ -44,6 +44,7 @@ import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from guest_agent import eventloop
 from guest_agent.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
 from guest_agent.cliques import pins_for
 from guest_agent.collect import Collected, DomainCollector
@@ -709,7 +710,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         return cmd_status(settings, as_json)
     setup_logging(as_json)
     if args.command == "once":
-        return asyncio.run(run_once(settings))
+        return eventloop.leave(eventloop.run(run_once(settings)))
     if args.command == "run":
         log.info(
             "imex-guest-agent %s starting for %s (config %s)",
@@ -718,9 +719,9 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
             settings.source,
         )
         agent = Agent(settings)
-        code = asyncio.run(agent.run())
+        code = eventloop.run(agent.run())
         agent.disarm()
         log.info("stopped (exit %d)", code)
-        return code
+        return eventloop.leave(code)  # a resolver thread still blocked must not hold us
     print(f"imex-guest-agent: error: unknown command {args.command!r}", file=sys.stderr)
     return 2

@@ -78,6 +78,8 @@ STANDIN_SMI = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-smi")
 #: the rack every sandbox VM's GPUs are in unless a test moves it (``Sandbox.fabrics``)
 RACK_CLUSTER_UUID = "5e1f0c2a-7b3d-4c8e-9a61-2d4f8b0e3c17"
 PID_DIR = Path("/run/imex-sandbox")
+#: how long a guest's clean stop may take: the process-mode child's grace, the agent's 2 s
+GUEST_STOP_WAIT = 10.0 + 2.0 + 3.0
 #: the host agent's own namespace (its CA Secrets live there)
 AGENT_NAMESPACE = "imex-system"
 PR_SET_PDEATHSIG = 1
@@ -433,8 +435,13 @@ class Vm:
                 preexec_fn=_pdeathsig)
         self.node.procs.append(self.agent)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Shut down cleanly (SIGTERM to the agent, which stops IMEX), then kill leftovers."""
+    def stop(self, timeout: float = GUEST_STOP_WAIT) -> None:
+        """Shut down cleanly (SIGTERM to the agent, which stops IMEX), then kill leftovers.
+
+        The wait covers the agent's documented stop: its IMEX child (process mode) gets up to
+        its grace (SIGTERM, 10 s, SIGKILL), and the agent's own work ends within 2 s. The
+        old 10 s wait equalled the child's grace alone, so an IMEX slow to exit (the
+        stand-in once was: issue 14's "agent ignored SIGTERM for 10s") raced it."""
         if self.agent is not None and self.agent.poll() is None:
             self.agent.send_signal(signal.SIGTERM)
             try:
