@@ -25,6 +25,11 @@ raises :class:`VmFailure` with the serial log's relevant lines and the guest's s
 where qemu-ga answers. Failure rules while waiting for a boot: qemu exited, a kernel panic,
 cloud-init's ``runcmd`` failing (``scripts-user``) or no progress by the deadline.
 
+Guests may differ: ``HarnessSettings.guests`` names each VM's OS (``debian-12-arm64`` boots
+under ``qemu-system-aarch64``), each gets its own cached image and the wheelhouse serves every
+platform and Python among them; ``peers`` adds lean members (tests/vm/peer.py). The host side
+lives in :mod:`tests.vm.hostside`, every read of the members' state in :mod:`tests.vm.observe`.
+
 Teardown (:meth:`VmHarness.close`) always runs every step and logs instead of raising: VMs
 (SIGKILL), dnsmasq, HTTP server, host agent, DNS loop, API double, then every process left
 in the namespace, the namespace itself (its bridge and taps go with it). Namespaces of dead
@@ -35,12 +40,9 @@ collected on failure) is kept and its path printed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import http.server
 import ipaddress
-import json
 import logging
 import os
 import shutil
@@ -48,26 +50,31 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
-from guest_agent.hostsfile import read_block
-from tests.sandbox.dns_server import ClusterDnsModel, DnsServer, follow_kubernetes
+from tests.sandbox.dns_server import ClusterDnsModel, DnsServer
 from tests.sandbox.ensemble import EnsembleSpec, LoopThread
 from tests.sandbox.kube_api import ThreadedKubeApi
 from tests.sandbox.netns import in_netns, ip, list_netns, netns_pids
 from tests.sandbox.virt_controller import VMI, VirtController, running_status, vmi_manifest
-from tests.vm.image import BOOKWORM_AMD64, GUESTS, REPO_ROOT, GuestOs, Image, ensure_image
+from tests.vm.hostside import BRIDGE, HarnessError, HostSide
+from tests.vm.image import BOOKWORM_AMD64, GUESTS, REPO_ROOT, Image, ensure_image
 from tests.vm.machine import Machine, make_seed, pick_accel, relevant_lines
+from tests.vm.observe import (
+    STATUS_FILE,
+    Guest,
+    Observation,
+    VmFailure,
+    connected_nodes,
+    wait_for,
+)
 from tests.vm.peer import Peer
 from tests.vm.qga import QgaError
 from tests.vm.wheelhouse import build_wheelhouse, target_for
@@ -79,9 +86,8 @@ log = logging.getLogger("vm.harness")
 T = TypeVar("T")
 
 PREFIX = "vmt"
-BRIDGE = "vmtbr0"
-STATUS_FILE = "/run/imex-guest-agent/status.json"
-IMEX_STATE_FILE = "/run/nvidia-imex/state.json"
+__all__ = ["STATUS_FILE", "Guest", "HarnessError", "HarnessSettings", "VmFailure", "VmHarness",
+           "connected_nodes", "harness", "multipart_user_data", "wait_for"]
 REQUIRED_TOOLS = {
     "qemu-img": "qemu-utils",
     "mmdebstrap": "mmdebstrap", "cloud-localds": "cloud-image-utils",
@@ -95,12 +101,6 @@ FATAL_MARKERS = ("Kernel panic", "Failed to run module scripts-user",
                  "imex-ensemble setup: error:")
 
 
-class HarnessError(Exception):
-    """The harness itself could not be set up (missing tool, image, namespace)."""
-
-
-class VmFailure(AssertionError):
-    """A guest did not do what the scenario needs; the message carries the evidence."""
 
 
 @dataclass(frozen=True)
@@ -124,21 +124,6 @@ class HarnessSettings:
     peers: int = 0
 
 
-@dataclass
-class Guest:
-    """One member: its VMI, its machine, its address plan."""
-
-    index: int
-    vmi: str
-    machine: Machine
-    ip: str
-    node: str
-    os: GuestOs = BOOKWORM_AMD64
-    timings: dict[str, float] = field(default_factory=dict)
-    #: what the guest says it runs (python, cloud-init, systemd), read through qemu-ga
-    facts: dict[str, str] = field(default_factory=dict)
-
-
 class _KubeconfigHolder:
     """What :class:`VirtController` needs of a sandbox: the kubeconfig path."""
 
@@ -146,9 +131,6 @@ class _KubeconfigHolder:
         self.kubeconfig = kubeconfig
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("wheelhouse: " + format, *args)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -186,20 +168,6 @@ def cleanup_dead_runs() -> list[str]:
     return removed
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 1.0,
-             evidence: Callable[[], str] | None = None) -> T:
-    """Poll ``probe`` until it returns something truthy; :class:`VmFailure` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = f"\n{evidence()}" if evidence is not None else ""
-            raise VmFailure(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
-        time.sleep(interval)
-
-
 def multipart_user_data(generated: str, extra_cloud_config: str) -> str:
     """Pure: the generator's user-data plus one harness part, as cloud-init multipart MIME.
 
@@ -215,7 +183,7 @@ def multipart_user_data(generated: str, extra_cloud_config: str) -> str:
     return msg.as_string()
 
 
-class VmHarness:
+class VmHarness(HostSide, Observation):
     def __init__(self, settings: HarnessSettings | None = None) -> None:
         self.settings = s = settings or HarnessSettings()
         self.net = ipaddress.ip_network(s.subnet)
@@ -250,10 +218,6 @@ class VmHarness:
         self.sock_dir = Path(tempfile.mkdtemp(prefix="vmt-"))
 
     # ------------------------------------------------------------------ addresses
-    @property
-    def registry_url(self) -> str:
-        return f"http://{self.host_ip}:8080"
-
     @property
     def wheelhouse_url(self) -> str:
         return f"http://{self.host_ip}:8000/"
@@ -384,123 +348,6 @@ class VmHarness:
             print(f"\nvmtest artifacts kept in {self.workdir}", file=sys.stderr)
             return
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-    # ------------------------------------------------------------------ host side
-    def _start_dns(self) -> None:
-        self._loop = LoopThread()
-        self._dns = DnsServer(self.dns_model, self.host_ip, 53)
-        self._loop.run(self._dns.start())
-        synced = asyncio.Event()
-        kubeconfig = self.kubeconfig
-        model = self.dns_model
-
-        async def feed() -> None:
-            from lightkube import AsyncClient, KubeConfig
-
-            client = AsyncClient(KubeConfig.from_file(kubeconfig), trust_env=False)
-            try:
-                await follow_kubernetes(model, client, backoff=lambda n: min(0.1 * 2**n, 1.0),
-                                        synced=synced)
-            finally:
-                await client.close()
-
-        self._loop.spawn(feed())
-
-        async def wait_synced() -> None:
-            await asyncio.wait_for(synced.wait(), 20)
-
-        self._loop.run(wait_synced(), 25)
-
-    def _stop_dns(self) -> None:
-        if self._loop is None:
-            return
-        if self._dns is not None:
-            with contextlib.suppress(Exception):
-                self._loop.run(self._dns.stop(), 10)
-        self._loop.close()
-
-    def _start_host_agent(self) -> None:
-        exe = Path(sys.executable).with_name("imex-host-agent")
-        argv = [str(exe) if exe.exists() else "imex-host-agent",
-                "--kubeconfig", str(self.kubeconfig),
-                "--listen", f"{self.host_ip}:8080", "--json", "--report-stale-after", "120"]
-        logf = open(self.workdir / "host-agent.log", "ab")  # noqa: SIM115 (child owns it)
-        self._stack.callback(logf.close)
-        self._host_agent = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL,
-                                            preexec_fn=_pdeathsig_child)
-
-        def ready() -> bool:
-            if self._host_agent is not None and self._host_agent.poll() is not None:
-                raise HarnessError(f"imex-host-agent exited ({self._host_agent.returncode}):"
-                                   f"\n{self.host_agent_log()}")
-            try:
-                with urllib.request.urlopen(f"{self.registry_url}/readyz", timeout=2) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        wait_for("the registry's /readyz", ready, 60, 0.2, self.host_agent_log)
-
-    def host_agent_log(self) -> str:
-        try:
-            return (self.workdir / "host-agent.log").read_text(errors="replace")[-3000:]
-        except OSError:
-            return ""
-
-    def _start_http(self) -> None:
-        handler = functools.partial(_QuietHandler, directory=str(self.workdir / "wheelhouse"))
-        self._http = http.server.ThreadingHTTPServer((self.host_ip, 8000), handler)
-        threading.Thread(target=self._http.serve_forever, name="vmt-wheelhouse",
-                         daemon=True).start()
-
-    def _stop_http(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-
-    def _dhcp_hosts_file(self) -> Path:
-        return self.workdir / "dhcp-hosts"
-
-    def _write_dhcp_hosts(self) -> None:
-        lines = [f"{g.machine.mac},{g.ip},{g.vmi}\n" for g in self.guests.values()]
-        self._dhcp_hosts_file().write_text("".join(lines))
-        if self._dnsmasq is not None and self._dnsmasq.poll() is None:
-            self._dnsmasq.send_signal(signal.SIGHUP)  # re-reads --dhcp-hostsfile
-
-    def _start_dnsmasq(self) -> None:
-        self._dhcp_hosts_file().write_text("")
-        first, last = self._ip_pool[0], self._ip_pool[-1]
-        search = (f"{self.spec.namespace}.svc.cluster.local,svc.cluster.local,"
-                  "cluster.local")
-        argv = ["dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--port=0",
-                f"--interface={BRIDGE}", "--bind-interfaces", "--user=root", "--group=root",
-                f"--dhcp-range={first},{last},{self.net.netmask},1h",
-                f"--dhcp-hostsfile={self._dhcp_hosts_file()}",
-                f"--dhcp-leasefile={self.workdir / 'dhcp.leases'}", "--dhcp-authoritative",
-                f"--dhcp-option=option:router,{self.host_ip}",
-                f"--dhcp-option=option:dns-server,{self.host_ip}",
-                f"--dhcp-option=option:domain-search,{search}",
-                "--log-dhcp", f"--log-facility={self.workdir / 'dnsmasq.log'}",
-                f"--pid-file={self.workdir / 'dnsmasq.pid'}"]
-        self._dnsmasq = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                         preexec_fn=_pdeathsig_child)
-        time.sleep(0.3)
-        if self._dnsmasq.poll() is not None:
-            err = self._dnsmasq.stderr.read().decode() if self._dnsmasq.stderr else ""
-            raise HarnessError(f"dnsmasq exited ({self._dnsmasq.returncode}): {err}")
-
-    @staticmethod
-    def _stop_proc(p: subprocess.Popen[bytes] | None) -> None:
-        if p is None or p.poll() is not None:
-            return
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
 
     # ------------------------------------------------------------------ cloud-init
     def generate_user_data(self) -> str:
@@ -716,186 +563,12 @@ class VmHarness:
             with contextlib.suppress(Exception):
                 g.machine.kill()
 
-    # ------------------------------------------------------------------ observation
-    def guest_json(self, g: Guest, path: str) -> dict[str, Any] | None:
-        try:
-            doc = json.loads(g.machine.qga.read_file(path))
-        except (QgaError, ValueError):
-            return None
-        return doc if isinstance(doc, dict) else None
-
-    def hosts(self, g: Guest) -> str | None:
-        try:
-            return g.machine.qga.read_file("/etc/hosts").decode()
-        except QgaError:
-            return None
-
-    def pins(self, g: Guest) -> dict[int, str] | None:
-        text = self.hosts(g)
-        return None if text is None else read_block(text.encode(), self.spec.id)
-
-    def imex_domain(self, g: Guest) -> dict[str, Any] | None:
-        try:
-            r = g.machine.qga.exec(["/usr/bin/nvidia-imex-ctl", "-N", "-j"], timeout=20)
-        except QgaError:
-            return None
-        if r.exitcode != 0:
-            return None
-        try:
-            doc = json.loads(r.out)
-        except ValueError:
-            return None
-        return doc if isinstance(doc, dict) else None
-
-    def imex_main_pid(self, g: Guest) -> int | None:
-        try:
-            r = g.machine.qga.exec(["/bin/systemctl", "show", "-p", "MainPID", "--value",
-                                    "nvidia-imex.service"], timeout=20)
-        except QgaError:
-            return None
-        return int(r.out.strip()) if r.out.strip().isdigit() else None
-
-    def registry(self) -> dict[str, Any]:
-        url = f"{self.registry_url}/v1/ensembles/{self.spec.key}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                doc = json.loads(r.read())
-        except (OSError, ValueError, urllib.error.URLError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
-
-    def member_ip(self, i: int) -> str:
-        return self.guests[i].ip if i in self.guests else self.peers[i].ip
-
-    def expected_pins(self, live: list[int]) -> dict[int, str]:
-        """Every slot: the member's IP when live, else 127.0.0.2."""
-        return {i: (self.member_ip(i) if i in live else "127.0.0.2")
-                for i in range(self.spec.max_members)}
-
-    def connected_peers(self, g: Guest) -> set[str] | None:
-        """Hosts this guest's IMEX reports CONNECTED (None when it cannot be asked)."""
-        return connected_hosts(self.imex_domain(g))
-
-    def converged(self, live: list[int]) -> list[str]:
-        """What is still missing for ``live`` members to be settled (empty when settled)."""
-        want = self.expected_pins(live)
-        slot = self.spec.id.slot
-        missing: list[str] = []
-        reg = self.registry()
-        reg_members = {m["index"]: m for m in reg.get("members", [])}
-        for i in live:
-            name = self._vmi_name(i)
-            pins = self.pins(self.guests[i]) if i in self.guests else self.peers[i].pins()
-            if pins != want:
-                missing.append(f"{name}: pins {pins} != {want}")
-                continue
-            peers = (self.connected_peers(self.guests[i]) if i in self.guests
-                     else connected_hosts(self.peers[i].domain()))
-            want_peers = {slot(j) for j in live if j != i}
-            if peers is None or not want_peers <= peers:
-                missing.append(f"{name}: IMEX CONNECTED to {sorted(peers or [])}, "
-                               f"want {sorted(want_peers)}")
-                continue
-            guest = (reg_members.get(i) or {}).get("guest") or {}
-            if guest.get("imex_state") != "READY" or reg_members[i].get("ip") != self.member_ip(i):
-                missing.append(f"{name}: registry member {reg_members.get(i)}")
-        for i, m in reg_members.items():
-            if i not in live:
-                missing.append(f"registry still publishes slot {i}: {m.get('ip')}")
-        return missing
-
-    def wait_converged(self, live: list[int], timeout: float | None = None) -> float:
-        t = time.monotonic()
-        last: list[str] = []
-
-        def probe() -> bool:
-            nonlocal last
-            for i in live:
-                if i in self.guests:
-                    self.check_boot(self.guests[i])
-                elif not self.peers[i].running():
-                    raise VmFailure(f"peer {self.peers[i].vmi}: agent exited\n"
-                                    f"{self.peers[i].log_tail()}")
-            last = self.converged(live)
-            return not last
-
-        wait_for(f"members {live} to converge", probe,
-                 timeout or self.settings.converge_timeout, 3.0,
-                 lambda: "still missing:\n  " + "\n  ".join(last) + self._peer_logs())
-        took = time.monotonic() - t
-        for i in live:
-            if i in self.guests:
-                g = self.guests[i]
-                g.timings["converged"] = time.monotonic() - g.machine.boot_started
-        log.info("members %s converged in %.0fs", live, took)
-        return took
-
-    # ------------------------------------------------------------------ evidence
-    def guest_evidence(self, g: Guest) -> str:
-        parts = [self.serial_evidence(g)]
-        if g.machine.running():
-            try:
-                r = g.machine.qga.sh(
-                    "journalctl -b --no-pager -u imex-guest-agent -u nvidia-imex "
-                    "-u cloud-final | tail -n 40; tail -n 20 /var/log/cloud-init-output.log",
-                    timeout=30)
-                parts.append(f"---- {g.vmi} journal (qemu-ga):\n{r.out}{r.err}")
-            except QgaError as e:
-                parts.append(f"---- {g.vmi}: qemu-ga not answering ({e})")
-        return "\n".join(parts)
-
-    def _peer_logs(self) -> str:
-        return "".join(f"\n---- peer {p.vmi} agent log:\n{p.log_tail(1500)}"
-                       for p in self.peers.values())
-
-    def _dnsmasq_tail(self) -> str:
-        try:
-            return (self.workdir / "dnsmasq.log").read_text(errors="replace")[-2000:]
-        except OSError:
-            return ""
-
-    def _collect_artifacts(self) -> None:
-        """On failure: each guest's status files, journal and hosts next to its serial log."""
-        if not self._failed:
-            return
-        for g in self.guests.values():
-            if not g.machine.running():
-                continue
-            for name, path in (("status.json", STATUS_FILE),
-                               ("imex-state.json", IMEX_STATE_FILE), ("hosts", "/etc/hosts"),
-                               ("cloud-init-output.log", "/var/log/cloud-init-output.log")):
-                with contextlib.suppress(QgaError, OSError):
-                    (g.machine.dir / name).write_bytes(g.machine.qga.read_file(path))
-            with contextlib.suppress(QgaError, OSError):
-                r = g.machine.qga.sh("journalctl -b --no-pager | tail -n 400", timeout=60)
-                (g.machine.dir / "journal.txt").write_text(r.out)
-        reg = self.registry()
-        if reg:
-            (self.workdir / "registry.json").write_text(json.dumps(reg, indent=2))
-
-
-def connected_hosts(dom: dict[str, Any] | None) -> set[str] | None:
-    """Pure: the hosts an ``nvidia-imex-ctl -N -j`` document shows CONNECTED."""
-    if dom is None:
-        return None
-    out: set[str] = set()
-    for node in dom.get("nodes", {}).values():
-        for conn in node.get("connections", {}).values():
-            if conn.get("status") == "CONNECTED":
-                out.add(str(conn.get("host")))
-    return out
-
-
 def ci_venv() -> str:
     from guest_agent.cloudinit import VENV
 
     return VENV
 
 
-def _pdeathsig_child() -> None:
-    import ctypes
-
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 
 
 @contextlib.contextmanager

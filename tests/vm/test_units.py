@@ -131,3 +131,20 @@ def test_qemu_argv_arm64_is_virt_with_a_64_bit_cpu_and_the_pl011_console(tmp_pat
     cmdline = argv[argv.index("-append") + 1]
     assert "console=ttyAMA0" in cmdline and "ttyS0" not in cmdline
     assert argv.count("virtio-blk-pci,drive=root") == 1
+
+
+def test_connected_nodes_reads_the_own_nodes_links_by_id() -> None:
+    from tests.vm.harness import connected_nodes
+
+    doc = {"nodes": {
+        "0": {"status": "READY", "host": "10.77.0.12", "connections": {
+            "1": {"host": "10.77.0.11", "status": "CONNECTED", "changed": 1},
+            "2": {"host": "127.0.0.2", "status": "NEVER_CONNECTED", "changed": 0}}},
+        "1": {"status": "READY", "host": "10.77.0.11", "connections": {
+            "0": {"host": "10.77.0.12", "status": "CONNECTED", "changed": 1},
+            "2": {"host": "127.0.0.2", "status": "CONNECTED", "changed": 0}}}},
+        "status": "DEGRADED"}
+    assert connected_nodes(doc, 0) == {1}
+    assert connected_nodes(doc, 1) == {0, 2}
+    assert connected_nodes(doc, 2) == set()
+    assert connected_nodes(None, 0) is None
