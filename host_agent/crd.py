@@ -174,6 +174,10 @@ _MEMBER = Field(
               "The membership generation the guest last applied.", fmt="int64", minimum=0),
         Field("clique", "string", "The member's NVLink clique (<clusterUUID>.<cliqueID>).",
               max_length=128),
+        Field("since", "string",
+              "When the slot got its current IP (the leader's clock, milliseconds): persisted "
+              "with membershipGeneration, so every replica serves the same; it moves only "
+              "with ip.", fmt="date-time", max_length=32),
     ),
 )
 
@@ -201,7 +205,9 @@ STATUS: Final = Field(
         Field("observedGeneration", "integer", "The metadata.generation this status is about.",
               fmt="int64", minimum=0),
         Field("membershipGeneration", "integer",
-              "The registry's generation: grows on every change of what a guest writes.",
+              "The registry's generation: grows on every change of what a guest writes. With "
+              "members[].ip and since, caBundleSHA256 and cliquesSplit it is the membership "
+              "every replica of the host agent serves.",
               fmt="int64", minimum=0),
         Field("publishedSummary", "string", "Published members / maxMembers, e.g. 3/18.",
               max_length=16),
@@ -215,7 +221,15 @@ STATUS: Final = Field(
               enum=DOMAIN_STATUSES),
         Field("caSHA256", "string", "sha256 of the ensemble CA certificate guests trust.",
               max_length=64, pattern=SHA256_HEX),
-        Field("members", "array", "Every published slot. Transitions only: no timestamps.",
+        Field("caBundleSHA256", "string",
+              "sha256 of the CA bundle guests trust (authEncryption): part of what "
+              "membershipGeneration describes.", max_length=64, pattern=SHA256_HEX),
+        Field("cliquesSplit", "boolean",
+              "The members span two or more NVLink cliques, so each guest pins only its own "
+              "clique's peers (members[].clique): part of what membershipGeneration "
+              "describes."),
+        Field("members", "array",
+              "Every published slot. Transitions only: nothing here moves with time alone.",
               max_items=MAX_MEMBERS_LIMIT, list_type="map", list_map_keys=("index",),
               items=_MEMBER),
         Field("conditions", "array", "Ready, Degraded, Published, DomainUp.",

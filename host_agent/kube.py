@@ -428,16 +428,21 @@ async def api_call(
 
 class EnsembleStatusWriter:
     """An ImexEnsemble's status: forced server-side apply on ``/status`` (our field
-    manager), after the write gate. A spec write cannot change status, nor this the spec."""
+    manager), after the write gate, with the observed resourceVersion as precondition.
+    A spec write cannot change status, nor this the spec."""
 
     def __init__(self, client: AsyncClient, field_manager: str, gate: WriteGate) -> None:
         self._client = client
         self._field_manager = field_manager
         self._gate = gate
 
-    async def apply_status(self, namespace: str, name: str, status: Obj) -> Obj:
+    async def apply_status(self, namespace: str, name: str, status: Obj,
+                           resource_version: str | None = None) -> Obj:
+        meta: Obj = {"name": name, "namespace": namespace}
+        if resource_version:
+            meta["resourceVersion"] = resource_version  # a precondition, as for slices
         body = {"apiVersion": f"{CRD_GROUP}/{CRD_VERSION}", "kind": CRD_KIND,
-                "metadata": {"name": name, "namespace": namespace}, "status": status}
+                "metadata": meta, "status": status}
         self._gate.ensure()
         try:
             result = await self._client.patch(

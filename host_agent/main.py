@@ -65,8 +65,10 @@ from host_agent.kube import (
 from host_agent.leadership import ALWAYS, LeaseGate, WriteGate
 from host_agent.lease_io import KubeLeaseApi, LeaseElection
 from host_agent.membership import ServiceAnnotationSource
+from host_agent.membership_cr import StatusPairSource
 from host_agent.metrics import HostMetrics
 from host_agent.owned_services import ServiceApplier
+from host_agent.pairs import Pairs
 from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
 from host_agent.registry_certs import CertConfig
 from host_agent.reports import REPORTS_LABEL, PersistedReports, ReportPersister, report_applies
@@ -155,8 +157,6 @@ class HostAgent:
         # the object our create returned while the informer has not caught up (the pair
         # is written onto that Service in the same pass that creates it).
         services = owned.view if owned is not None else self.services.get
-        pairs = (ServiceAnnotationSource(client, services, self.gate)
-                 if s.persists_membership else None)
         persisted: PersistedReports | None = None
         if s.persists_membership:
             self.reports = ReportPersister(client, s.agent_namespace)
@@ -169,6 +169,14 @@ class HostAgent:
                 self.metrics, stale_after=s.report_stale_after,
                 backoff=(s.backoff_initial, s.backoff_max), on_evaluated=self.events.observe)
             self.state.subscribe(self.status.on_state)
+        pairs: Pairs | None = None
+        if s.persists_membership:
+            # a Service-only ensemble's pair rides on its Service, an ImexEnsemble's in its
+            # status, written by the status writer with the rest of the status
+            annotations = ServiceAnnotationSource(client, services, self.gate)
+            pairs = Pairs(annotations, self.state, self.gate, self.metrics,
+                          StatusPairSource(self.status, annotations)
+                          if self.status is not None else None)
         self.reconciler = rec = Reconciler(
             s, self.state, self.vmis, self.services, self.slices, applier, self.metrics,
             self.cas, crs=self.crs, owned=owned, gate=self.gate, pairs=pairs,

@@ -10,8 +10,12 @@ Where the pair lives:
 - a Service-only ensemble: the annotation ``imex-ensemble.io/membership`` on
   its Service (it lives exactly as long as the ensemble; an EndpointSlice is
   deleted when empty and split per address family, so it cannot hold it);
-- an ImexEnsemble: its status (``membershipGeneration`` and ``members``),
-  written through the status writer (``EnsembleStatusSource``).
+- an ImexEnsemble: its status (``membershipGeneration`` with ``members[]``
+  and the rest of the GuestView), written by the status writer in the same
+  write as the rest of the status (``membership_cr.py``). When a CR adopts a
+  Service that carries an annotation pair, the pair moves into the status
+  under the same generation and the annotation is then removed, so neither
+  kind of source can later hand out an older number (``pairs.py``).
 
 The annotation's value is compact JSON, versioned::
 
@@ -47,7 +51,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Final, Protocol
 
 from host_agent.leadership import WriteGate
-from host_agent.state import GuestView
+from host_agent.state import EnsembleSnapshot, GuestView
 
 log = logging.getLogger("imex.host.membership")
 
@@ -160,32 +164,46 @@ def next_pair(
     *,
     floor: int,
     now_ms: int,
+    relocate: bool = False,
 ) -> PersistedView | None:
-    """The pair the leader must write, or None when the observed one is right."""
+    """The pair the leader must write, or None when the observed one is right.
+
+    ``relocate``: the observed pair is not where it must live (an ImexEnsemble whose
+    status does not hold it yet, only its adopted Service's annotation): write it even
+    when it is right, under the same generation, so no guest wakes up for a move.
+    """
     if observed is not None and observed.view == view and observed.generation >= floor:
-        return None
+        if not relocate:
+            return None
+        return PersistedView(observed.generation, view, _since(view, since))
     if observed is not None and observed.generation >= floor:
         generation = observed.generation + 1
     else:
         generation = max(now_ms, floor + 1 if floor else 0,
                          observed.generation + 1 if observed is not None else 0)
-    return PersistedView(generation, view,
-                         tuple((i, int(since[i] * 1000)) for i, _ in view.pins if i in since))
+    return PersistedView(generation, view, _since(view, since))
 
 
-def service_patch(pair: PersistedView, resource_version: str) -> dict[str, Any]:
-    """A JSON merge patch that sets the annotation only if the Service is still at
-    ``resource_version`` (the apiserver answers 409 otherwise)."""
-    return {"metadata": {"resourceVersion": resource_version,
-                         "annotations": {MEMBERSHIP_ANNOTATION: encode(pair)}}}
+def _since(view: GuestView, since: Mapping[int, float]) -> tuple[tuple[int, int], ...]:
+    return tuple((i, int(since[i] * 1000)) for i, _ in view.pins if i in since)
 
 
 class PairSource(Protocol):
     """Where one kind of ensemble keeps its pair (Service annotation, CR status)."""
 
-    def observed(self, key: Key) -> PersistedView | None: ...
+    def observed(self, key: Key) -> PersistedView | None:
+        """The pair to serve, as this replica observed it in the API (None: none yet)."""
+        ...
 
-    async def write(self, key: Key, pair: PersistedView) -> PersistedView: ...
+    def misplaced(self, key: Key) -> bool:
+        """The observed pair is not (only) where it must live: the leader writes it there."""
+        ...
+
+    async def write(self, key: Key, pair: PersistedView,
+                    preview: EnsembleSnapshot) -> PersistedView:
+        """Persist ``pair`` (``preview``: the snapshot it makes, for a writer that persists
+        more than the pair); returns the pair as the API now holds it."""
+        ...
 
 
 class ServiceAnnotationSource:
@@ -201,8 +219,9 @@ class ServiceAnnotationSource:
         self._client = client
         self._services = services
         self._gate = gate
-        #: our last write per Service: (rv observed before, rv returned, the pair)
-        self._last: dict[Key, tuple[str, str, PersistedView]] = {}
+        #: our last write per Service: (rv observed before, rv returned, the pair it left;
+        #: None: the annotation removed)
+        self._last: dict[Key, tuple[str, str, PersistedView | None]] = {}
         self.writes = 0
 
     def _rv(self, key: Key) -> str | None:
@@ -226,7 +245,33 @@ class ServiceAnnotationSource:
         meta = service.get("metadata")
         return isinstance(meta, Mapping) and meta.get("resourceVersion") == last[1]
 
-    async def write(self, key: Key, pair: PersistedView) -> PersistedView:
+    def misplaced(self, key: Key) -> bool:
+        return False
+
+    async def write(self, key: Key, pair: PersistedView,
+                    preview: EnsembleSnapshot | None = None) -> PersistedView:
+        written = await self._patch(key, {MEMBERSHIP_ANNOTATION: encode(pair)})
+        pair_back, _ = from_service(written)
+        return pair_back if pair_back is not None else pair
+
+    def holds(self, key: Key) -> bool:
+        """The Service (as last observed, or as our last write left it) carries the
+        annotation, readable or not."""
+        last = self._last.get(key)
+        if last is not None and self._rv(key) == last[0]:
+            return last[2] is not None
+        obj = self._services(*key)
+        meta = obj.get("metadata") if obj is not None else None
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        return isinstance(annotations, Mapping) and MEMBERSHIP_ANNOTATION in annotations
+
+    async def clear(self, key: Key) -> None:
+        """Remove the annotation (its pair moved into the ImexEnsemble's status), with the
+        same precondition as a write."""
+        await self._patch(key, {MEMBERSHIP_ANNOTATION: None})
+
+    async def _patch(self, key: Key, annotations: Mapping[str, str | None]
+                     ) -> Mapping[str, Any] | None:
         from host_agent.kube import api_call
 
         informer_rv = rv = self._rv(key)
@@ -238,15 +283,15 @@ class ServiceAnnotationSource:
         self._gate.ensure()  # immediately before the write
         out = await api_call(
             self._client, "PATCH", f"/api/v1/namespaces/{key[0]}/services/{key[1]}",
-            body=service_patch(pair, rv), content_type="application/merge-patch+json",
-            params={"fieldManager": FIELD_MANAGER},
+            body={"metadata": {"resourceVersion": rv, "annotations": dict(annotations)}},
+            content_type="application/merge-patch+json", params={"fieldManager": FIELD_MANAGER},
         )
         self.writes += 1
         new_rv = ((out or {}).get("metadata") or {}).get("resourceVersion")
-        if isinstance(new_rv, str):
-            self._last[key] = (informer_rv or rv, new_rv, pair)
         written, _ = from_service(out)
-        return written if written is not None else pair
+        if isinstance(new_rv, str):
+            self._last[key] = (informer_rv or rv, new_rv, written)
+        return out
 
     def forget(self, key: Key) -> None:
         self._last.pop(key, None)

@@ -56,12 +56,11 @@ from host_agent.ensembles import (
     parse_ensemble_cr,
     spec_changed,
 )
-from host_agent.kube import KubeError
 from host_agent.leadership import ALWAYS, NotLeader, WriteGate
 from host_agent.members import ExamineMemo, derive, vmi_addresses, vmi_name
-from host_agent.membership import PairSource, PersistedView, next_pair, wall_ms
 from host_agent.metrics import HostMetrics
 from host_agent.owned_services import ServiceApplier
+from host_agent.pairs import Pairs
 from host_agent.reports import report_applies
 from host_agent.services import ENSEMBLE_LABEL, parse_ensemble_service
 from host_agent.settings import HostSettings
@@ -135,7 +134,7 @@ class Reconciler:
         owned: ServiceApplier | None = None,
         on_declared: Declared = _ignore,
         gate: WriteGate = ALWAYS,
-        pairs: PairSource | None = None,
+        pairs: Pairs | None = None,
         persisted_reports: Callable[[EnsembleId], Mapping[int, GuestReport]] | None = None,
     ) -> None:
         #: reports other replicas (or this one, before a restart) stored in the API
@@ -187,15 +186,16 @@ class Reconciler:
     def on_service(self, old: Obj | None, new: Obj | None) -> None:
         if new is None and old is not None and self._owned is not None:
             self._owned.forget(*object_key(old))
-        if new is not None and old is not None:
-            is_echo = getattr(self._pairs, "is_echo", None)
-            if is_echo is not None and is_echo(object_key(new), new):
-                return  # our own membership annotation coming back: nothing to do
+        if new is not None and old is not None and self._pairs is not None and \
+                self._pairs.service_echo(object_key(new), new):
+            return  # our own membership annotation coming back: nothing to do
         self._enqueue_keys(object_key(o) for o in (old, new) if o is not None)
 
     def on_cr(self, old: Obj | None, new: Obj | None) -> None:
         # Our own status writes come back as CR events; they change nothing a pass reads.
-        if spec_changed(old, new):
+        # Another replica's change of the persisted pair does: this replica serves it.
+        if spec_changed(old, new) or (self._pairs is not None
+                                      and self._pairs.cr_pair_changed(old, new)):
             self._enqueue_keys(object_key(o) for o in (old, new) if o is not None)
 
     def resync_all(self) -> None:
@@ -450,7 +450,8 @@ class Reconciler:
         by_name = {vmi_name(v): v for v in vmis}
         addresses = {m.index: vmi_addresses(by_name[m.vmi]) for m in members if m.vmi in by_name}
         if self._pairs is not None:
-            pair = await self._settle_pair(key, spec, members, addresses, ca)
+            pair = await self._pairs.settle(key, spec, members, addresses, ca, all_problems,
+                                            derived.absent)
             if pair is None:  # a follower before the leader persisted anything: not served
                 self._report_problems(key, all_problems)
                 return
@@ -499,6 +500,7 @@ class Reconciler:
             await self._cas.publish_on_service(spec, self._services.get(*key),
                                                outcome.published.sha256)
         return list(outcome.problems), outcome.published
+
     def _adopt_reports(self, snap: EnsembleSnapshot) -> EnsembleSnapshot:
         """Reports stored in the API for members this snapshot shows without one."""
         assert self._persisted_reports is not None
@@ -509,29 +511,6 @@ class Reconciler:
             if report_applies(report, pub.member.ip, pub.addresses):
                 snap = self._state.report(snap.ens, index, report) or snap
         return snap
-
-    async def _settle_pair(
-        self, key: Key, spec: EnsembleSpec, members: list[Any],
-        addresses: Mapping[int, frozenset[str]], ca: CaPublished | None,
-    ) -> PersistedView | None:
-        """The pair to serve: the observed one, or, on the leader, a new one written first."""
-        assert self._pairs is not None
-        observed = self._pairs.observed(key)
-        if not self._gate.may_write():
-            return observed
-        view, since = self._state.desired_view(spec, members, addresses, ca)
-        want = next_pair(observed, view, since, floor=self._state.served_floor(spec.ens),
-                         now_ms=wall_ms())
-        if want is None:
-            return observed
-        try:
-            written = await self._pairs.write(key, want)
-        except KubeError as exc:
-            self._metrics.membership_writes.labels(
-                "conflict" if exc.status == 409 else "error").inc()
-            raise
-        self._metrics.membership_writes.labels("ok").inc()
-        return written
 
     async def _sync_slices(self, namespace: str, desired: Mapping[str, Any]) -> list[str]:
         try:
@@ -572,9 +551,8 @@ class Reconciler:
 
     def _forget(self, key: Key) -> None:
         namespace, name = key
-        forget = getattr(self._pairs, "forget", None)
-        if forget is not None:
-            forget(key)
+        if self._pairs is not None:
+            self._pairs.forget(key)
         self._last_good.pop(key, None)
         self._last_problems.pop(key, None)
         self._metrics.drop_ensemble(namespace, name)

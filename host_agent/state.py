@@ -405,31 +405,50 @@ class State:
         each pinned slot (vmi, node, phase, ready) and give the addresses a
         guest's report may come from.
         """
-        now = self._clock()
-        local = {m.index: m for m in members}
-        published = self._published(spec, view.pins, local, addresses or {}, since or {}, now)
+        snap = self.preview_observed(spec, members, problems, addresses, generation, view,
+                                     since, ca, absent)
         entry = self._entries.get(spec.ens)
-        problems_t = tuple(problems)
         if entry is None:
-            snap = EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca,
-                                    cliques=view.cliques, absent=absent)
             self._entries[spec.ens] = _Entry(snap, observed=True)
             changed = True
         else:
-            old = entry.snapshot
             entry.observed = True
-            changed = generation != old.generation
-            pinned = {p.index for p in published}
-            reports = {i: r for i, r in old.reports.items() if i in pinned}
-            snap = EnsembleSnapshot(spec, generation, published, problems_t,
-                                    now if changed else old.changed_at, reports, ca,
-                                    view.cliques, absent)
+            changed = generation != entry.snapshot.generation
             entry.snapshot = snap
             if changed:
                 entry.wake()
         self._floor[spec.ens] = max(self._floor.get(spec.ens, 0), generation)
         self._notify(spec.ens)
         return snap, changed
+
+    def preview_observed(
+        self,
+        spec: EnsembleSpec,
+        members: Iterable[Member],
+        problems: Iterable[str],
+        addresses: Mapping[int, frozenset[str]] | None,
+        generation: int,
+        view: GuestView,
+        since: Mapping[int, float] | None = None,
+        ca: CaPublished | None = None,
+        absent: tuple[Absent, ...] = (),
+    ) -> EnsembleSnapshot:
+        """The snapshot ``set_observed`` would serve, not served: what the leader's write
+        of a new pair describes (an ImexEnsemble's status carries all of it)."""
+        now = self._clock()
+        local = {m.index: m for m in members}
+        published = self._published(spec, view.pins, local, addresses or {}, since or {}, now)
+        entry = self._entries.get(spec.ens)
+        problems_t = tuple(problems)
+        if entry is None:
+            return EnsembleSnapshot(spec, generation, published, problems_t, now, ca=ca,
+                                    cliques=view.cliques, absent=absent)
+        old = entry.snapshot
+        pinned = {p.index for p in published}
+        reports = {i: r for i, r in old.reports.items() if i in pinned}
+        return EnsembleSnapshot(spec, generation, published, problems_t,
+                                now if generation != old.generation else old.changed_at,
+                                reports, ca, view.cliques, absent)
 
     def drop(self, ens: EnsembleId) -> bool:
         """Forget an ensemble (its Service is gone); waiters are answered."""

@@ -40,6 +40,11 @@ says (``views.all_problems``, ``state.served_cliques``): one source, two faces.
   UP, Unknown when no member's report can be judged, False otherwise, the
   first domain problem as the message.
 
+The persisted membership (issue 16, ``membership_cr.py``): ``membershipGeneration``
+with ``members[].index/ip/since``, ``caBundleSHA256`` and ``cliquesSplit`` (when true,
+``members[].clique`` is the split guests pin by) are the (generation, GuestView) pair
+every replica serves. ``since`` moves only with ``ip``, so it costs no write.
+
 ``caSHA256`` (issue 19) is filled from the snapshot's CA; ``GuestCertExpiring``
 (a fresh report's certificate expires within 24 h) and ``CASecretInvalid`` (the CA
 Secret is unusable; the agent never mints a new CA on its own) are Degraded reasons.
@@ -74,7 +79,7 @@ from host_agent.members import (
     NO_INDEX,
 )
 from host_agent.state import EnsembleSnapshot, GuestReport, served_cliques
-from host_agent.views import all_problems
+from host_agent.views import all_problems, rfc3339
 
 READY_STATE: Final = "READY"
 GUEST_SILENT: Final = "GuestSilent"
@@ -151,6 +156,7 @@ def members_status(snap: EnsembleSnapshot, now: float, stale_after: float) -> li
         clique = cliques.get(m.index)
         if clique:
             entry["clique"] = clique
+        entry["since"] = rfc3339(pub.since)  # persisted with the generation (issue 16)
         out.append(entry)
     return out
 
@@ -304,6 +310,9 @@ def desired_status(
     )
     if snap.ca is not None:
         out["caSHA256"] = snap.ca.sha256
+        out["caBundleSHA256"] = snap.ca.bundle_sha256
+    # with membershipGeneration and members[].ip/since: the pair every replica serves
+    out["cliquesSplit"] = bool(snap.cliques)
     silent, not_ready, imex_down = _guests(snap, now, stale_after)
     absent = _absent_reason(snap)
 

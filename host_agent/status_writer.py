@@ -30,9 +30,16 @@ end the evaluation quietly; any other error is logged and the ensemble is
 evaluated again after a jittered backoff. Nothing here raises out of
 ``run`` except cancellation.
 
-Leadership and persistence (issue 16) hook in here: the gate is checked by the
-client before each write, and the fields a leader persists are part of the
-desired status.
+Leadership and persistence (issue 16): the gate is checked by the client
+immediately before each write, and every write carries the CR's
+resourceVersion as it was observed (a deposed leader's late write is refused
+with 409). The persisted membership (``membership_cr.py``) is part of the
+status: the reconciler hands a new pair over as the snapshot it makes
+(``write_pair``), and that one write carries it with everything else, under the
+same budget (it waits for the one-second interval like any write) and never
+beside an evaluation of the same ensemble. An evaluation whose snapshot is
+behind the generation the CR already holds (this replica has not served the
+newer pair yet) writes nothing: the pass that observes it comes next.
 """
 
 from __future__ import annotations
@@ -60,13 +67,17 @@ Obj = dict[str, Any]
 
 
 class StatusClient(Protocol):
-    async def apply_status(self, namespace: str, name: str, status: Obj) -> Obj:
-        """Server-side apply of ``status`` on the CR's /status; returns the object."""
+    async def apply_status(self, namespace: str, name: str, status: Obj,
+                           resource_version: str | None = None) -> Obj:
+        """Server-side apply of ``status`` on the CR's /status (``resource_version``: the
+        precondition); returns the object."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Written:
-    rv_before: str | None
+    #: resourceVersions the informer may still show that are older than our write: the
+    #: one it showed when we first wrote, and those of our writes since
+    rvs_before: tuple[str | None, ...]
     status: Obj
     rv_after: str | None
 
@@ -128,6 +139,8 @@ class StatusWriter:
         self._queued: set[Key] = set()
         self._active: set[Key] = set()
         self._dirty: set[Key] = set()
+        #: one evaluation or pair write of an ensemble at a time
+        self._locks: dict[Key, asyncio.Lock] = {}
         self.writes = 0
         self.evaluations = 0
 
@@ -188,13 +201,25 @@ class StatusWriter:
                 handle.cancel()
             self._timers.clear()
 
+    def _lock(self, key: Key) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def _unlock(self, key: Key, lock: asyncio.Lock) -> None:
+        if not lock.locked() and self._locks.get(key) is lock:
+            del self._locks[key]  # nobody waits: 1,000 idle ensembles hold no lock
+
     async def _worker(self) -> None:
         while True:
             key = await self._queue.get()
             self._queued.discard(key)
             self._active.add(key)
+            lock = self._lock(key)
             try:
-                await self.sync(key)
+                async with lock:
+                    await self.sync(key)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -210,6 +235,7 @@ class StatusWriter:
             else:
                 self._failures.pop(key, None)
             finally:
+                self._unlock(key, lock)
                 self._active.discard(key)
                 if key in self._dirty:
                     self._dirty.discard(key)
@@ -222,11 +248,86 @@ class StatusWriter:
         if written is None:
             return status if isinstance(status, Mapping) else None
         rv = resource_version(cr)
-        if rv == written.rv_before:
+        if rv in written.rvs_before:
             return written.status  # the informer has not seen our write yet
         if rv != written.rv_after:
             del self._written[key]  # someone else's write came after ours
         return status if isinstance(status, Mapping) else None
+
+    def _precondition(self, key: Key, cr: Mapping[str, Any]) -> tuple[
+            str | None, tuple[str | None, ...]]:
+        """(the resourceVersion the API holds as far as we know, the older ones the
+        informer may still show)."""
+        rv = resource_version(cr)
+        written = self._written.get(key)
+        if written is not None and rv in written.rvs_before and written.rv_after is not None:
+            return written.rv_after, (*written.rvs_before, written.rv_after)
+        return rv, (rv,)
+
+    def observed_status(self, key: Key) -> Mapping[str, Any] | None:
+        """The CR's status as the API holds it, as far as this replica knows."""
+        cr = self._crs.get(*key)
+        return self._observed(key, cr) if cr is not None else None
+
+    def is_echo(self, key: Key, cr: Mapping[str, Any] | None) -> bool:
+        """``cr`` is our own last status write coming back through the informer."""
+        written = self._written.get(key)
+        return written is not None and written.rv_after is not None and \
+            resource_version(cr) == written.rv_after
+
+    async def write_pair(self, key: Key, snap: EnsembleSnapshot) -> Mapping[str, Any]:
+        """Write the status ``snap`` makes (a new persisted pair with everything else) now,
+        or as soon as the budget allows; returns the status the API then holds.
+
+        Raises what the write raises (``NotLeader``, ``KubeError``: the reconciler's pass
+        fails and is retried), and ``KubeError`` when the CR is not (yet) declared here.
+        """
+        lock = self._lock(key)
+        async with lock:
+            self._active.add(key)
+            try:
+                loop = asyncio.get_running_loop()
+                wait = self._last_write.get(key, float("-inf")) + self._min_interval - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)  # the budget: one write a second per ensemble
+                decl = self._decls.get(key)
+                cr = self._crs.get(*key)
+                if decl is None or decl.kind != "ImexEnsemble" or cr is None or \
+                        (cr.get("metadata") or {}).get("uid") != decl.uid:
+                    raise KubeError(f"ImexEnsemble {key[0]}/{key[1]} is not declared in this "
+                                    "replica yet; its membership is written by a later pass")
+                desired, observed = self._desired(key, decl, cr, snap)
+                # an evaluation like any other: the Events follow what it finds
+                self.evaluations += 1
+                self._on_evaluated(Evaluation(decl, snap, desired, self._wall(), observed))
+                if status_in_sync(desired, observed):
+                    self._metrics.status_writes.labels("unchanged").inc()
+                    assert observed is not None
+                    return observed
+                await self._apply(key, cr, desired)
+                return desired
+            finally:
+                self._unlock(key, lock)
+                self._active.discard(key)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.request(key)
+
+    def _desired(self, key: Key, decl: Declaration, cr: Mapping[str, Any],
+                 snap: EnsembleSnapshot | None) -> tuple[Obj, Mapping[str, Any] | None]:
+        observed = self._observed(key, cr)
+        max_members = (cr.get("spec") or {}).get("maxMembers")
+        desired = desired_status(decl, snap, self._wall(), self._stale_after, observed,
+                                 max_members if isinstance(max_members, int) else None)
+        return desired, observed
+
+    async def _apply(self, key: Key, cr: Mapping[str, Any], desired: Obj) -> None:
+        rv, older = self._precondition(key, cr)
+        result = await self._client.apply_status(key[0], key[1], desired, rv)
+        self._last_write[key] = asyncio.get_running_loop().time()
+        self._written[key] = _Written(older, desired, resource_version(result))
+        self.writes += 1
+        self._metrics.status_writes.labels("written").inc()
 
     async def sync(self, key: Key) -> bool:
         """Evaluate one ensemble now; True when it wrote."""
@@ -248,10 +349,7 @@ class StatusWriter:
             except ModelError:
                 snap = None
         now = self._wall()
-        observed = self._observed(key, cr)
-        max_members = (cr.get("spec") or {}).get("maxMembers")
-        desired = desired_status(decl, snap, now, self._stale_after, observed,
-                                 max_members if isinstance(max_members, int) else None)
+        desired, observed = self._desired(key, decl, cr, snap)
         self.evaluations += 1
         self._on_evaluated(Evaluation(decl, snap, desired, now, observed))
         due = next_change(snap, now, self._stale_after)
@@ -261,18 +359,17 @@ class StatusWriter:
         if status_in_sync(desired, observed):
             self._metrics.status_writes.labels("unchanged").inc()
             return False
+        if _behind(desired, observed):
+            self._metrics.status_writes.labels("behind").inc()
+            return False
         try:
-            result = await self._client.apply_status(key[0], key[1], desired)
+            await self._apply(key, cr, desired)
         except NotLeader:
             return False
         except KubeError as exc:
             if exc.status == 404:
                 return False
             raise
-        self._last_write[key] = asyncio.get_running_loop().time()
-        self._written[key] = _Written(resource_version(cr), desired, resource_version(result))
-        self.writes += 1
-        self._metrics.status_writes.labels("written").inc()
         return True
 
     def _evaluate_only(self, key: Key, decl: Declaration) -> bool:
@@ -301,3 +398,11 @@ class StatusWriter:
 
     def pending(self) -> int:
         return len(self._queued) + len(self._active) + len(self._timers)
+
+
+def _behind(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:
+    """The CR holds a newer membership generation than the snapshot this status is of:
+    writing it would take the persisted pair backwards."""
+    have = (observed or {}).get("membershipGeneration")
+    want = desired.get("membershipGeneration")
+    return isinstance(have, int) and isinstance(want, int) and want < have

@@ -67,8 +67,10 @@ def test_a_ready_ensemble_byte_for_byte() -> None:
         "publishedSummary": "3/4",
         "membersPublished": 3,
         "imexReady": 3,
+        "cliquesSplit": False,
         "members": [{"index": i, "slot": ENS.slot(i), "ip": f"10.0.0.{i + 1}",
-                     "vmi": f"gb200-{i}", "node": f"node-{i}", **member} for i in range(3)],
+                     "vmi": f"gb200-{i}", "node": f"node-{i}",
+                     "since": "2026-11-30T00:53:20.000Z", **member} for i in range(3)],
         "conditions": [
             {"type": "Ready", "status": "True", "observedGeneration": 2,
              "lastTransitionTime": "2026-11-30T00:53:25Z", "reason": "AllMembersReady",

@@ -17,7 +17,7 @@ from host_agent.ensembles import Declaration, parse_ensemble_cr
 from host_agent.kube import KubeError
 from host_agent.leadership import NotLeader
 from host_agent.metrics import HostMetrics
-from host_agent.state import GuestReport, State
+from host_agent.state import GuestReport, GuestView, State
 from host_agent.status_writer import StatusWriter
 from host_agent.vmi_watch import Store
 from tests.host_support.ensembles import CR_UID, imex_ensemble
@@ -31,15 +31,17 @@ class FakeStatusApi:
         self.crs = crs
         self.deliver = deliver
         self.calls: list[dict[str, Any]] = []
+        self.preconditions: list[str | None] = []
         self.fail: list[BaseException] = []
         self.rv = 100
 
-    async def apply_status(self, namespace: str, name: str, status: dict[str, Any]
-                           ) -> dict[str, Any]:
+    async def apply_status(self, namespace: str, name: str, status: dict[str, Any],
+                           resource_version: str | None = None) -> dict[str, Any]:
         await asyncio.sleep(0)
         if self.fail:
             raise self.fail.pop(0)
         self.calls.append(copy.deepcopy(status))
+        self.preconditions.append(resource_version)
         self.rv += 1
         cr = copy.deepcopy(self.crs.get(namespace, name))
         assert cr is not None
@@ -144,9 +146,10 @@ async def test_never_more_than_one_write_per_interval() -> None:
         times: list[float] = []
         original = w.api.apply_status
 
-        async def timed(ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        async def timed(ns: str, name: str, status: dict[str, Any],
+                        rv: str | None = None) -> dict[str, Any]:
             times.append(loop.time())
-            return await original(ns, name, status)
+            return await original(ns, name, status, rv)
 
         w.api.apply_status = timed  # type: ignore[method-assign]
         states = ["STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "READY"]
@@ -215,3 +218,79 @@ async def test_no_cr_no_status() -> None:
         w.writer.declare(KEY, Declaration("rack1", "gb200", CR_UID, 1, w.spec))
         await w.quiet()
         assert len(w.api.calls) == 1
+
+
+async def test_every_write_carries_the_resource_version_it_was_computed_from() -> None:
+    """A precondition: the informer's resourceVersion, or our own last write's while the
+    informer has not shown it yet (a deposed leader's late write is refused, issue 16)."""
+    async with World(min_interval=0.01, deliver=False) as w:
+        w.publish(1)
+        await w.quiet()
+        w.report(0)
+        await w.quiet()
+        w.report(0, "WAITING_FOR_PEERS")
+        await w.quiet()
+        assert w.api.preconditions == ["1", "101", "102"]  # the informer still shows rv 1
+        latest = w.crs.get(*KEY)
+        assert latest is not None
+        w.crs.put({**latest, "metadata": {**latest["metadata"], "resourceVersion": "101"}})
+        w.report(0)  # the informer caught up with our first write only
+        await w.quiet()
+        assert w.api.preconditions[-1] == "103"
+
+
+async def test_a_new_pair_is_one_write_under_the_budget_never_beside_an_evaluation() -> None:
+    async with World(min_interval=0.3) as w:
+        w.publish(2)
+        await w.quiet()
+        loop = asyncio.get_running_loop()
+        times: list[float] = []
+        ended: list[float] = []
+        original = w.api.apply_status
+
+        async def timed(ns: str, name: str, status: dict[str, Any],
+                        rv: str | None = None) -> dict[str, Any]:
+            times.append(loop.time())
+            await asyncio.sleep(0.2)  # an evaluation in flight when the pair comes
+            ended.append(loop.time())
+            return await original(ns, name, status, rv)
+
+        w.api.apply_status = timed  # type: ignore[method-assign]
+        await asyncio.sleep(0.35)  # the budget is free again
+        w.report(0)
+        async with asyncio.timeout(5):
+            while not times:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)  # the report's write is on its way
+        snap = w.state.get(ENS)
+        assert snap is not None
+        view = GuestView(pins=((0, "10.0.0.1"), (1, "10.0.0.9")))
+        preview = w.state.preview_observed(
+            w.spec, [Member(0, "10.0.0.1"), Member(1, "10.0.0.9")], [], None,
+            snap.generation + 1, view, {0: time.time(), 1: time.time()})
+        written = await w.writer.write_pair(KEY, preview)
+        assert len(times) == 2 and times[1] - times[0] >= 0.29  # one write a second
+        assert times[1] >= ended[0]  # never beside the evaluation in flight
+        assert written["membershipGeneration"] == snap.generation + 1
+        assert w.last()["members"][1]["ip"] == "10.0.0.9"  # the pair and the status, at once
+        assert w.last()["members"][0]["imexState"] == "READY"
+
+
+async def test_an_evaluation_behind_the_persisted_generation_writes_nothing() -> None:
+    """The CR holds a newer pair than this replica serves (another leader wrote it, this
+    one has not run its pass yet): writing now would take the pair backwards."""
+    async with World(min_interval=0.01) as w:
+        w.publish(1)
+        await w.quiet()
+        snap = w.state.get(ENS)
+        assert snap is not None
+        cr = w.crs.get(*KEY)
+        assert cr is not None
+        ahead = copy.deepcopy(cr)
+        ahead["status"]["membershipGeneration"] = snap.generation + 5
+        ahead["metadata"]["resourceVersion"] = "500"
+        w.crs.put(ahead)
+        writes = len(w.api.calls)
+        w.report(0)
+        await w.quiet()
+        assert len(w.api.calls) == writes
+        assert w.metrics.status_writes.labels("behind")._value.get() >= 1  # type: ignore[attr-defined]
