@@ -6,8 +6,8 @@ problems, the guests' reports) and the time; it reads no clock and does no
 I/O, so the status is tested byte for byte. ``status_writer.py`` applies it.
 
 Transitions only: nothing here changes with the mere passing of time or
-with a report that says what the last one said (no timestamps per member or
-report), so a steady ensemble costs no writes. The one thing time changes is
+with a report that says what the last one said (no timestamp that moves by
+itself, per member or report), so a steady ensemble costs no writes. The one thing time changes is
 staleness: a report older than ``--report-stale-after`` makes its member
 ``GuestSilent``; ``next_change`` says when that next happens, so the writer
 looks again then (and only then).
@@ -133,8 +133,8 @@ def _generation_applied(report: GuestReport | None) -> int | None:
 
 
 def members_status(snap: EnsembleSnapshot, now: float, stale_after: float) -> list[Status]:
-    """``status.members``: every published slot, index order, no timestamps; ``clique``
-    as the registry serves it."""
+    """``status.members``: every published slot, index order, no timestamp that moves by
+    itself (``since`` moves with ``ip``); ``clique`` as the registry serves it."""
     out: list[Status] = []
     cliques = served_cliques(snap)
     prefix = snap.ens.slot(0)[:-1]  # "imex-<domain id>-": the sha256 once, not per member

@@ -7,7 +7,11 @@ decoding fails), a release with the right resourceVersion; then the precondition
 the agent's writes carry: a Service merge patch with a stale resourceVersion, a
 server-side apply of a slice with a stale one, with the current one, and a delete
 with a stale precondition (409 each), and an apply that creates with a made-up one
-(201: ignored on create). Answers are reduced to what clients act on (code, reason,
+(201: ignored on create); the membership annotation removed by a merge patch
+with its precondition; an ImexEnsemble's status applied with the persisted pair
+(milliseconds in ``since``, ``caBundleSHA256``, ``cliquesSplit``) with the current
+resourceVersion, a stale one (409) and a ``since`` that is no date-time (422).
+Answers are reduced to what clients act on (code, reason,
 the fields a 422 names, a projection of the object) and must be equal.
 """
 
@@ -132,7 +136,51 @@ STEPS: list[tuple[str, Call, Callable[[httpx.Response, Ctx], None]]] = [
          {"apiVersion": "v1", "kind": "DeleteOptions",
           "preconditions": {"resourceVersion": ctx["slice"]["metadata"]["resourceVersion"]}}),
      remember("_")),
+    # the persisted pair (issue 16): the annotation removed once it moved into a CR's
+    # status, and the status apply that carries it, with its precondition
+    ("merge patch removing an annotation, current resourceVersion",
+     lambda api, ns, ctx: api.request(
+         "PATCH", f"{SERVICES.format(ns=ns)}/ens",
+         {"metadata": {"resourceVersion": ctx["svc"]["metadata"]["resourceVersion"],
+                       "annotations": {"x": None}}}, MERGE, params={"fieldManager": "t"}),
+     remember("svc")),
+    ("create an ImexEnsemble",
+     lambda api, ns, ctx: api.request("POST", ENSEMBLES.format(ns=ns), ensemble(ns)),
+     remember("cr")),
+    ("status apply with the pair and the current resourceVersion",
+     lambda api, ns, ctx: api.request(
+         "PATCH", f"{ENSEMBLES.format(ns=ns)}/ens/status",
+         status_apply(ns, ctx["cr"]["metadata"]["resourceVersion"]), APPLY,
+         params={"fieldManager": "imex-host-agent", "force": "true"}), remember("cr")),
+    ("status apply with a stale resourceVersion: Conflict",
+     lambda api, ns, ctx: api.request(
+         "PATCH", f"{ENSEMBLES.format(ns=ns)}/ens/status", status_apply(ns, "1"), APPLY,
+         params={"fieldManager": "imex-host-agent", "force": "true"}), remember("_")),
+    ("status apply with a since that is no date-time: Invalid",
+     lambda api, ns, ctx: api.request(
+         "PATCH", f"{ENSEMBLES.format(ns=ns)}/ens/status",
+         status_apply(ns, None, since="yesterday"), APPLY,
+         params={"fieldManager": "imex-host-agent", "force": "true"}), remember("_")),
 ]
+
+ENSEMBLES = "/apis/imex-ensemble.io/v1alpha1/namespaces/{ns}/imexensembles"
+
+
+def ensemble(ns: str) -> dict[str, Any]:
+    return {"apiVersion": "imex-ensemble.io/v1alpha1", "kind": "ImexEnsemble",
+            "metadata": {"name": "ens", "namespace": ns}, "spec": {"maxMembers": 4}}
+
+
+def status_apply(ns: str, rv: str | None, since: str = "2026-11-29T17:39:59.097Z"
+                 ) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "ens", "namespace": ns}
+    if rv is not None:
+        meta["resourceVersion"] = rv
+    return {"apiVersion": "imex-ensemble.io/v1alpha1", "kind": "ImexEnsemble", "metadata": meta,
+            "status": {"membershipGeneration": 1795973999097, "caBundleSHA256": "ab" * 32,
+                       "cliquesSplit": True,
+                       "members": [{"index": 0, "ip": "10.1.0.5", "since": since,
+                                    "clique": "0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10.1"}]}}
 
 
 def reduce(resp: httpx.Response) -> Any:
@@ -144,6 +192,13 @@ def reduce(resp: httpx.Response) -> Any:
         causes = sorted({c.get("field", "") for c in (obj.get("details") or {}).get("causes")
                          or []}) if resp.status_code == 422 else None
         return (resp.status_code, obj.get("reason"), causes)
+    if obj.get("kind") == "Service":  # which annotations it carries
+        return (resp.status_code, "Service", sorted(obj["metadata"].get("annotations") or {}))
+    if obj.get("kind") == "ImexEnsemble":  # the pair as stored, unnormalised
+        st = obj.get("status") or {}
+        return (resp.status_code, "ImexEnsemble",
+                {k: st.get(k) for k in ("membershipGeneration", "caBundleSHA256",
+                                        "cliquesSplit", "members")})
     spec = obj.get("spec") if obj.get("kind") == "Lease" else None
     return (resp.status_code, obj.get("kind"),
             (spec.get("holderIdentity"), spec.get("leaseDurationSeconds"),
@@ -173,7 +228,7 @@ def double() -> Iterator[Api]:
 
 
 def test_double_answers_leases_and_preconditions_as_the_real_apiserver(
-        control_plane: ControlPlane, double: Api) -> None:
+        control_plane: ControlPlane, imex_crd: dict[str, Any], double: Api) -> None:
     admin = control_plane.admin
     assert admin is not None
     ns = f"rk8s-lease-{uuid.uuid4().hex[:6]}"
@@ -189,3 +244,5 @@ def test_double_answers_leases_and_preconditions_as_the_real_apiserver(
     codes = [r[0] for r in real]
     assert codes[1] == 409 and codes[3] == 409 and codes[4] == 422 and codes[5] == 400
     assert codes[14] == 409 and codes[16] == 409
+    assert "x" in real[12][2] and "x" not in real[18][2]  # the annotation went
+    assert codes[20] == 200 and codes[21] == 409 and codes[22] == 422
