@@ -149,8 +149,9 @@ def test_ca_secret_under_exactly_the_roles_rights_and_kept_across_a_restart(
         code = e["responseStatus"]["code"]
         assert code < 400 or (code == 404 and e["verb"] == "get"), e  # never a 403
     used = {r for r in rights_used(control_plane, AGENT_USER, mark) if r[1] == "secrets"}
-    assert used == {("", "secrets", "get"), ("", "secrets", "create")}
-    assert used <= granted
+    assert used == {("", "secrets", "get", AGENT_SA_NAMESPACE),
+                    ("", "secrets", "create", AGENT_SA_NAMESPACE)}
+    assert {r[:3] for r in used} <= granted
     # a restart finds the same CA: nothing is written, the fingerprint stays
     mark = control_plane.audit_mark()
     agent = start_agent(control_plane, "host-agent-tls-2")
@@ -166,4 +167,4 @@ def test_ca_secret_under_exactly_the_roles_rights_and_kept_across_a_restart(
     finally:
         control_plane.stop_process("host-agent-tls-2")
     used = {r for r in rights_used(control_plane, AGENT_USER, mark) if r[1] == "secrets"}
-    assert used == {("", "secrets", "get")}
+    assert used == {("", "secrets", "get", AGENT_SA_NAMESPACE)}
