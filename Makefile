@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint bench bench-peers vmtest vmtest-matrix chroottest realk8s wheelhouse clean
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
-	touch $(STAMP)
+	@echo "make: setting up $(VENV) (once; pip install -e '.[test]')"
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
+	@$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	@touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m tests.sandbox demo
