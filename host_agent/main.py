@@ -71,7 +71,13 @@ from host_agent.owned_services import ServiceApplier
 from host_agent.pairs import Pairs
 from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
 from host_agent.registry_certs import CertConfig
-from host_agent.reports import REPORTS_LABEL, PersistedReports, ReportPersister, report_applies
+from host_agent.reports import (
+    REFRESH_FRACTION,
+    REPORTS_LABEL,
+    PersistedReports,
+    ReportPersister,
+    report_applies,
+)
 from host_agent.services import ENSEMBLE_LABEL
 from host_agent.settings import HostSettings
 from host_agent.state import GuestReport, State
@@ -159,8 +165,13 @@ class HostAgent:
         services = owned.view if owned is not None else self.services.get
         persisted: PersistedReports | None = None
         if s.persists_membership:
-            self.reports = ReportPersister(client, s.agent_namespace)
             persisted = PersistedReports(self._adopt_report)
+            # heartbeats without news are not written; the copy in the API is refreshed
+            # well before other replicas would call it stale (host_agent/reports.py)
+            self.reports = ReportPersister(
+                client, s.agent_namespace, persisted=persisted.of,
+                refresh_after=s.report_stale_after * REFRESH_FRACTION)
+            self.state.subscribe(self._forget_reports)
         if not sidecar:
             self.events = EventRecorder(EventWriter(client, s.field_manager, self.gate),
                                         s.identity, self.metrics)
@@ -216,6 +227,11 @@ class HostAgent:
                 self.informers.append(
                     Informer("imexensemble" + suffix, watcher(ImexEnsemble, {}), self.crs,
                              rec.on_cr, self.metrics, s, ns, optional=True))
+
+    def _forget_reports(self, ens: EnsembleId) -> None:
+        """An ensemble dropped from the state: its held heartbeats go too."""
+        if self.reports is not None and self.state.get(ens) is None:
+            self.reports.forget(ens)
 
     def _adopt_report(self, ens: EnsembleId, index: int, report: GuestReport) -> None:
         """A report whose value in the API changed: show it, if it is the member's now."""

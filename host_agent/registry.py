@@ -107,7 +107,11 @@ REPORT_PERSIST_TIMEOUT = 5.0
 class ReportSink(Protocol):
     """Where an accepted report is persisted (host_agent/reports.py), across replicas."""
 
-    async def persist(self, ens: EnsembleId, index: int, report: GuestReport) -> None: ...
+    async def persist(self, ens: EnsembleId, index: int, report: GuestReport, *,
+                      since: float) -> None:
+        """Returns once the report is in the API, or at once when it has no news
+        (a heartbeat: ``reports.persist_reason``); ``since``: the member's."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -576,7 +580,7 @@ def create_app(
         ens = EnsembleId(ns, name)
         snap = lookup(ens)
         try:
-            _, caller = authenticate_member(
+            pub, caller = authenticate_member(
                 snap, index, request.headers.get("authorization"),
                 request.client.host if request.client else None,
                 request.headers.getlist("x-forwarded-for"), config.trusted_proxies,
@@ -593,10 +597,10 @@ def create_app(
         received = now()
         guest = guest_report(report, snap, index, received, str(caller))
         state.report(ens, index, guest)
-        if reports is not None:  # into the API before the answer: no replica loses it
+        if reports is not None:  # news into the API before the answer: no replica loses it
             try:
                 async with asyncio.timeout(REPORT_PERSIST_TIMEOUT):
-                    await reports.persist(ens, index, guest)
+                    await reports.persist(ens, index, guest, since=pub.since)
             except Exception as exc:
                 log.warning("registry: report for %s member %d not persisted: %s",
                             ens.key, index, exc)

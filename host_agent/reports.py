@@ -11,21 +11,42 @@ needs no hop to the leader (no inter-replica credentials, nothing lost while the
 lease moves), and survives a restart of every replica. Each replica watches these
 ConfigMaps and shows every report from the API within one watch event.
 
-Writes are JSON merge patches of the member's own key (``{"data": {"3": ...}}``), so
+Writes are JSON merge patches of the members' own keys (``{"data": {"3": ...}}``), so
 two replicas writing reports of different members never undo each other. For one
 member, the API's last write wins; a guest sends its next report only after the
 previous one was answered, and a replica answers only after the write landed, so
 the API sees one member's reports in the order the guest sent them.
 
+What is written (``persist_reason``, pure): a guest reports every
+``report_interval`` (10 s) even when nothing changed, and a heartbeat carries no
+news, so only a report with *news* against the copy in the API (as this replica's
+informer shows it) is written, before its answer: a new member, different fields,
+links or address (``report_content``: everything but ``received_at``), or a report
+that counts for the member where the persisted one no longer does (it came before
+the slot's ``since``). A heartbeat without news is answered at once and held. The
+only thing other replicas take from a heartbeat is ``received_at`` (their age and
+staleness), so the persisted copy is *refreshed* once it is ``refresh_after`` old
+(a third of ``--report-stale-after``): a follower then sees a live member's copy at
+most ``refresh_after + report_interval`` (+ the write's 5 s) old, under
+``stale_after`` with room for a whole failed refresh, and a member that went silent
+is stale on every replica at most ``stale_after`` after its last report (a follower
+up to ``refresh_after`` earlier than the receiving replica, never later). Every
+write of an ensemble also carries the held heartbeats of its other members
+(``riders``: same content as their persisted copy, newer), so an ensemble's members
+refresh together in one write rather than in 18.
+
 Budget: per ensemble and replica at most one write per ``interval`` (1 s): the
 first report is written at once, reports arriving while a write is in flight or
 within the interval are coalesced into the next one. A boot storm of 18 guests
-reporting to one replica within a second costs 2 writes.
+reporting to one replica within a second costs 2 writes; a quiet ensemble costs one
+write per ``refresh_after - report_interval`` or so (30 s at the defaults, was ~0.8
+a second: docs/benchmarks.md "Report writes").
 
 What each replica takes from its own clock: ``received_at`` is the receiving
 replica's wall clock (persisted with the report); ``age_s`` and ``stale`` are
 computed by the serving replica from its own clock, so with skewed clocks two
-replicas may show ages that differ by the skew.
+replicas may show ages that differ by the skew (and a refresh comes up to the skew
+early or late).
 """
 
 from __future__ import annotations
@@ -114,6 +135,58 @@ def reports_of(obj: Mapping[str, Any]) -> tuple[EnsembleId | None, dict[int, Gue
     return ens, out
 
 
+#: The persisted copy of a member's report is refreshed once it is this part of
+#: ``--report-stale-after`` old: a follower's worst age for a live member is then
+#: ``refresh_after + report_interval`` + one write, and even a whole refresh lost
+#: (the API down for one period) keeps it under ``stale_after`` while
+#: ``report_interval < stale_after / 3`` (module docstring).
+REFRESH_FRACTION: Final = 1 / 3
+
+
+def report_content(report: GuestReport) -> str:
+    """Everything of a report anyone derives something from, canonical: all but
+    ``received_at`` (the views, /domain, the status and the UI read its fields, its
+    link row, and its address through ``report_applies``)."""
+    links = list(report.links) if report.links is not None else None
+    return json.dumps([report.from_ip, report.fields, links], separators=(",", ":"),
+                      sort_keys=True, default=str)
+
+
+def persist_reason(report: GuestReport, persisted: GuestReport | None, *, since: float,
+                   refresh_after: float) -> str | None:
+    """Why ``report`` must be in the API before its answer, or None: a heartbeat.
+
+    ``persisted``: the member's copy in the API as this replica sees it; ``since``:
+    when the slot got its current address (a report before it does not count).
+    ``refresh_after <= 0`` writes every report (the behaviour before heartbeats were
+    told apart; the benchmark's baseline).
+    """
+    if persisted is None:
+        return "new"
+    if report_content(report) != report_content(persisted):
+        return "changed"
+    if persisted.received_at < since <= report.received_at:
+        return "counts"  # the persisted one is from before the member's address
+    if report.received_at - persisted.received_at >= refresh_after:
+        return "refresh"
+    return None
+
+
+def riders(held: Mapping[int, GuestReport], persisted: Mapping[int, GuestReport]
+           ) -> dict[int, GuestReport]:
+    """The held heartbeats that may ride along a write of their ensemble: the same
+    content as their persisted copy and newer, so writing one only moves its
+    ``received_at`` on (never an older content over a newer one another replica
+    wrote)."""
+    out: dict[int, GuestReport] = {}
+    for index, report in held.items():
+        before = persisted.get(index)
+        if (before is not None and report.received_at > before.received_at
+                and report_content(report) == report_content(before)):
+            out[index] = report
+    return out
+
+
 class ReportsNotPersisted(Exception):
     """The report is shown by this replica but is not in the API yet."""
 
@@ -128,21 +201,42 @@ class ReportPersister:
     """Coalesced, per-ensemble writes of reports into their ConfigMap (module docstring)."""
 
     def __init__(self, client: Any, namespace: str, *, interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 persisted: Callable[[EnsembleId], Mapping[int, GuestReport]] | None = None,
+                 refresh_after: float = 0.0) -> None:
         self._client = client
         self.namespace = namespace
         self.interval = interval
+        self.refresh_after = refresh_after
         self._clock = clock
+        self._persisted = persisted or (lambda _ens: {})
         self._pending: dict[EnsembleId, _Batch] = {}
+        self._held: dict[EnsembleId, dict[int, GuestReport]] = {}
         self._last_write: dict[EnsembleId, float] = {}
         self._writing: set[EnsembleId] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.writes = 0
         self.reports = 0
+        #: reports answered without a write of their own, and why the others were written
+        self.held = 0
+        self.reasons: dict[str, int] = {}
 
-    async def persist(self, ens: EnsembleId, index: int, report: GuestReport) -> None:
-        """Returns once a write holding this report (or a later one of it) has landed."""
+    async def persist(self, ens: EnsembleId, index: int, report: GuestReport, *,
+                      since: float = float("-inf")) -> None:
+        """Returns once a write holding this report (or a later one of it) has landed;
+        at once for a heartbeat without news (``persist_reason``), which is held and
+        rides along the ensemble's next write."""
         self.reports += 1
+        reason = persist_reason(report, self._persisted(ens).get(index), since=since,
+                                refresh_after=self.refresh_after)
+        if reason is None:
+            self.held += 1
+            self._held.setdefault(ens, {})[index] = report
+            return
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        held = self._held.get(ens)
+        if held is not None:
+            held.pop(index, None)
         loop = asyncio.get_running_loop()
         batch = self._pending.get(ens)
         if batch is None:
@@ -165,6 +259,10 @@ class ReportPersister:
                     await asyncio.sleep(wait)  # reports arriving meanwhile join the batch
                 batch = self._pending.pop(ens)
                 self._last_write[ens] = self._clock()
+                held = self._held.pop(ens, None)
+                if held:
+                    for i, report in riders(held, self._persisted(ens)).items():
+                        batch.data.setdefault(str(i), encode_report(report))
                 assert batch.done is not None
                 try:
                     await self._write(ens, batch.data)
@@ -177,6 +275,12 @@ class ReportPersister:
                         batch.done.set_result(None)
         finally:
             self._writing.discard(ens)
+
+    def forget(self, ens: EnsembleId) -> None:
+        """An ensemble that is gone: drop what is held for it (a write in flight ends)."""
+        self._held.pop(ens, None)
+        if ens not in self._writing:
+            self._last_write.pop(ens, None)
 
     async def _write(self, ens: EnsembleId, data: dict[str, str]) -> None:
         from host_agent.kube import KubeError, api_call

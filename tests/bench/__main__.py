@@ -41,7 +41,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ha": ("tests.bench.ha_bench", "electing replicas: takeover, handover, rolling upgrade, "
            "API load 3 vs 1, RSS per replica"),
     "domain": ("tests.bench.domain_bench", "IMEX domain view: aggregation CPU for 1,000 x 18 "
-               "reports/10 s, /ui p50 on 32 connections, link drop -> DEGRADED"),
+               "reports/10 s, report writes/s, /ui p50 on 32 connections, link drop -> DEGRADED"),
 }
 #: These share one sandbox (one boot of 18 VMs serves them all): run together.
 SANDBOX_PARTS = ("guest", "convergence", "storm")

@@ -17,6 +17,9 @@ Figures:
   + ``ss -K``), at a random phase of the report interval; from the block to ``/domain``
   saying DEGRADED with 1->2 missing. Bounded by the guests' ``report_interval`` (10 s):
   expect about half of it plus a collection.
+- ``report_writes_per_s_before`` / ``report_writes_per_s`` (``_2_replicas``, ``_ratio``):
+  the reports ConfigMap writes of 1,000 quiet ensembles x 18 heartbeating every 10 s,
+  every report written vs news and refreshes only (tests/bench/report_writes.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.bench import report_writes
 from tests.bench.common import (
     PY,
     BenchError,
@@ -189,5 +193,6 @@ def link_drop(results: Results, quick: bool) -> None:
 
 def run(results: Results, *, quick: bool = False, profile: str | None = None) -> None:
     aggregation(results, quick)
+    report_writes.run(results, quick)
     ui_page(results, quick)
     link_drop(results, quick)

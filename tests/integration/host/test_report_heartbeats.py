@@ -1,0 +1,126 @@
+"""Heartbeats without news are not written, yet every replica keeps a live member fresh.
+
+Two real electing HostAgents against the API double (as test_leader_election.py), with
+a test-sized ``--report-stale-after`` of 6 s, so the persisted copy is refreshed once
+it is 2 s old (a third; still well above the 1 s write coalescing). The guest is
+played by PUTs every 0.2 s to one replica; the other replica sees only the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from host_agent.reports import configmap_name, decode_report
+from tests.integration.host.conftest import AgentFactory, RunningAgent
+from tests.integration.host.test_leader_election import (
+    ELECT,
+    ENS,
+    elected,
+    put_report,
+    serve_json,
+    setup_reported,
+)
+from tests.sandbox.kube_api.fixtures import KubeApiHandle
+
+pytestmark = pytest.mark.timeout(90)
+
+STALE_AFTER = 6.0
+REFRESH = STALE_AFTER / 3
+BEAT = 0.2
+OPTS: dict[str, Any] = {**ELECT, "trusted_proxies": ("127.0.0.1/32",),
+                        "report_stale_after": STALE_AFTER}
+
+
+def in_api(api: KubeApiHandle, index: int) -> Any:
+    cm = api.get("v1", "ConfigMap", configmap_name(ENS), "imex-system")
+    return decode_report(cm["data"][str(index)])
+
+
+async def guest_of(client: httpx.AsyncClient, agent: RunningAgent, index: int) -> Any:
+    doc = await serve_json(client, agent)
+    (member,) = [m for m in doc["members"] if m["index"] == index]
+    return member["guest"]
+
+
+async def two(api: KubeApiHandle, start_agent: AgentFactory) -> tuple[RunningAgent, RunningAgent]:
+    setup_reported(api, 3)
+    agents = [await start_agent(identity=f"r{i}", **OPTS) for i in range(2)]
+    leader = await elected(api, agents)
+    (follower,) = [a for a in agents if a is not leader]
+    return leader, follower
+
+
+async def test_heartbeats_cost_the_first_write_and_the_refreshes_and_news_is_written_at_once(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    _, receiver = await two(api, start_agent)
+    async with httpx.AsyncClient(timeout=10) as client:
+        # member 0's first report creates the ConfigMap (a PATCH answered 404, a POST)
+        assert (await put_report(client, receiver, 0, "READY")).status_code == 200
+        before = api.writes("configmaps", served_only=True)
+        t0 = time.monotonic()
+        beats = 0
+        while time.monotonic() - t0 < 2.5 * REFRESH:
+            r = await put_report(client, receiver, 1, "READY")
+            assert r.status_code == 200, r.text
+            beats += 1
+            # the receiving replica shows every heartbeat at once, persisted or not
+            assert (await guest_of(client, receiver, 1))["received_at"] == r.json()["received_at"]
+            await asyncio.sleep(BEAT)
+        elapsed = time.monotonic() - t0
+        writes = api.writes("configmaps", served_only=True) - before
+        reports = receiver.agent.reports
+        assert reports is not None
+        refreshes = reports.reasons.get("refresh", 0)
+        assert reports.reasons.get("new") == 2  # member 0's and member 1's first
+        assert beats >= 15
+        # the first, then one refresh per REFRESH at most (each needs the copy REFRESH old)
+        assert writes == 1 + refreshes, (writes, reports.reasons)
+        assert 1 <= refreshes <= int(elapsed / REFRESH), (refreshes, elapsed)
+        assert reports.reasons.get("changed", 0) == 0 and reports.held == beats - writes
+        # news: in the API when the answer comes, without waiting for a refresh
+        r = await put_report(client, receiver, 1, "DOWN")
+        assert r.status_code == 200
+        assert in_api(api, 1).fields["imex_state"] == "DOWN"
+        assert api.writes("configmaps", served_only=True) - before == writes + 1
+
+
+async def test_a_follower_keeps_a_heartbeating_member_fresh_and_a_silent_one_goes_stale(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    receiver, other = await two(api, start_agent)  # the guest talks to the leader only
+    async with httpx.AsyncClient(timeout=10) as client:
+        t0 = time.monotonic()
+        worst = 0.0
+        while time.monotonic() - t0 < 2 * STALE_AFTER:
+            r = await put_report(client, receiver, 2, "READY")
+            assert r.status_code == 200, r.text
+            last_beat = time.monotonic()
+            if time.monotonic() - t0 > 0.5:  # once the first write reached the other
+                guest = await guest_of(client, other, 2)
+                assert guest is not None and guest["stale"] is False, guest
+                worst = max(worst, guest["age_s"])
+            await asyncio.sleep(BEAT)
+        # the other replica saw only the refreshes: older than a heartbeat, never stale
+        assert 2 * BEAT < worst <= REFRESH + BEAT + 1.5, worst  # + the 1 s coalescing
+        writes = api.writes("configmaps", served_only=True)
+        # silence: stale on the other replica no later than STALE_AFTER after the last
+        # report, and no sooner than STALE_AFTER - REFRESH (it sees the last refresh)
+        while not (await guest_of(client, other, 2))["stale"]:
+            assert time.monotonic() - last_beat < STALE_AFTER + 0.5, "never went stale"
+            await asyncio.sleep(0.05)
+        silent = time.monotonic() - last_beat
+        assert silent >= STALE_AFTER - REFRESH - 0.1, silent
+        if silent < STALE_AFTER - 0.2:  # the receiver has the last heartbeat itself
+            assert (await guest_of(client, receiver, 2))["stale"] is False
+        await asyncio.sleep(max(0.0, STALE_AFTER + 0.2 - (time.monotonic() - last_beat)))
+        assert (await guest_of(client, receiver, 2))["stale"] is True
+        assert api.writes("configmaps", served_only=True) == writes  # silence writes nothing
+    data = api.get("v1", "ConfigMap", configmap_name(ENS), "imex-system")["data"]
+    assert json.loads(data["2"])["fields"]["imex_state"] == "READY"

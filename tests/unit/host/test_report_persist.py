@@ -1,0 +1,165 @@
+"""Which guest reports a replica writes into the API, and when (host_agent/reports.py).
+
+The decision (``persist_reason``, ``riders``) is pure and tested case by case; the
+``ReportPersister`` is the real one with its ``_write`` recording the merge patches
+into a dict that plays the informer's copy (the API round trip is in
+tests/integration/host/test_report_heartbeats.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from guest_agent.model import EnsembleId
+from host_agent.reports import (
+    REFRESH_FRACTION,
+    ReportPersister,
+    decode_report,
+    encode_report,
+    persist_reason,
+    report_content,
+    riders,
+)
+from host_agent.state import GuestReport
+
+ENS = EnsembleId("gpu", "gb200")
+FIELDS: dict[str, Any] = {"imex_state": "READY", "generation_applied": 3, "signals": 0,
+                          "restarts": 0, "fabric": {"cluster_uuid": "u", "clique_id": 1}}
+
+
+def rep(at: float, ip: str = "10.0.0.1", links: tuple[str | None, ...] | None = ("UP", None),
+        **changes: Any) -> GuestReport:
+    return GuestReport(at, ip, {**FIELDS, **changes}, links)
+
+
+def reason(report: GuestReport, persisted: GuestReport | None, since: float = 0.0,
+           refresh_after: float = 40.0) -> str | None:
+    return persist_reason(report, persisted, since=since, refresh_after=refresh_after)
+
+
+def test_a_heartbeat_without_news_is_not_written() -> None:
+    assert reason(rep(1010), rep(1000)) is None
+    assert reason(rep(1039.9), rep(1000)) is None
+
+
+def test_a_copy_refresh_after_old_is_refreshed_and_zero_writes_every_report() -> None:
+    assert reason(rep(1040), rep(1000)) == "refresh"
+    assert reason(rep(1000.5), rep(1000), refresh_after=0) == "refresh"
+    # a copy newer than the report (another replica's clock ahead): nothing to refresh
+    assert reason(rep(990), rep(1000)) is None
+
+
+def test_a_first_report_is_written() -> None:
+    assert reason(rep(1000), None) == "new"
+
+
+@pytest.mark.parametrize("changed", [
+    rep(1001, imex_state="WAITING_FOR_PEERS"),
+    rep(1001, generation_applied=4),
+    rep(1001, restarts=1),
+    rep(1001, fabric=None),
+    rep(1001, cert_not_after="2027-01-01T00:00:00Z"),
+    rep(1001, links=("UP", "DOWN")),
+    rep(1001, links=None),
+    rep(1001, ip="10.0.0.9"),
+])
+def test_any_change_of_what_others_derive_is_written(changed: GuestReport) -> None:
+    assert reason(changed, rep(1000)) == "changed"
+
+
+def test_a_report_that_counts_where_the_persisted_one_no_longer_does_is_written() -> None:
+    # the slot got its address at 1005 (a migration, same IP): the copy from 1000 does
+    # not count for it any more, the heartbeat at 1006 does
+    assert reason(rep(1006), rep(1000), since=1005) == "counts"
+    assert reason(rep(1006), rep(1005), since=1005) is None
+
+
+def test_content_ignores_received_at_and_survives_the_round_trip() -> None:
+    a = rep(1000)
+    back = decode_report(encode_report(rep(2000)))
+    assert back is not None and back.received_at == 2000
+    assert report_content(a) == report_content(back)
+    assert report_content(a) != report_content(rep(1000, signals=1))
+
+
+def test_riders_are_newer_heartbeats_with_the_persisted_content() -> None:
+    persisted = {0: rep(1000), 1: rep(1000), 2: rep(1000), 3: rep(1000)}
+    held = {0: rep(1010),                      # rides: same content, newer
+            1: rep(1010, imex_state="DOWN"),   # someone else persisted other news since
+            2: rep(990),                       # older than the copy
+            4: rep(1010)}                      # no copy at all: not held for a refresh
+    assert riders(held, persisted) == {0: held[0]}
+
+
+class Recording(ReportPersister):
+    """The real persister; each write lands in ``api`` (also the informer's view)."""
+
+    def __init__(self, refresh_after: float = 40.0) -> None:
+        self.api: dict[int, GuestReport] = {}
+        self.patches: list[dict[str, str]] = []
+        super().__init__(None, "imex-system", interval=0.0, refresh_after=refresh_after,
+                         persisted=lambda ens: self.api if ens == ENS else {})
+
+    async def _write(self, ens: EnsembleId, data: dict[str, str]) -> None:
+        await asyncio.sleep(0)
+        self.patches.append(dict(data))
+        for k, v in data.items():
+            report = decode_report(v)
+            assert report is not None
+            self.api[int(k)] = report
+        self.writes += 1
+
+
+async def test_heartbeats_cost_the_first_write_and_the_refreshes_only() -> None:
+    p = Recording(refresh_after=40.0)
+    for t in range(0, 100, 10):  # 10 heartbeats, 10 s apart, no news
+        await p.persist(ENS, 0, rep(1000 + t))
+    # written: at 1000 (new), at 1040 and 1080 (the copy was 40 s old)
+    assert [decode_report(x["0"]).received_at for x in p.patches] == [1000, 1040, 1080]  # type: ignore[union-attr]
+    assert (p.writes, p.held, p.reasons) == (3, 7, {"new": 1, "refresh": 2})
+
+
+async def test_news_is_in_the_api_when_persist_returns() -> None:
+    p = Recording()
+    await p.persist(ENS, 0, rep(1000))
+    await p.persist(ENS, 0, rep(1010))
+    assert p.writes == 1
+    await p.persist(ENS, 0, rep(1011, imex_state="DOWN"))
+    assert p.writes == 2 and p.api[0].fields["imex_state"] == "DOWN"
+
+
+async def test_held_heartbeats_ride_along_their_ensembles_next_write() -> None:
+    p = Recording()
+    for i in range(3):
+        await p.persist(ENS, i, rep(1000, ip=f"10.0.0.{i}"))
+    assert p.writes == 3
+    await p.persist(ENS, 1, rep(1010, ip="10.0.0.1"))  # heartbeats: held
+    await p.persist(ENS, 2, rep(1012, ip="10.0.0.2"))
+    assert p.writes == 3
+    await p.persist(ENS, 0, rep(1015, ip="10.0.0.0", imex_state="DOWN"))
+    assert p.writes == 4 and sorted(p.patches[-1]) == ["0", "1", "2"]
+    assert [p.api[i].received_at for i in range(3)] == [1015, 1010, 1012]
+    # ridden once: the next write carries only its own member
+    await p.persist(ENS, 0, rep(1016, ip="10.0.0.0", imex_state="READY"))
+    assert sorted(p.patches[-1]) == ["0"]
+
+
+async def test_a_forgotten_ensemble_holds_nothing() -> None:
+    p = Recording()
+    await p.persist(ENS, 0, rep(1000))
+    await p.persist(ENS, 1, rep(1000, ip="10.0.0.2"))
+    await p.persist(ENS, 1, rep(1010, ip="10.0.0.2"))
+    p.forget(ENS)
+    await p.persist(ENS, 0, rep(1011, imex_state="DOWN"))
+    assert sorted(p.patches[-1]) == ["0"]
+
+
+def test_the_refresh_stays_well_inside_staleness() -> None:
+    # the worst age a follower sees for a live member: the refresh period, one
+    # heartbeat interval and one write timeout; with one refresh lost, twice the period
+    stale_after, interval, write = 120.0, 10.0, 5.0
+    refresh = stale_after * REFRESH_FRACTION
+    assert 2 * refresh + interval + write < stale_after
