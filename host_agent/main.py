@@ -77,6 +77,7 @@ from host_agent.reports import (
     PersistedReports,
     ReportPersister,
     report_applies,
+    supersedes,
 )
 from host_agent.services import ENSEMBLE_LABEL
 from host_agent.settings import HostSettings
@@ -237,8 +238,12 @@ class HostAgent:
         """A report whose value in the API changed: show it, if it is the member's now."""
         snap = self.state.get(ens)
         pub = snap.member(index) if snap is not None else None
-        if pub is not None and report_applies(report, pub.member.ip, pub.addresses):
-            self.state.report(ens, index, report)
+        if pub is None or not report_applies(report, pub.member.ip, pub.addresses):
+            return
+        assert snap is not None
+        if not supersedes(report, snap.reports.get(index)):
+            return  # this replica has a later heartbeat of the same (held, not written)
+        self.state.report(ens, index, report)
 
     def _declared(self, key: tuple[str, str], declaration: Declaration | None) -> None:
         """A reconcile pass's conclusion: to the status writer (and so to the Events)."""

@@ -39,7 +39,7 @@ Budget: per ensemble and replica at most one write per ``interval`` (1 s): the
 first report is written at once, reports arriving while a write is in flight or
 within the interval are coalesced into the next one. A boot storm of 18 guests
 reporting to one replica within a second costs 2 writes; a quiet ensemble costs one
-write per ``refresh_after - report_interval`` or so (30 s at the defaults, was ~0.8
+write per ``refresh_after - report_interval`` or so (30 s at the defaults, was ~1
 a second: docs/benchmarks.md "Report writes").
 
 What each replica takes from its own clock: ``received_at`` is the receiving
@@ -185,6 +185,14 @@ def riders(held: Mapping[int, GuestReport], persisted: Mapping[int, GuestReport]
                 and report_content(report) == report_content(before)):
             out[index] = report
     return out
+
+
+def supersedes(persisted: GuestReport, shown: GuestReport | None) -> bool:
+    """Whether a report that changed in the API replaces the one a replica shows: not
+    when it has the same content and is older (the replica holds a later heartbeat of
+    it, e.g. one that arrived while the write of a rider was in flight)."""
+    return (shown is None or shown.received_at <= persisted.received_at
+            or report_content(shown) != report_content(persisted))
 
 
 class ReportsNotPersisted(Exception):

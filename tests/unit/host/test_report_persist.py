@@ -22,6 +22,7 @@ from host_agent.reports import (
     persist_reason,
     report_content,
     riders,
+    supersedes,
 )
 from host_agent.state import GuestReport
 
@@ -92,6 +93,13 @@ def test_riders_are_newer_heartbeats_with_the_persisted_content() -> None:
             2: rep(990),                       # older than the copy
             4: rep(1010)}                      # no copy at all: not held for a refresh
     assert riders(held, persisted) == {0: held[0]}
+
+
+def test_a_replica_keeps_its_later_heartbeat_over_an_older_copy_from_the_api() -> None:
+    assert supersedes(rep(1000), None)
+    assert supersedes(rep(1010), rep(1000))
+    assert not supersedes(rep(1000), rep(1010))               # held heartbeat: kept
+    assert supersedes(rep(1000, imex_state="DOWN"), rep(1010))  # news from the API wins
 
 
 class Recording(ReportPersister):
