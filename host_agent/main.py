@@ -171,7 +171,9 @@ class HostAgent:
             # well before other replicas would call it stale (host_agent/reports.py)
             self.reports = ReportPersister(
                 client, s.agent_namespace, persisted=persisted.of,
-                refresh_after=s.report_stale_after * REFRESH_FRACTION)
+                refresh_after=s.report_stale_after * REFRESH_FRACTION,
+                on_decision=lambda d: self.metrics.report_decisions.labels(d).inc(),
+                on_write=self.metrics.report_writes.inc)
             self.state.subscribe(self._forget_reports)
         if not sidecar:
             self.events = EventRecorder(EventWriter(client, s.field_manager, self.gate),

@@ -118,6 +118,18 @@ class HostMetrics:
             ["result"],
             registry=registry,
         )
+        self.report_decisions = Counter(
+            _P + "report_decisions",
+            "Guest reports this replica received, by what it did: written for news (new, "
+            "changed, counts), refresh (the stored copy was old), held (a heartbeat, not written)",
+            ["decision"],
+            registry=registry,
+        )
+        self.report_writes = Counter(
+            _P + "report_writes",
+            "Reports ConfigMap writes sent (one per coalesced batch of an ensemble)",
+            registry=registry,
+        )
 
     def set_leader(self, leading: bool) -> None:
         self.leader.set(1 if leading else 0)

@@ -211,13 +211,17 @@ class ReportPersister:
     def __init__(self, client: Any, namespace: str, *, interval: float = 1.0,
                  clock: Callable[[], float] = time.monotonic,
                  persisted: Callable[[EnsembleId], Mapping[int, GuestReport]] | None = None,
-                 refresh_after: float = 0.0) -> None:
+                 refresh_after: float = 0.0,
+                 on_decision: Callable[[str], None] | None = None,
+                 on_write: Callable[[], None] | None = None) -> None:
         self._client = client
         self.namespace = namespace
         self.interval = interval
         self.refresh_after = refresh_after
         self._clock = clock
         self._persisted = persisted or (lambda _ens: {})
+        self._on_decision = on_decision or (lambda _decision: None)
+        self._on_write = on_write or (lambda: None)
         self._pending: dict[EnsembleId, _Batch] = {}
         self._held: dict[EnsembleId, dict[int, GuestReport]] = {}
         self._last_write: dict[EnsembleId, float] = {}
@@ -237,6 +241,7 @@ class ReportPersister:
         self.reports += 1
         reason = persist_reason(report, self._persisted(ens).get(index), since=since,
                                 refresh_after=self.refresh_after)
+        self._on_decision(reason or "held")
         if reason is None:
             self.held += 1
             self._held.setdefault(ens, {})[index] = report
@@ -319,6 +324,7 @@ class ReportPersister:
                                content_type="application/merge-patch+json", params=params,
                                timeout=5.0)
         self.writes += 1
+        self._on_write()
 
 
 class PersistedReports:

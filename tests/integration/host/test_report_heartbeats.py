@@ -79,11 +79,15 @@ async def test_heartbeats_cost_the_first_write_and_the_refreshes_and_news_is_wri
         assert reports is not None
         refreshes = reports.reasons.get("refresh", 0)
         assert reports.reasons.get("new") == 2  # member 0's and member 1's first
-        assert beats >= 15
+        assert beats >= 8  # (each ~0.2 s plus the answer; a written one waits up to 1 s)
         # the first, then one refresh per REFRESH at most (each needs the copy REFRESH old)
         assert writes == 1 + refreshes, (writes, reports.reasons)
         assert 1 <= refreshes <= int(elapsed / REFRESH), (refreshes, elapsed)
         assert reports.reasons.get("changed", 0) == 0 and reports.held == beats - writes
+        sample = receiver.agent.metrics.registry.get_sample_value
+        assert sample("imex_host_agent_report_decisions_total", {"decision": "held"}) == \
+            reports.held
+        assert sample("imex_host_agent_report_writes_total") == reports.writes
         # news: in the API when the answer comes, without waiting for a refresh
         r = await put_report(client, receiver, 1, "DOWN")
         assert r.status_code == 200
@@ -108,7 +112,7 @@ async def test_a_follower_keeps_a_heartbeating_member_fresh_and_a_silent_one_goe
                 worst = max(worst, guest["age_s"])
             await asyncio.sleep(BEAT)
         # the other replica saw only the refreshes: older than a heartbeat, never stale
-        assert 2 * BEAT < worst <= REFRESH + BEAT + 1.5, worst  # + the 1 s coalescing
+        assert 2 * BEAT < worst <= REFRESH + BEAT + 2.5, worst  # + 1 s coalescing, load
         writes = api.writes("configmaps", served_only=True)
         # silence: stale on the other replica no later than STALE_AFTER after the last
         # report, and no sooner than STALE_AFTER - REFRESH (it sees the last refresh)
@@ -116,7 +120,7 @@ async def test_a_follower_keeps_a_heartbeating_member_fresh_and_a_silent_one_goe
             assert time.monotonic() - last_beat < STALE_AFTER + 0.5, "never went stale"
             await asyncio.sleep(0.05)
         silent = time.monotonic() - last_beat
-        assert silent >= STALE_AFTER - REFRESH - 0.1, silent
+        assert silent >= STALE_AFTER - REFRESH - 0.3, silent
         if silent < STALE_AFTER - 0.2:  # the receiver has the last heartbeat itself
             assert (await guest_of(client, receiver, 2))["stale"] is False
         await asyncio.sleep(max(0.0, STALE_AFTER + 0.2 - (time.monotonic() - last_beat)))
