@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+import msgspec
+
 from host_agent.state import EnsembleSnapshot
 
 FIELD_MANAGER: Final = "imex-host-agent"
@@ -147,14 +149,38 @@ def resource_version(obj: Mapping[str, Any] | None) -> str | None:
     return rv if isinstance(rv, str) else None
 
 
+def encode_body(body: Body | None) -> bytes | None:
+    """A slice body as compact JSON: what the write memory keeps of it.
+
+    The leader remembers its last write of each of its slices; as dicts the 1,000
+    slices of 10,000 VMIs held ~8 MB (35 small dicts and lists per slice) beside the
+    informer's copy of the same slices, as JSON ~2.5 MB. Bodies come from
+    ``desired_slices``, which builds them in a fixed key order, so equal bodies
+    encode to equal bytes; a different order would only cost one more write.
+    """
+    return None if body is None else msgspec.json.encode(body)
+
+
 @dataclass(frozen=True, slots=True)
 class Written:
-    """Our last write of one slice: the body (None: deleted) and the versions
-    observed before it and returned by it."""
+    """Our last write of one slice: the body as ``encode_body`` keeps it (None:
+    deleted) and the versions observed before it and returned by it."""
 
-    body: Body | None
+    encoded: bytes | None
     rv_before: str | None
     rv_after: str | None
+
+    @classmethod
+    def of(cls, body: Body | None, rv_before: str | None, rv_after: str | None) -> Written:
+        return cls(encode_body(body), rv_before, rv_after)
+
+    @property
+    def deleted(self) -> bool:
+        return self.encoded is None
+
+    def wrote(self, encoded: bytes | None) -> bool:
+        """This write left the body that encodes to ``encoded`` (None: a delete)."""
+        return self.encoded == encoded
 
 
 def in_sync(desired: Body | None, observed: Mapping[str, Any] | None) -> bool:
@@ -175,7 +201,7 @@ def needs_write(
     """
     if in_sync(desired, observed):
         return False
-    if last is not None and last.body == desired:
+    if last is not None and last.wrote(encode_body(desired)):
         rv = resource_version(observed)
         if rv == last.rv_before or (rv is not None and rv == last.rv_after):
             return False  # our write is not observed yet, or observed as written
@@ -184,7 +210,7 @@ def needs_write(
 
 def _is_our_write(observed: Mapping[str, Any] | None, last: Written | None) -> bool:
     """``observed`` carries the resourceVersion our last (non-delete) write returned."""
-    if observed is None or last is None or last.body is None or last.rv_after is None:
+    if observed is None or last is None or last.deleted or last.rv_after is None:
         return False
     return resource_version(observed) == last.rv_after
 
@@ -194,7 +220,7 @@ def current_version(observed: Mapping[str, Any] | None, last: Written | None) ->
     one, or the one our own last write returned when the informer has not seen it yet.
     None: we believe it does not exist (an apply then creates it, unconditionally)."""
     rv = resource_version(observed)
-    if last is not None and last.body is not None and last.rv_after is not None and (
+    if last is not None and not last.deleted and last.rv_after is not None and (
         rv == last.rv_before
     ):
         return last.rv_after
@@ -236,16 +262,18 @@ class SliceApplier:
             key = (namespace, name)
             observed = self._observed(namespace, name)
             last = self._last.get(key)
+            encoded = encode_body(body)
             if _is_our_write(observed, last):
                 # The observation is our last write itself: compare with what we wrote
-                # (a C-speed ==) instead of walking the observed object (``contains``).
-                synced = last is not None and body == last.body
+                # (C-speed encode and ==) instead of walking the observed object
+                # (``contains``).
+                synced = last is not None and last.wrote(encoded)
             else:
                 synced = in_sync(body, observed)
             if synced:
                 # Observed as wanted: from now on only a newer observation counts.
                 rv = resource_version(observed)
-                self._last[key] = Written(body, rv, rv)
+                self._last[key] = Written(encoded, rv, rv)
                 continue
             if not needs_write(body, observed, last):
                 continue
@@ -257,7 +285,7 @@ class SliceApplier:
                 done.append(f"delete:{name}")
             else:
                 rv_after = await self._client.apply_slice(body, precondition)
-                self._last[key] = Written(body, rv_before, rv_after)
+                self._last[key] = Written(encoded, rv_before, rv_after)
                 done.append(f"apply:{name}")
         return done
 
@@ -276,11 +304,11 @@ class SliceApplier:
         if last is None:
             return False
         if observed is None:
-            return last.body is None
+            return last.deleted
         rv = resource_version(observed)
-        if last.body is None or rv is None or rv != last.rv_after:
+        if last.deleted or rv is None or rv != last.rv_after:
             return False
-        self._last[key] = Written(last.body, rv, rv)
+        self._last[key] = Written(last.encoded, rv, rv)
         return True
 
     def forget(self, namespace: str, names: list[str]) -> None:

@@ -94,6 +94,12 @@ def _vmi_interface(iface: object) -> object:
     return out
 
 
+#: The usual Ready conditions, one list each shared by every cached VMI that has it
+#: (cached objects are read, never changed): ~1.7 MB at 10,000 VMIs (tests/bench ``ha``).
+_READY: Final[Mapping[object, list[Obj]]] = {
+    value: [{"type": "Ready", "status": value}] for value in ("True", "False", "Unknown")}
+
+
 def _vmi_status(status: Mapping[str, Any]) -> Obj:
     out: Obj = {}
     if "phase" in status:
@@ -102,10 +108,13 @@ def _vmi_status(status: Mapping[str, Any]) -> Obj:
         out["nodeName"] = _i(status["nodeName"])
     conditions = status.get("conditions")
     if isinstance(conditions, list):  # only Ready is read (members._ready)
-        out["conditions"] = [
+        ready = [
             {"type": "Ready", "status": _i(c.get("status"))}
             for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"
         ]
+        value = ready[0]["status"] if len(ready) == 1 else None
+        shared = _READY.get(value) if isinstance(value, str) else None
+        out["conditions"] = shared if shared is not None else ready
     elif conditions is not None:
         out["conditions"] = conditions
     interfaces = status.get("interfaces")

@@ -102,3 +102,23 @@ async def test_informer_caches_the_view_from_lists_and_watches() -> None:
         assert cached is not None and "spec" not in cached
         assert "managedFields" not in cached["metadata"]
     assert all(n is None or "spec" not in n for _, n in seen)
+
+
+def test_vmi_view_shares_the_usual_ready_condition() -> None:
+    import json
+
+    view = cache_view("VirtualMachineInstance")
+    text = json.dumps(VMIS[0])
+    a, b = view(json.loads(text)), view(json.loads(text))
+    assert a["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    assert a["status"]["conditions"] is b["status"]["conditions"]  # one list for all
+    odd = json.loads(text)
+    odd["status"]["conditions"] = [{"type": "Ready", "status": ["x"]},
+                                   {"type": "Paused", "status": "True"}]
+    got = view(odd)["status"]["conditions"]
+    assert got == [{"type": "Ready", "status": ["x"]}]  # kept as it came, not shared
+    two = json.loads(text)
+    two["status"]["conditions"] = [{"type": "Ready", "status": "True"},
+                                   {"type": "Ready", "status": "False"}]
+    assert view(two)["status"]["conditions"] == [{"type": "Ready", "status": "True"},
+                                                 {"type": "Ready", "status": "False"}]

@@ -96,14 +96,14 @@ def obs(rv: str, endpoints: list[Any] | None = None) -> dict[str, Any]:
         (BODY, obs("5"), None, False),  # observed equals desired
         (BODY, None, None, True),  # missing
         (BODY, obs("5", []), None, True),  # differs
-        (BODY, None, Written(BODY, None, "6"), False),  # we created it; informer lags
-        (BODY, obs("5", []), Written(BODY, "5", "6"), False),  # we updated; informer lags
-        (BODY, obs("7", []), Written(BODY, "5", "6"), True),  # someone changed it after us
-        (BODY, None, Written(BODY, "6", "7"), True),  # someone deleted it after us
+        (BODY, None, Written.of(BODY, None, "6"), False),  # we created it; informer lags
+        (BODY, obs("5", []), Written.of(BODY, "5", "6"), False),  # we updated; informer lags
+        (BODY, obs("7", []), Written.of(BODY, "5", "6"), True),  # someone changed it after us
+        (BODY, None, Written.of(BODY, "6", "7"), True),  # someone deleted it after us
         (None, None, None, False),
         (None, obs("5"), None, True),
-        (None, obs("5"), Written(None, "5", None), False),  # our delete not observed yet
-        (None, obs("9"), Written(None, "5", None), True),  # re-created by someone
+        (None, obs("5"), Written.of(None, "5", None), False),  # our delete not observed yet
+        (None, obs("9"), Written.of(None, "5", None), True),  # re-created by someone
     ],
 )
 def test_needs_write(desired: Any, observed: Any, last: Any, write: bool) -> None:
@@ -203,3 +203,19 @@ async def test_observed_own_write_is_compared_with_what_was_written() -> None:
     assert await applier.sync("rack1", one) == []
     two = desired_slices(snap(Member(0, "10.0.0.2", "gb200-0")))
     assert await applier.sync("rack1", two) == ["apply:gb200-imex"]
+
+
+def test_write_memory_keeps_compact_json_not_the_body() -> None:
+    import copy
+    import json
+
+    from host_agent.endpoints import encode_body
+
+    w = Written.of(BODY, "5", "6")
+    assert isinstance(w.encoded, bytes) and json.loads(w.encoded) == BODY
+    assert w.wrote(encode_body(copy.deepcopy(BODY)))  # an equal body built afresh
+    changed = copy.deepcopy(BODY)
+    changed["addressType"] = "IPv6"
+    assert not w.wrote(encode_body(changed))
+    assert not w.deleted and Written.of(None, "5", None).deleted
+    assert Written.of(None, "5", None).wrote(encode_body(None))
