@@ -343,6 +343,15 @@ def memory(work: Path, results: Results, quick: bool) -> None:
                  f"ensembles: " + ", ".join(f"{v:.0f} MB" for v in rss.values()))
 
 
+def run_memory(results: Results, *, quick: bool = False) -> None:
+    """Only ``ha_rss_mb_max`` (benchmark ``ha-memory``): about a minute, no control plane."""
+    work = Path(tempfile.mkdtemp(prefix="bench-ha-"))
+    try:
+        memory(work, results, quick)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run(results: Results, *, quick: bool = False) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-ha-"))
     try:
