@@ -397,8 +397,9 @@ class Agent:
         }
         c = self.collected
         if c is not None:
-            if c.imex_domain is not None:
-                body["imex_domain"] = c.imex_domain
+            # null: no view (the registry drops the row); the reporter leaves the key
+            # out while the view is unchanged (the registry keeps the row)
+            body["imex_domain"] = c.imex_domain
             if c.fabric_known:
                 body["fabric"] = c.fabric.to_json() if c.fabric is not None else None
             body["imex_channel0"] = c.channel0

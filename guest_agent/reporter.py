@@ -14,12 +14,21 @@ Concurrency and failure rules:
   ``last_error``. The next report tries again.
 - The bearer token is read from ``token_file`` for every send, so a rotated
   Secret is picked up without a restart.
+- ``imex_domain`` (~25 KB for 18 nodes, ~1 ms of the registry's CPU to check) goes
+  only when the registry needs it (:func:`send_domain`): when it changed since the
+  last report the registry accepted with it (the top-level ``timestamp`` aside), at
+  least once a minute, on the first report after start, and after any failure or an
+  answer from a replica that is shutting down. Otherwise the key is left out, which
+  the registry reads as "unchanged" (null would mean "no domain view").
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +50,13 @@ log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
+#: The registry gets the full domain view at least this often (seconds), so a replica
+#: that restarted or joined has every member's link row within a minute.
+DOMAIN_REFRESH = 60.0
+
+#: The status PUT answer header of a replica that is shutting down.
+CLOSING_HEADER = "x-imex-registry"
+
 
 class ReportError(RuntimeError):
     """A report could not be delivered (and will not be retried)."""
@@ -50,6 +66,44 @@ class ReportError(RuntimeError):
 class Report:
     index: int
     body: dict[str, Any]
+
+
+def domain_key(doc: object) -> str:
+    """What "the domain view changed" compares: sha256 of the view's canonical JSON
+    without its top-level ``timestamp`` (IMEX stamps every print of ``-N -j``; a
+    connection's ``changed`` moves only with its state, so it stays in). ``None``
+    (no view) has a key of its own."""
+    if isinstance(doc, dict):
+        doc = {k: v for k, v in doc.items() if k != "timestamp"}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class DomainAccepted:
+    """The domain view the registry last accepted (its :func:`domain_key`) and when
+    (monotonic seconds)."""
+
+    key: str
+    at: float
+
+
+def send_domain(
+    key: str, accepted: DomainAccepted | None, now: float, refresh: float = DOMAIN_REFRESH
+) -> bool:
+    """Pure: whether the next report carries ``imex_domain``.
+
+    Yes when nothing is known to be accepted (the first report after start, or after a
+    failure or a closing replica: ``accepted`` is None), when the view differs from the
+    accepted one, or when the accepted one is ``refresh`` seconds old or more.
+    """
+    return accepted is None or accepted.key != key or now - accepted.at >= refresh
+
+
+def domain_refresh(report_interval: float) -> float:
+    """The age at which the view is resent: one report interval early, so the last
+    report due inside the minute carries it (the next one could come after it)."""
+    return max(0.0, DOMAIN_REFRESH - report_interval)
 
 
 def status_url(settings: Settings, index: int) -> str:
@@ -92,11 +146,17 @@ class Reporter:
         on_error: Callable[[str | None], None] | None = None,
         max_wait: float = 30.0,
         initial_wait: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.on_error = on_error
         self.max_wait = max_wait
         self.initial_wait = initial_wait
+        self.clock = clock
+        #: the view the registry last accepted; None: send it with the next report
+        self.domain_accepted: DomainAccepted | None = None
+        self.domain_sent = 0
+        self.domain_left_out = 0
         self._latest: Report | None = None
         self._sent: Report | None = None
         self._news = asyncio.Event()
@@ -122,16 +182,42 @@ class Reporter:
             return
         raise _Superseded
 
+    def wire_body(self, report: Report) -> tuple[dict[str, Any], str | None]:
+        """The body to PUT, and the key of the domain view it carries (None: left out)."""
+        body = report.body
+        if "imex_domain" not in body:
+            return body, None
+        key = domain_key(body["imex_domain"])
+        refresh = domain_refresh(self.settings.report_interval)
+        if send_domain(key, self.domain_accepted, self.clock(), refresh):
+            return body, key
+        return {k: v for k, v in body.items() if k != "imex_domain"}, None
+
     async def send(self, report: Report) -> None:
-        """One PUT (raises http.HttpError / ReportError)."""
-        token = read_token(self.settings.token_file)
-        await http.put_json(
-            status_url(self.settings, report.index),
-            report.body,
-            token=token,
-            connect_timeout=min(5.0, self.settings.dns_timeout * 2),
-            read_timeout=10.0,
-        )
+        """One PUT (raises http.HttpError / ReportError); remembers what was accepted."""
+        body, key = self.wire_body(report)
+        sent_at = self.clock()
+        try:
+            token = read_token(self.settings.token_file)
+            resp = await http.put_json(
+                status_url(self.settings, report.index),
+                body,
+                token=token,
+                connect_timeout=min(5.0, self.settings.dns_timeout * 2),
+                read_timeout=10.0,
+            )
+        except BaseException:
+            self.domain_accepted = None  # whatever happened, the next report carries it
+            raise
+        if key is not None:
+            self.domain_sent += 1
+        elif "imex_domain" in report.body:
+            self.domain_left_out += 1
+        closing = resp.headers.get(CLOSING_HEADER, "").strip().lower() == "closing"
+        if resp.status != 200 or closing:
+            self.domain_accepted = None  # another replica answers next: tell it again
+        elif key is not None:
+            self.domain_accepted = DomainAccepted(key, sent_at)
 
     async def _deliver(self, report: Report) -> None:
         retrying = AsyncRetrying(

@@ -74,7 +74,7 @@ from host_agent.registry_certs import (
 from host_agent.registry_domain import add_domain_routes
 from host_agent.registry_params import Name, Namespace
 from host_agent.registry_ui import add_ui_routes
-from host_agent.state import EnsembleSnapshot, GuestReport, State
+from host_agent.state import EnsembleSnapshot, GuestReport, State, report_counts
 
 __all__ = [
     "BodyLimit",
@@ -193,7 +193,8 @@ class StatusReport(BaseModel):
         str | None, Field(default=None, pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
     ]
     imex_domain: ImexDomainIn | None = Field(
-        default=None, description="nvidia-imex-ctl -N -j as the guest's IMEX printed it")
+        default=None, description="nvidia-imex-ctl -N -j as the guest's IMEX printed it; "
+        "null: no domain view; absent: unchanged (the member's last link row stands)")
     fabric: FabricIn | None = Field(
         default=None, description="the GPUs' NVLink fabric identity; null: no fabric; "
         "absent: unknown (the previous report's value stands)")
@@ -610,7 +611,8 @@ def create_app(
         metrics.reports.labels(ens.namespace, ens.name).inc()
         current_snap = state.get(ens) or snap
         return JSONResponse(
-            {"generation": current_snap.generation, "received_at": views.rfc3339(received)}
+            {"generation": current_snap.generation, "received_at": views.rfc3339(received)},
+            headers=headers(current_snap),  # a closing replica: the guest resends its view
         )
 
     add_certificate_routes(app, state, ca_source, metrics_registry, config.trusted_proxies,
@@ -633,18 +635,24 @@ def guest_report(
 
     Raises RegistryError(422) for node ids outside the ensemble. A report without
     ``fabric`` keeps the one the member reported before (it does not change while a VM
-    runs).
+    runs). A report without ``imex_domain`` (the guest sends it only when it changed, and
+    at least once a minute) keeps the member's last link row, if that came from the VM
+    now in the slot; with ``imex_domain: null`` the row is gone (no domain view).
     """
     domain = report.imex_domain
     links = None
+    previous = snap.reports.get(index)
     if domain is not None:
         errors = index_errors(domain, snap.spec.max_members)
         if errors:
             text, detail = validation_message(errors)
             raise RegistryError(422, text, detail=detail)
         links = reduce_links(domain, index)
+    elif "imex_domain" not in report.model_fields_set and previous is not None:
+        pub = snap.member(index)
+        if pub is not None and report_counts(pub, previous):
+            links = previous.links
     fields = report.model_dump(exclude={"imex_domain"})
-    previous = snap.reports.get(index)
     if "fabric" not in report.model_fields_set and previous is not None:
         fields["fabric"] = previous.fields.get("fabric")
     return GuestReport(received, caller, fields, links)

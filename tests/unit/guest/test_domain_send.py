@@ -1,0 +1,84 @@
+"""The guest's "send imex_domain with this report or not" decision (pure parts)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+from guest_agent.config import Settings
+from guest_agent.reporter import (
+    DOMAIN_REFRESH,
+    DomainAccepted,
+    Report,
+    Reporter,
+    domain_key,
+    domain_refresh,
+    send_domain,
+)
+from tests.unit.guest.test_domain import domain_doc
+
+
+def test_key_ignores_the_timestamp_but_not_a_link_or_its_changed_stamp() -> None:
+    a = domain_doc(4)
+    a["timestamp"] = 1795974000
+    later = {**copy.deepcopy(a), "timestamp": 1795974010}
+    assert domain_key(a) == domain_key(later)
+    flipped = copy.deepcopy(a)
+    flipped["nodes"]["0"]["connections"]["2"]["status"] = "DISCONNECTED"
+    assert domain_key(flipped) != domain_key(a)
+    stamped = copy.deepcopy(a)
+    stamped["nodes"]["0"]["connections"]["2"]["changed"] = 1795974005
+    assert domain_key(stamped) != domain_key(a)
+    assert domain_key({**a, "status": "DEGRADED"}) != domain_key(a)
+    assert domain_key(None) not in (domain_key({}), domain_key(a))
+
+
+def test_send_when_nothing_accepted_changed_or_a_minute_old() -> None:
+    key = domain_key(domain_doc(4))
+    assert send_domain(key, None, 100.0)  # first report, or after a failure
+    accepted = DomainAccepted(key, 100.0)
+    assert not send_domain(key, accepted, 110.0)
+    assert send_domain(domain_key(None), accepted, 110.0)  # the view went away
+    assert send_domain(domain_key(domain_doc(3)), accepted, 100.5)
+    assert not send_domain(key, accepted, 100.0 + DOMAIN_REFRESH - 0.001)
+    assert send_domain(key, accepted, 100.0 + DOMAIN_REFRESH)
+
+
+def test_an_unchanged_view_reaches_the_registry_at_least_once_a_minute() -> None:
+    # reports every report_interval plus the collection's time: the full view goes on
+    # the first one and then never more than 60 s after the previous full one
+    for interval, took in ((10.0, 0.0), (10.0, 0.3), (7.0, 0.9), (30.0, 0.1), (90.0, 0.0)):
+        refresh = domain_refresh(interval)
+        key, accepted, sent = domain_key(domain_doc(4)), None, []
+        t = 0.0
+        while t < 600.0:
+            if send_domain(key, accepted, t, refresh):
+                accepted = DomainAccepted(key, t)
+                sent.append(t)
+            t += interval + took
+        gaps = [b - a for a, b in itertools.pairwise(sent)]
+        bound = max(DOMAIN_REFRESH, interval + took)  # no report, nothing to carry it
+        assert sent[0] == 0.0 and gaps and max(gaps) <= bound, (interval, gaps)
+        reports = int(600 / (interval + took)) + 1
+        if interval <= 10:
+            assert len(sent) <= reports / 4, (interval, len(sent), reports)  # most omit it
+        if interval > DOMAIN_REFRESH:
+            assert len(sent) == reports  # every report is a minute apart or more
+
+
+def test_wire_body_leaves_out_only_an_unchanged_accepted_view() -> None:
+    now = [1000.0]
+    reporter = Reporter(Settings(ensemble="e", namespace="n", max_members=4),
+                        clock=lambda: now[0])
+    view = {**domain_doc(4), "timestamp": 1}
+    body = {"imex_state": "READY", "imex_domain": view}
+    wire, key = reporter.wire_body(Report(0, body))
+    assert wire == body and key == domain_key(view)
+    reporter.domain_accepted = DomainAccepted(key, now[0])
+    now[0] += 10
+    wire, key = reporter.wire_body(Report(0, {**body, "imex_domain": {**view, "timestamp": 2}}))
+    assert wire == {"imex_state": "READY"} and key is None
+    wire, key = reporter.wire_body(Report(0, {**body, "imex_domain": None}))
+    assert wire == {"imex_state": "READY", "imex_domain": None} and key == domain_key(None)
+    wire, key = reporter.wire_body(Report(0, {"imex_state": "READY"}))  # nothing collected
+    assert wire == {"imex_state": "READY"} and key is None
