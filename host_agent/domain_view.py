@@ -15,8 +15,9 @@ byte without a server. The rules (issue 17, docs/host-agent.md "The IMEX domain"
   differs from the majority's (IMEX members with different node maps cannot form one
   domain); ``UNKNOWN`` also when nothing is known to be wrong but some member's row is
   missing (silent, stale, or no ``-N -j`` view); else ``UP``.
-- Partitions: connected components over links CONNECTED both ways. Asymmetric: i sees
-  j CONNECTED while j's own report says it does not see i.
+- Partitions: connected components over links CONNECTED both ways between members of
+  one clique (a link across cliques is no NVLink domain, even with its TCP connection
+  up). Asymmetric: i sees j CONNECTED while j's own report says it does not see i.
 """
 
 from __future__ import annotations
@@ -189,7 +190,10 @@ def aggregate(snap: EnsembleSnapshot, now: float, stale_after: float) -> DomainV
             counts[s if s is not None and s in STATE_LETTERS else "OTHER"] += 1
             if s != CONNECTED:
                 missing.append((a, b))
-    both = [(a, b) for a, b, s in links if a < b and s == CONNECTED and state_of(b, a) == CONNECTED]
+    # a partition is a domain IMEX can form: a link across cliques joins none, even when its
+    # TCP connection is up (one made while a new member's clique was not yet known)
+    both = [(a, b) for a, b, s in links if a < b and s == CONNECTED
+            and state_of(b, a) == CONNECTED and same_group(groups, a, b)]
     asym = tuple((a, b) for a, b, s in links
                  if s == CONNECTED and b in rows and state_of(b, a) != CONNECTED)
     silent = tuple(i for i in published if i not in reporting)

@@ -124,6 +124,20 @@ def test_two_cliques_are_judged_apart_and_named_as_a_split() -> None:
     assert view.link_counts == {"CONNECTED": 12 * 11 + 6 * 5}
 
 
+def test_a_link_across_cliques_joins_no_partition() -> None:
+    """A TCP link left CONNECTED both ways across the split (made while a new member's
+    clique was unknown; pinning the other clique away closes nothing) is no domain."""
+    def link(a: int, b: int) -> str:
+        same = (a < 12) == (b < 12)
+        return "CONNECTED" if same or {a, b} == {0, 12} else "NEVER_CONNECTED"
+    reports = {i: report(i, 18, link, fabric=CLIQUE_A if i < 12 else CLIQUE_B)
+               for i in range(18)}
+    view = aggregate(snapshot(18, reports), NOW, 120)  # type: ignore[arg-type]
+    assert view.status == "UP"
+    assert view.partitions == (tuple(range(12)), tuple(range(12, 18)))
+    assert (0, 12, "CONNECTED") in view.links and (12, 0, "CONNECTED") in view.links
+
+
 def test_matrix_is_byte_exact(request: object) -> None:
     reports = cliques_18()
     reports[3] = report(3, 18, lambda a, b: "DISCONNECTED" if b == 7 else (
