@@ -216,7 +216,7 @@ def test_describe_tells_the_crash_and_rejoin(control_plane: ControlPlane,
                "the story in kubectl describe", 60, lambda: f"\n{story()}")
     text = story()
     events = text[text.index("Events:"):]
-    assert "imex-ensemble.io/host-agent, realk8s-agent-0" in events  # From: controller, instance
+    assert "imex-ensemble.io/host-agent" in events  # From: the reporting controller
     assert "member 1 (rack-1) left (was at 10.30.0.11; VMI Failed)" in events
     assert "ServiceCreated" in events
     # the second crash is a repeat of the first: one Event, a series of two
