@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer
-from tests.sandbox.ensemble import EnsembleSpec, LoopThread
+from tests.sandbox.ensemble import AGENT_NAMESPACE, EnsembleSpec, LoopThread
 from tests.sandbox.kube_api import ThreadedKubeApi
 from tests.sandbox.netns import in_netns, ip, list_netns, netns_pids
 from tests.sandbox.virt_controller import VMI, VirtController, running_status, vmi_manifest
@@ -296,6 +296,9 @@ class VmHarness(HostSide, Observation):
         self._start_http()
         self._start_dnsmasq()
         self.vc = VirtController(cast("Sandbox", _KubeconfigHolder(self.kubeconfig)))
+        # the host agent stores guest reports as ConfigMaps in its own namespace; without
+        # it every report is answered 503 (the manifests create it on a real cluster)
+        self.vc.ensure_namespace(AGENT_NAMESPACE)
         self.vc.create_ensemble(self.spec.namespace, self.spec.name,
                                 max_members=self.spec.max_members, token=self.spec.token)
         self.user_data = self.generate_user_data()

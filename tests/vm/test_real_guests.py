@@ -75,7 +75,23 @@ def tear_setup(g: Guest) -> None:
 
 
 def check_setup_redone(g: Guest) -> str:
-    """After the repair boot: committed again, config and module whole."""
+    """After the repair boot: committed again, config and module whole.
+
+    The commit (sync, our semaphore, sync) is runcmd's last step, after the venv is
+    whole; systemd's own restarts of the enabled agent can bring it up, and the
+    ensemble to converge, before it. So the semaphore is waited for (a TCG guest's
+    ``sync`` after a pip install can take a minute under load), then checked."""
+    sem_glob = f"{ci.CLOUD_INIT_SEM_DIR}/{ci.SETUP_SEM_PREFIX}*"
+
+    def committed() -> bool:
+        return g.machine.qga.sh(f"ls {sem_glob}", timeout=60).exitcode == 0
+
+    def evidence() -> str:
+        r = g.machine.qga.sh("cloud-init status --long; ls /var/lib/cloud/instance/sem/",
+                             timeout=60)
+        return f"{g.vmi}: setup not committed again:\n{r.out}{r.err}"
+
+    wait_for(f"{g.vmi}'s setup to be committed again", committed, 300, 5.0, evidence)
     r = g.machine.qga.sh(
         f"ls {ci.CLOUD_INIT_SEM_DIR}/{ci.SETUP_SEM_PREFIX}* && wc -c < {ci.CONFIG_PATH} && "
         f"find {ci.VENV} -path '*/guest_agent/agent.py' -size +1k | wc -l", timeout=60)
