@@ -44,6 +44,7 @@ from tests.bench.common import (
     BenchError,
     Results,
     free_port,
+    get_load,
     read_line,
     spawn,
     stop,
@@ -154,16 +155,8 @@ def ui_page(results: Results, quick: bool) -> None:
             url = f"{base}/v1/ensembles/{NAMESPACE}/e0"
             wait_for("ensemble e0 with 18 members", lambda: _members(url) == 18,
                      timeout=120, interval=0.2)
-            gen = spawn([PY, "-m", "tests.bench.loadgen", "get",
-                         "--url", f"{base}/ui/ensembles/{NAMESPACE}/e0",
-                         "--connections", "32", "--seconds", str(seconds)],
-                        log=work / "loadgen.log", stdout_pipe=True)
-            try:
-                out = json.loads(read_line(gen, "{", timeout=seconds + 60))
-            finally:
-                stop(gen)
-            if out["errors"]:
-                raise BenchError(f"{out['errors']} of {out['requests']} page GETs failed")
+            out = get_load(f"{base}/ui/ensembles/{NAMESPACE}/e0", connections=32,
+                           seconds=seconds, log=work / "loadgen.log", what="page GETs")
             results.set("ui_page_p50_ms", out["p50_ms"])
             results.set("ui_page_p99_ms", out["p99_ms"])
             results.set("ui_page_per_s", out["per_s"])

@@ -34,6 +34,7 @@ from tests.bench.common import (
     BenchError,
     Results,
     free_port,
+    get_load,
     http_json,
     read_line,
     spawn,
@@ -100,15 +101,7 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None) ->
             wait_for("ensemble e0 with 18 members", lambda: _members(url) == 18, timeout=120,
                      interval=0.1)
 
-            gen = spawn([PY, "-m", "tests.bench.loadgen", "get", "--url", url,
-                         "--connections", "32", "--seconds", str(seconds)],
-                        log=work / "loadgen.log", stdout_pipe=True)
-            try:
-                out = json.loads(read_line(gen, "{", timeout=seconds + 60))
-            finally:
-                stop(gen)
-            if out["errors"]:
-                raise BenchError(f"{out['errors']} of {out['requests']} GETs failed")
+            out = get_load(url, connections=32, seconds=seconds, log=work / "loadgen.log")
             results.set("registry_get_per_s", out["per_s"])
             results.set("registry_get_p50_ms", out["p50_ms"])
             results.set("registry_get_p99_ms", out["p99_ms"])
