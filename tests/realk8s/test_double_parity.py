@@ -18,6 +18,7 @@ refusals) and ValidatingAdmissionPolicy objects.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import subprocess
 import sys
@@ -352,12 +353,10 @@ def _published(api: Api, ns: str) -> Any:
         for s in r.json()["items"])
 
 
-def test_host_agent_publishes_the_same_slices_on_double_and_real(
-        control_plane: ControlPlane, host_agent: HostAgentProc, double_srv: ThreadedKubeApi,
-        tmp_path: Path) -> None:
-    admin = control_plane.admin
-    assert admin is not None
-    ns = f"rk8s-mix-{uuid.uuid4().hex[:6]}"
+@contextlib.contextmanager
+def _agent_on_double(double_srv: ThreadedKubeApi, tmp_path: Path) -> Iterator[tuple[Api, int]]:
+    """A second host agent against the double (log in ``tmp_path/agent.log``), beside the
+    module's agent on the real apiserver: (a client of the double, the agent's port)."""
     dbl = Api(double_srv.url, None, double_srv.token)
     kc = double_srv.write_kubeconfig(tmp_path / "double.kubeconfig")
     port = free_port()
@@ -366,6 +365,24 @@ def test_host_agent_publishes_the_same_slices_on_double_and_real(
          "--listen", f"127.0.0.1:{port}"],
         stdout=(tmp_path / "agent.log").open("wb"), stderr=subprocess.STDOUT)
     try:
+        yield dbl, port
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(10)
+        dbl.close()
+
+
+def test_host_agent_publishes_the_same_slices_on_double_and_real(
+        control_plane: ControlPlane, host_agent: HostAgentProc, double_srv: ThreadedKubeApi,
+        tmp_path: Path) -> None:
+    admin = control_plane.admin
+    assert admin is not None
+    ns = f"rk8s-mix-{uuid.uuid4().hex[:6]}"
+    with _agent_on_double(double_srv, tmp_path) as (dbl, port):
         for api in (admin, dbl):
             api.ok("POST", "/api/v1/namespaces",
                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -390,14 +407,6 @@ def test_host_agent_publishes_the_same_slices_on_double_and_real(
             for url in (host_agent.registry, f"http://127.0.0.1:{port}")]
         assert problems[0] == problems[1]
         assert problems[0], "the duplicated slot and the out-of-range index are problems"
-    finally:
-        agent.terminate()
-        try:
-            agent.wait(10)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(10)
-        dbl.close()
         admin.delete(f"/api/v1/namespaces/{ns}")
 
 
@@ -435,43 +444,31 @@ def test_host_agent_writes_the_same_service_status_and_events_on_double_and_real
     admin = control_plane.admin
     assert admin is not None
     ns = f"rk8s-crs-{uuid.uuid4().hex[:6]}"
-    dbl = Api(double_srv.url, None, double_srv.token)
-    kc = double_srv.write_kubeconfig(tmp_path / "double.kubeconfig")
-    port = free_port()
-    agent = subprocess.Popen(
-        [str(Path(sys.executable).with_name("imex-host-agent")), "--kubeconfig", str(kc),
-         "--listen", f"127.0.0.1:{port}"],
-        stdout=(tmp_path / "agent.log").open("wb"), stderr=subprocess.STDOUT)
     try:
-        for api in (admin, dbl):
-            api.ok("POST", "/api/v1/namespaces",
-                   {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-            api.create(f"/apis/imex-ensemble.io/v1alpha1/namespaces/{ns}/imexensembles",
-                       {"apiVersion": "imex-ensemble.io/v1alpha1", "kind": "ImexEnsemble",
-                        "metadata": {"name": "crs", "namespace": ns},
-                        "spec": {"maxMembers": 4, "network": "default"}})
-            for i in range(2):
-                create_vmi(api, vmi(ns, f"crs-{i}", "crs", ip=f"10.31.0.{i + 10}", node=f"n{i}"))
+        with _agent_on_double(double_srv, tmp_path) as (dbl, _):
+            for api in (admin, dbl):
+                api.ok("POST", "/api/v1/namespaces",
+                       {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+                api.create(f"/apis/imex-ensemble.io/v1alpha1/namespaces/{ns}/imexensembles",
+                           {"apiVersion": "imex-ensemble.io/v1alpha1", "kind": "ImexEnsemble",
+                            "metadata": {"name": "crs", "namespace": ns},
+                            "spec": {"maxMembers": 4, "network": "default"}})
+                for i in range(2):
+                    create_vmi(api, vmi(ns, f"crs-{i}", "crs", ip=f"10.31.0.{i + 10}",
+                                        node=f"n{i}"))
 
-        def told(api: Api) -> Callable[[], bool]:
-            def check() -> bool:
-                story = _cr_story(api, ns)
-                return bool(story) and len(story["members"]) == 2 and \
-                    {"ServiceCreated", "MemberJoined"} <= set(story["events"])
-            return check
+            def told(api: Api) -> Callable[[], bool]:
+                def check() -> bool:
+                    story = _cr_story(api, ns)
+                    return bool(story) and len(story["members"]) == 2 and \
+                        {"ServiceCreated", "MemberJoined"} <= set(story["events"])
+                return check
 
-        # the agent lists ImexEnsembles again every 30 s if it started before the CRD
-        wait_until(told(admin), "the agent's story on the real apiserver", 90)
-        wait_until(told(dbl), "the agent's story on the double", 60,
-                   lambda: (tmp_path / "agent.log").read_text()[-3000:])
-        real, fake = _cr_story(admin, ns), _cr_story(dbl, ns)
-        assert real == fake, f"real: {real}\ndouble: {fake}"
+            # the agent lists ImexEnsembles again every 30 s if it started before the CRD
+            wait_until(told(admin), "the agent's story on the real apiserver", 90)
+            wait_until(told(dbl), "the agent's story on the double", 60,
+                       lambda: (tmp_path / "agent.log").read_text()[-3000:])
+            real, fake = _cr_story(admin, ns), _cr_story(dbl, ns)
+            assert real == fake, f"real: {real}\ndouble: {fake}"
     finally:
-        agent.terminate()
-        try:
-            agent.wait(10)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(10)
-        dbl.close()
         admin.delete(f"/api/v1/namespaces/{ns}")
