@@ -4,13 +4,14 @@ and metrics, and what its rights are and which of them it used (audit log)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import yaml
 
-from tests.realk8s.harness import Api, ControlPlane, Proc, wait_until
+from tests.realk8s.harness import Api, ControlPlane, Proc, free_port, wait_until
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "base"
 AGENT_SA_NAMESPACE = "imex-system"
@@ -25,6 +26,9 @@ class HostAgentProc:
     registry: str  # base URL of its HTTP registry on loopback
     proc: Proc
     kubeconfig: Path
+    #: the audit log's position before it started (identities are shared by a session's
+    #: tests: its own requests are the ones after this mark)
+    audit_mark: int = 0
 
     def metric(self, name: str, **labels: str) -> float:
         """Current value of one Prometheus sample (0 when absent)."""
@@ -55,6 +59,22 @@ IDENTITY_KINDS = {
     "ValidatingAdmissionPolicyBinding": ("admissionregistration.k8s.io/v1",
                                          "validatingadmissionpolicybindings", False),
 }
+
+
+def start_host_agent(cp: ControlPlane, name: str, kubeconfig: Path,
+                     *extra: str) -> HostAgentProc:
+    """The installed ``imex-host-agent`` as process ``name`` of ``cp`` (stopped with
+    ``cp.stop_process(name)``), registry on a free loopback port, JSON logs, ``extra``
+    flags; returned once its /readyz answers 200."""
+    mark = cp.audit_mark()
+    port = free_port()
+    exe = Path(sys.executable).with_name("imex-host-agent")
+    proc = cp._spawn(name, [str(exe), "--kubeconfig", str(kubeconfig), "--listen",
+                            f"127.0.0.1:{port}", "--json", *extra])
+    agent = HostAgentProc(f"http://127.0.0.1:{port}", proc, kubeconfig, mark)
+    cp._await(proc, f"{name} /readyz",
+              lambda: httpx.get(f"{agent.registry}/readyz", timeout=2).status_code == 200, 60)
+    return agent
 
 
 def object_path(obj: dict[str, object]) -> str:

@@ -9,13 +9,11 @@ namespace. Teardown runs even when a test or the start itself fails.
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -25,9 +23,10 @@ from tests.realk8s.agentproc import (
     MANIFESTS,
     HostAgentProc,
     apply_base_rbac,
+    start_host_agent,
 )
 from tests.realk8s.crd import kubevirt_openapi
-from tests.realk8s.harness import Api, ControlPlane, build_binaries, free_port
+from tests.realk8s.harness import Api, ControlPlane, build_binaries
 
 OPENAPI = kubevirt_openapi()
 
@@ -102,15 +101,7 @@ def host_agent(control_plane: ControlPlane) -> Iterator[HostAgentProc]:
     token = control_plane.service_account_token(AGENT_SA_NAMESPACE, AGENT_SA)
     kc = control_plane.write_kubeconfig(control_plane.workdir / "host-agent.kubeconfig",
                                         token, AGENT_SA)
-    port = free_port()
-    exe = Path(sys.executable).with_name("imex-host-agent")
-    proc = control_plane._spawn("host-agent", [
-        str(exe), "--kubeconfig", str(kc), "--listen", f"127.0.0.1:{port}", "--json"])
-    agent = HostAgentProc(f"http://127.0.0.1:{port}", proc, kc)
     try:
-        control_plane._await(
-            proc, "host agent /readyz",
-            lambda: httpx.get(f"{agent.registry}/readyz", timeout=2).status_code == 200, 60)
-        yield agent
+        yield start_host_agent(control_plane, "host-agent", kc)
     finally:
         control_plane.stop_process("host-agent")

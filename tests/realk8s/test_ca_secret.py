@@ -11,10 +11,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import ssl
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,9 +29,10 @@ from tests.realk8s.agentproc import (
     apply_base_rbac,
     may,
     rights_used,
+    start_host_agent,
 )
 from tests.realk8s.fixtures import ensemble_service
-from tests.realk8s.harness import ControlPlane, free_port, wait_until
+from tests.realk8s.harness import ControlPlane, wait_until
 from tests.realk8s.kubeops import SERVICES
 
 pytestmark = pytest.mark.realk8s
@@ -61,15 +60,7 @@ def apply_ca_role(cp: ControlPlane) -> set[tuple[str, str, str]]:
 def start_agent(cp: ControlPlane, name: str) -> HostAgentProc:
     token = cp.service_account_token(AGENT_SA_NAMESPACE, AGENT_SA)
     kc = cp.write_kubeconfig(cp.workdir / f"{name}.kubeconfig", token, AGENT_SA)
-    port = free_port()
-    exe = Path(sys.executable).with_name("imex-host-agent")
-    proc = cp._spawn(name, [str(exe), "--kubeconfig", str(kc), "--listen",
-                            f"127.0.0.1:{port}", "--json",
-                            "--agent-namespace", AGENT_SA_NAMESPACE])
-    agent = HostAgentProc(f"http://127.0.0.1:{port}", proc, kc)
-    cp._await(proc, f"{name} /readyz",
-              lambda: httpx.get(f"{agent.registry}/readyz", timeout=2).status_code == 200, 60)
-    return agent
+    return start_host_agent(cp, name, kc, "--agent-namespace", AGENT_SA_NAMESPACE)
 
 
 def fingerprint(secret: dict[str, Any]) -> str:
