@@ -14,7 +14,10 @@ monotonic clock anyway, so the gate closes on time even while a request hangs.
 
 Writes are optimistic: a PUT carries the resourceVersion it was planned from,
 so two candidates racing for an expired lease get one 200 and one 409, and the
-loser simply reads again.
+loser simply reads again. A read whose answer arrives after its own timeout
+(the process was paused with the reply queued) is dropped unplanned and read
+again, so a leader woken from SIGSTOP does not even try a renew that the API
+would refuse.
 
 Failures never stop the agent: a refused verb (403: RBAC missing) is logged
 once per verb with what to grant, and the replica keeps serving reads and
@@ -178,6 +181,7 @@ class LeaseElection:
         self._was_leading = False
         self._stopping = False
         self._wake = asyncio.Event()
+        self._again = False  # step again without sleeping (a stale read was dropped)
         self.steps = 0
 
     @property
@@ -212,6 +216,9 @@ class LeaseElection:
                 left = self.elector.renewed_at + self.config.renew_deadline - self._clock()
                 delay = max(0.0, min(delay, left - 0.05))
             self._wake.clear()
+            if self._again:
+                self._again = False
+                continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
@@ -226,13 +233,23 @@ class LeaseElection:
         """One read-decide-write round."""
         self.steps += 1
         try:
+            budget = self._timeout()
+            asked = self._clock()
             try:
-                obj = await self.api.get(self._timeout())
+                obj = await self.api.get(budget)
             except (KubeError, TimeoutError) as exc:
                 self._failed("get", exc)
                 return
-            self._last = obj
             now = self._clock()
+            if now - asked > budget:
+                # The answer came back after its own timeout: the process was paused
+                # (SIGSTOP, a frozen VM) with the reply queued. What it says may be long
+                # out of date, so nothing is planned from it: read again at once.
+                log.info("leader election: a read of %s came back %.1f s after it was sent "
+                         "(budget %.1f s); reading again", self.where, now - asked, budget)
+                self._again = True
+                return
+            self._last = obj
             self.elector.observe(now, record_of(obj) if obj is not None else None)
             want = self.elector.plan(self._clock())
             if want is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -336,3 +336,38 @@ async def test_twin_refuses_and_says_why(caplog: pytest.LogCaptureFixture) -> No
     assert first.leading and not twin.leading
     msgs = [r.getMessage() for r in caplog.records if "own identity" in r.getMessage()]
     assert len(msgs) == 1 and "'same'" in msgs[0] and "--identity" in msgs[0]
+
+
+async def test_a_read_answered_after_a_pause_is_not_planned_from() -> None:
+    """SIGSTOP with a GET's reply queued: the woken leader must not renew from it (the API
+    would answer 409, but the audit log would still show a write from a fenced replica)."""
+    lease = MemLease()
+    clock = [0.0]
+
+    class PausedApi(FakeApi):
+        pause = False
+
+        async def get(self, timeout: float) -> dict[str, Any] | None:
+            before = self.lease.get()  # the reply, already on its way
+            if self.pause:
+                self.pause = False
+                clock[0] += CFG.lease_duration + 5.0  # stopped meanwhile
+                other = Elector("b", "i-b", CFG)
+                other.observe(0.0, None)
+                want = other.plan(0.0)
+                assert want is not None and before is not None
+                taken = lease_body("ns", "l", replace(want, resource_version=before[
+                    "metadata"]["resourceVersion"], acquire_now=True), before, 0.0)
+                self.lease.update(taken)  # the follower took over
+            return before
+
+    api = PausedApi(lease)
+    el = LeaseElection(api, "a", CFG, clock=lambda: clock[0])
+    await el.step()
+    assert el.leading and lease.writes == [("create", "a")]
+    api.pause = True
+    await el.step()
+    assert lease.writes == [("create", "a"), ("update", "b")], "no write planned from it"
+    assert not el.leading and not el.may_write() and el._again
+    await el.step()  # the fresh read shows the new holder: still nothing written
+    assert lease.writes[-1] == ("update", "b") and not el.leading
