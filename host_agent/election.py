@@ -143,7 +143,7 @@ class Elector:
             self.observed = lease
             self.observed_absent = False
             self.observed_at = now
-        if self.leading and not self._is_ours(lease):
+        if self.leading and not self.is_ours(lease):
             self.leading = False  # someone else holds it now: stop at once
 
     def _count(self, lease: LeaseRecord) -> None:
@@ -155,7 +155,8 @@ class Elector:
     def _holder_alive_before(self) -> bool:
         return self.observed is not None and self.observed.holder != ""
 
-    def _is_ours(self, lease: LeaseRecord) -> bool:
+    def is_ours(self, lease: LeaseRecord) -> bool:
+        """Held by this very process (our identity and our instance)."""
         return lease.holder == self.identity and lease.instance == self.instance
 
     def _duration(self, lease: LeaseRecord) -> float:
@@ -182,7 +183,7 @@ class Elector:
                 return None
             return Desired(self.identity, self.instance, self.config.lease_duration,
                            True, 0, None)
-        if self._is_ours(lease):
+        if self.is_ours(lease):
             # renew (also after a restart of our own loop): keep acquireTime
             self.twin = None
             return Desired(self.identity, self.instance, self.config.lease_duration,

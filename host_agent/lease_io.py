@@ -7,7 +7,12 @@ keeps time. One task (``LeaseElection.run``) does, forever:
   PUT with the observed resourceVersion to take or renew) -> sleep.
 
 A leader sleeps ``retry_period`` between renewals; a candidate sleeps a
-jittered retry period (client-go's factor 1.2). Every request of a leader is
+jittered retry period (client-go's factor 1.2). The Lease watch (``lease_changed``,
+wired in main.py) cuts a sleep short when it shows the lease released, deleted or,
+while we lead, held by someone else: a released lease is then taken within one GET
+and one PUT instead of at the next jittered read. Routine renews by another holder
+wake nobody, so a follower reads no more often than it polls. Without list/watch
+rights the loop simply polls, as client-go does. Every request of a leader is
 bounded by what is left of its renew deadline, so a hung apiserver cannot
 keep it "leading" past the deadline; ``may_write`` reads the deadline on the
 monotonic clock anyway, so the gate closes on time even while a request hangs.
@@ -24,8 +29,8 @@ once per verb with what to grant, and the replica keeps serving reads and
 writes nothing; any other error is logged and retried at the next period.
 
 ``release`` (graceful stop): the gate closes first, then the lease is written
-with no holder and a 1 s duration, so a candidate takes it at its next read
-instead of waiting out 15 s.
+with no holder and a 1 s duration, so a candidate takes it as soon as its watch
+shows the release (else at its next read) instead of waiting out 15 s.
 """
 
 from __future__ import annotations
@@ -207,6 +212,9 @@ class LeaseElection:
                  self.where, self.config.lease_duration, self.config.renew_deadline,
                  self.config.retry_period)
         while not self._stopping:
+            # cleared before the step, not after: a nudge that arrives while the step's
+            # GET is in flight may show a change that GET missed, so it must end the sleep
+            self._wake.clear()
             await self.step()
             period = self.config.retry_period
             delay = period if self.elector.leading else jittered(
@@ -215,13 +223,33 @@ class LeaseElection:
                 # never sleep past the deadline: renew in time to keep the gate open
                 left = self.elector.renewed_at + self.config.renew_deadline - self._clock()
                 delay = max(0.0, min(delay, left - 0.05))
-            self._wake.clear()
             if self._again:
                 self._again = False
                 continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
+
+    def nudge(self) -> None:
+        """Step now rather than at the end of the current sleep."""
+        self._wake.set()
+
+    def lease_changed(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        """The Lease watch's handler: wake the loop when the event may change what we do.
+
+        That is a lease released (no holder) or deleted, or, while we lead, held by
+        anyone but this process. The event itself is not folded into the elector: it
+        may be older than a read the loop already observed, and resourceVersions
+        cannot be ordered, so the woken step reads the Lease afresh.
+        """
+        if self._stopping:
+            return
+        if new is None:
+            self.nudge()
+            return
+        record = record_of(new)
+        if record.holder == "" or (self.elector.leading and not self.elector.is_ours(record)):
+            self.nudge()
 
     def _timeout(self) -> float:
         if self.elector.leading:
@@ -304,7 +332,8 @@ class LeaseElection:
                 log.error(
                     "leader election: the API refuses %r on %s (%s): this service account "
                     "lacks the verb %s on leases in namespace %s. Grant get, create and "
-                    "update on leases there (a Role; manifests/base/role-leader-election.yaml)."
+                    "update (and list and watch, for a handover within a second) on leases "
+                    "there (a Role; manifests/base/role-leader-election.yaml)."
                     " This replica keeps serving the registry and writes nothing.",
                     verb, self.where, status, verb, getattr(self.api, "namespace", "?"))
             return

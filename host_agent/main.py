@@ -6,7 +6,9 @@ Task layout (one TaskGroup, every task's lifetime visible here):
   HTTP server. The ImexEnsemble informer is optional: without the CRD (or
   without RBAC for it) Service-only ensembles work as before. A sidecar
   (``--vmi``) does not watch ImexEnsembles: it reads the Service, which
-  carries the same settings, and never creates one.
+  carries the same settings, and never creates one. With ``--leader-elect``:
+  the election loop, and a watch of its one Lease that only wakes that loop
+  (optional too: without list/watch rights the loop polls).
 
 Start: the HTTP server answers at once (/healthz 200, /readyz 503 until the
 first full picture is reconciled); nothing is written before every informer
@@ -37,6 +39,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from lightkube import AsyncClient, operators
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap
 from prometheus_client import CollectorRegistry
 
@@ -129,6 +132,9 @@ class HostAgent:
         self.gate: WriteGate = ALWAYS
         self.cas: CaManager | None = None
         self.election: LeaseElection | None = None
+        #: wakes the election loop on a release (not in ``informers``: readiness and the
+        #: reconciler do not wait for it)
+        self.lease_watch: Informer | None = None
         self.reports: ReportPersister | None = None
 
     def _build(self, client: AsyncClient) -> None:
@@ -144,6 +150,17 @@ class HostAgent:
                 if self.reconciler is not None else None,
             )
             self.gate = LeaseGate(self.election, s.identity)
+            # a release is taken within a GET and a PUT instead of the next jittered read;
+            # without list/watch rights the loop polls as before (said once)
+            self.lease_watch = Informer(
+                "lease", ListWatcher(client, Lease, namespace=s.lease_namespace,
+                                     fields={"metadata.name": s.leader_elect_name},
+                                     timeout_seconds=s.watch_timeout_seconds),
+                Store("lease"), self.election.lease_changed, self.metrics, s, s.lease_namespace,
+                optional=True,
+                absent_note=f"leader election polls the Lease every retry period instead; "
+                f"grant list and watch on leases in namespace {s.lease_namespace} for a "
+                f"handover within a second")
         else:
             self.metrics.set_leader(True)
         writer = SliceWriter(client, s.field_manager, self.gate)
@@ -321,6 +338,8 @@ class HostAgent:
                 election = None
                 if self.election is not None:
                     election = tg.create_task(self.election.run(), name="leader election")
+                if self.lease_watch is not None:
+                    loops.append(tg.create_task(self.lease_watch.run(), name="lease watch"))
                 if self.status is not None:
                     loops.append(tg.create_task(self.status.run(), name="status writer"))
                 if self.events is not None:
@@ -350,9 +369,10 @@ class HostAgent:
         """Graceful stop, in this order: readiness off and every parked long-poll answered
         with the current state (``state.close``: guests ask again at once, through the
         Service, and land on another replica); the lease released at once, so another
-        replica leads within a retry period rather than a lease duration; then the
-        listener stays open ``shutdown_drain`` seconds for connections a balancer still
-        sends here before it has seen readiness go."""
+        replica leads as soon as its Lease watch shows the release (else within a retry
+        period) rather than after a lease duration; then the listener stays open
+        ``shutdown_drain`` seconds for connections a balancer still sends here before it
+        has seen readiness go."""
         log.info("stopping: readiness off, answering long-polls, releasing the lease")
         self.state.close()
         if election is not None and self.election is not None:

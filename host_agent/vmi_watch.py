@@ -262,6 +262,7 @@ class Informer:
         namespace: str | None = None,
         *,
         optional: bool = False,
+        absent_note: str = "",
     ) -> None:
         self.name = name
         #: A kind the cluster may not serve (the ImexEnsemble CRD is optional): a list
@@ -269,6 +270,8 @@ class Informer:
         #: synced list, and the list is retried every ``settings.optional_kind_retry``.
         self._optional = optional
         self._absent_logged = False
+        #: what an optional kind's absence costs and what to grant (added to its warning)
+        self._absent_note = absent_note
         self._source = source
         self._store = store
         self._on_change = on_change
@@ -344,8 +347,10 @@ class Informer:
         if not self._absent_logged:
             self._absent_logged = True
             why = "not installed" if exc.status == 404 else "not permitted by RBAC"
-            log.warning("%s: the kind is %s (%s); carrying on without it, checking again "
-                        "every %g s", self.name, why, exc, self._settings.optional_kind_retry)
+            log.warning("%s: the kind is %s (%s); carrying on without it%s, checking again "
+                        "every %g s", self.name, why, exc,
+                        f" ({self._absent_note})" if self._absent_note else "",
+                        self._settings.optional_kind_retry)
         if not self.synced.is_set():
             self._metrics.synced.labels(self.name).set(1)
         self.synced.set()

@@ -77,7 +77,7 @@ CA_ALLOWED = {("", "secrets"): {"get", "create", "update"}}
 #: Leader election and the guests' persisted reports (issue 16): a Role in the agent's own
 #: namespace, never a ClusterRole.
 LE_ROLE = "imex-host-agent-leader-election"
-LE_ALLOWED = {("coordination.k8s.io", "leases"): {"get", "create", "update"},
+LE_ALLOWED = {("coordination.k8s.io", "leases"): {"get", "create", "update", "list", "watch"},
               ("", "configmaps"): {"list", "watch", "create", "patch"}}
 # What namespace users get through the built-in admin/edit/view roles.
 AGGREGATED = {

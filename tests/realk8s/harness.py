@@ -189,12 +189,13 @@ class Api:
                        params={"fieldManager": manager, "force": "true"})
 
     @contextlib.contextmanager
-    def watch(self, path: str, resource_version: str,
-              timeout: float = 30.0) -> Iterator[tuple[int, Iterator[dict[str, Any]]]]:
-        """Open a watch; yields (HTTP status, iterator of decoded events)."""
+    def watch(self, path: str, resource_version: str, timeout: float = 30.0,
+              params: Mapping[str, str] | None = None
+              ) -> Iterator[tuple[int, Iterator[dict[str, Any]]]]:
+        """Open a watch (``params``: selectors); yields (HTTP status, decoded events)."""
         params = {"watch": "1", "resourceVersion": resource_version,
                   "allowWatchBookmarks": "false",
-                  "timeoutSeconds": str(int(timeout))}
+                  "timeoutSeconds": str(int(timeout)), **(params or {})}
         with self.client.stream("GET", path, params=params,
                                 timeout=httpx.Timeout(timeout + 5)) as resp:
             def events() -> Iterator[dict[str, Any]]:

@@ -189,3 +189,43 @@ def test_missing_lease_rights_name_the_verb_and_reads_keep_serving(
         assert writes == []
     finally:
         cluster.close()
+
+
+def test_without_list_and_watch_on_leases_it_polls_and_says_so_once(
+        control_plane: ControlPlane, admin: Api, tmp_path: Path) -> None:
+    """The leader-election Role as it was before the Lease watch (get/create/update only):
+    the replica still leads, by polling, and names the verbs to grant once."""
+    sa = f"ha-nowatch-{uuid.uuid4().hex[:4]}"
+    cluster = HaCluster(control_plane, tmp_path, lease=LEASE_CFG,
+                        extra_args=("--tune", "optional_kind_retry=0.5"))  # lists it again
+    apply_base_rbac(control_plane)
+    token = control_plane.service_account_token(AGENT_SA_NAMESPACE, sa,
+                                                cluster_role="imex-host-agent")
+    roles = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{AGENT_SA_NAMESPACE}"
+    admin.apply(f"{roles}/roles/{sa}", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": sa, "namespace": AGENT_SA_NAMESPACE},
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                   "verbs": ["get", "create", "update"]},
+                  {"apiGroups": [""], "resources": ["configmaps"],
+                   "verbs": ["list", "watch", "create", "patch"]}]})
+    admin.apply(f"{roles}/rolebindings/{sa}", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": sa, "namespace": AGENT_SA_NAMESPACE},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": AGENT_SA_NAMESPACE}]})
+    cluster.kubeconfig = control_plane.write_kubeconfig(tmp_path / "kc", token, sa)
+    said = f"grant list and watch on leases in namespace {AGENT_SA_NAMESPACE}"
+    try:
+        r: Replica = cluster.start()
+        wait_until(lambda: r.metric("imex_host_agent_leader") == 1, "it leads by polling", 30,
+                   lambda: r.log.read_text()[-2000:])
+        wait_until(lambda: said in r.log.read_text(), "the warning naming list and watch", 20,
+                   lambda: r.log.read_text()[-2000:])
+        time.sleep(2)
+        assert r.log.read_text().count(said) == 1  # once, not at each of the ~4 list retries
+        assert r.metric("imex_host_agent_leader") == 1
+    finally:
+        cluster.close()
+        admin.delete(f"{roles}/rolebindings/{sa}")
+        admin.delete(f"{roles}/roles/{sa}")

@@ -224,7 +224,7 @@ NOT_IN_THIS_STORY: dict[tuple[str, str, str, str], str] = {
     **{("events.k8s.io", "events", v, ""): "Events are ImexEnsembles' (issue 15)"
        for v in ("create", "patch")},
     **{("coordination.k8s.io", "leases", v, "imex-system"): "leader election is off with "
-       "one replica (issue 16)" for v in ("get", "create", "update")},
+       "one replica (issue 16)" for v in ("get", "create", "update", "list", "watch")},
     **{("", "secrets", v, "imex-system"): "no authEncryption ensemble here (issue 19)"
        for v in ("get", "create", "update")},
     **{("", "configmaps", v, "imex-system"): "no guest reports in this story (issue 16)"

@@ -13,6 +13,11 @@ with its precondition; an ImexEnsemble's status applied with the persisted pair
 resourceVersion, a stale one (409) and a ``since`` that is no date-time (422).
 Answers are reduced to what clients act on (code, reason,
 the fields a 422 names, a projection of the object) and must be equal.
+
+The Lease watch (every electing replica list-watches its one Lease): a list with
+``fieldSelector=metadata.name=l`` beside another Lease, a watch from that list's
+resourceVersion that sees MODIFIED for an update and DELETED for a delete of ``l`` and
+nothing of the other Lease, and a field the Lease kind does not select on (400).
 """
 
 from __future__ import annotations
@@ -246,3 +251,58 @@ def test_double_answers_leases_and_preconditions_as_the_real_apiserver(
     assert codes[14] == 409 and codes[16] == 409
     assert "x" in real[12][2] and "x" not in real[18][2]  # the annotation went
     assert codes[20] == 200 and codes[21] == 409 and codes[22] == 422
+
+
+def watch_story(api: Api, ns: str) -> list[Any]:
+    """The Lease watch's calls, reduced to what the informer acts on."""
+    api.ok("POST", "/api/v1/namespaces",
+           {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    leases = LEASES.format(ns=ns)
+    mine = api.create(leases, lease(ns))
+    other = api.create(leases, {**lease(ns, "z"), "metadata": {"name": "other", "namespace": ns}})
+    only = {"fieldSelector": "metadata.name=l"}
+    out: list[Any] = []
+    listed = api.request("GET", leases, params=only)
+    body = listed.json()
+    out.append((listed.status_code, body.get("kind"),
+                [i["metadata"]["name"] for i in body.get("items") or []]))
+    bad = api.request("GET", leases, params={"fieldSelector": "spec.holderIdentity=a"})
+    out.append(reduce(bad))
+    with api.watch(leases, body["metadata"]["resourceVersion"], timeout=15,
+                   params=only) as (status, events):
+        out.append(status)
+        released = api.ok("PUT", f"{leases}/l", {
+            **mine, "spec": {**mine["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}})
+        api.ok("PUT", f"{leases}/other", {**other, "spec": {**other["spec"],
+                                                            "holderIdentity": "y"}})
+        assert api.delete(f"{leases}/other").status_code == 200
+        assert api.delete(f"{leases}/l").status_code == 200
+        seen = []
+        for ev in events:
+            obj = ev.get("object") or {}
+            meta = obj.get("metadata") or {}
+            seen.append((ev.get("type"), obj.get("kind"), meta.get("name"),
+                         (obj.get("spec") or {}).get("holderIdentity"),
+                         meta.get("resourceVersion") == released["metadata"]["resourceVersion"]))
+            if ev.get("type") == "DELETED":
+                break
+        out.append(seen)
+    return out
+
+
+def test_double_list_watches_one_lease_by_field_selector_as_the_real_apiserver(
+        control_plane: ControlPlane, double: Api) -> None:
+    admin = control_plane.admin
+    assert admin is not None
+    ns = f"rk8s-lwatch-{uuid.uuid4().hex[:6]}"
+    try:
+        real = watch_story(admin, ns)
+    finally:
+        admin.delete(f"/api/v1/namespaces/{ns}")
+    fake = watch_story(double, ns)
+    assert fake == real, f"the API double disagrees with kube-apiserver:\n  real:   {real!r}" \
+        f"\n  double: {fake!r}"
+    # the story means what it says on the real server
+    assert real[0] == (200, "LeaseList", ["l"]) and real[1][0] == 400 and real[2] == 200
+    assert [(t, name, holder) for t, _, name, holder, _ in real[3]] == [
+        ("MODIFIED", "l", ""), ("DELETED", "l", "")]

@@ -6,8 +6,8 @@ Why: the sandbox runs the host agent exactly as ``imex-host-agent`` does (same f
 parsing, logging and ``run``), but an API outage in a test must not cost the production
 backoff ceiling (30 s) before the agent tries again. ``--tune`` overrides numeric
 ``HostSettings`` fields that have no flag (``backoff_initial``, ``backoff_max``,
-``watch_timeout_seconds``, ``settle_seconds``, ``shutdown_grace``); everything else comes
-from the real CLI.
+``watch_timeout_seconds``, ``settle_seconds``, ``shutdown_grace``,
+``optional_kind_retry``); everything else comes from the real CLI.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from host_agent.cli import build_settings
 from host_agent.settings import HostSettings, SettingsError
 
 TUNABLE = ("backoff_initial", "backoff_max", "watch_timeout_seconds", "settle_seconds",
-           "shutdown_grace", "workers", "shutdown_drain")
+           "shutdown_grace", "workers", "shutdown_drain", "optional_kind_retry")
 
 
 def split_tuning(argv: Sequence[str]) -> tuple[dict[str, float | int], list[str]]:

@@ -254,3 +254,33 @@ async def test_reports_land_on_any_replica_show_everywhere_and_survive_restarts(
             await eventually(lambda a=a: len(a.agent.state.get(ENS).reports) == 18,  # type: ignore[union-attr]
                              10, "reports back after a restart of every replica")
             assert await shown(client, a, 7) == "WAITING_FOR_PEERS"
+
+
+#: candidates sleep 5-11 s between reads: only the Lease watch can hand over quickly
+SLOW_RETRY: dict[str, Any] = {**ELECT, "leader_elect_lease_duration": 30.0,
+                              "leader_elect_renew_deadline": 20.0,
+                              "leader_elect_retry_period": 5.0}
+
+
+async def test_a_released_lease_is_taken_through_the_watch_not_the_next_read(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    setup(api)
+    first = await start_agent(identity="r0", **SLOW_RETRY)
+    await elected(api, [first])
+    second = await start_agent(identity="r1", **SLOW_RETRY)
+    await second.settled(20)
+    el = second.agent.election
+    assert el is not None and second.agent.lease_watch is not None
+    await eventually(lambda: second.agent.lease_watch is not None
+                     and second.agent.lease_watch.synced.is_set(), 10, "lease watch listed")
+    steps = el.steps
+    await eventually(lambda: el.steps > steps, 15, "a follower read")  # next read 5 s on
+    t0 = time.monotonic()
+    await first.stop()
+    await eventually(lambda: el.may_write(), 3, "the follower takes over")
+    took = time.monotonic() - t0
+    assert took < 1.5, took
+    lease = api.get(*LEASE, "imex-host-agent", "imex-system")
+    assert lease["spec"]["holderIdentity"] == "r1"
+

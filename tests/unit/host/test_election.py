@@ -3,9 +3,13 @@ on injected clocks and an in-memory Lease with the apiserver's optimistic concur
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import logging
 import random
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -160,7 +164,10 @@ class MemLease:
     writes: list[tuple[str, str]] = field(default_factory=list)
     refuse: set[str] = field(default_factory=set)
 
+    gets: int = 0
+
     def get(self) -> dict[str, Any] | None:
+        self.gets += 1
         if "get" in self.refuse:
             raise KubeError("get: 403: forbidden", 403)
         return copy.deepcopy(self.obj)
@@ -371,3 +378,105 @@ async def test_a_read_answered_after_a_pause_is_not_planned_from() -> None:
     assert not el.leading and not el.may_write() and el._again
     await el.step()  # the fresh read shows the new holder: still nothing written
     assert lease.writes[-1] == ("update", "b") and not el.leading
+
+
+# -- woken by the Lease watch ----------------------------------------------------------------
+
+
+def held_by_b(lease: MemLease) -> dict[str, Any]:
+    want = Elector("b", "i-b", CFG).plan(0.0)
+    assert want is not None
+    return lease.create(lease_body("imex-system", "imex-host-agent", want, None, 0.0))
+
+
+def edited(obj: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["spec"].update(spec)
+    return out
+
+
+async def until(check: Callable[[], bool], timeout: float) -> None:
+    """Poll ``check`` (the loop under test runs between polls) for up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s"
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def running(el: LeaseElection) -> AsyncIterator[None]:
+    task = asyncio.create_task(el.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_nudge_during_a_step_is_not_lost() -> None:
+    """The watch shows a release while the step's GET is in flight with the older reply
+    already on its way: the loop must read again at once, not sleep its retry period."""
+    lease = MemLease()
+    held_by_b(lease)
+
+    class RacingApi(FakeApi):
+        armed = True
+
+        async def get(self, timeout: float) -> dict[str, Any] | None:
+            before = self.lease.get()
+            if self.armed and before is not None:
+                self.armed = False
+                released = self.lease.update(edited(before, holderIdentity=""))
+                el.lease_changed(before, released)  # the watch event, mid-step
+            return before
+
+    el = LeaseElection(RacingApi(lease), "a", CFG, rng=lambda: 0.0)  # sleeps 2 s
+    async with running(el):
+        await until(lambda: el.leading, 1.0)  # not after the 2 s sleep
+    assert lease.gets == 2 and lease.writes[-1] == ("update", "a")
+
+
+async def test_a_release_seen_on_the_watch_is_taken_with_one_get_and_one_put() -> None:
+    lease = MemLease()
+    held = held_by_b(lease)
+    el = LeaseElection(FakeApi(lease), "a", CFG, rng=lambda: 0.0)
+    async with running(el):
+        await until(lambda: el.steps == 1, 1.0)  # read: held by b; now sleeping 2 s
+        assert not el.leading and lease.gets == 1
+        writes = len(lease.writes)
+        released = lease.update(edited(held, holderIdentity="", leaseDurationSeconds=1))
+        el.lease_changed(held, released)
+        await until(lambda: el.leading, 1.0)
+    assert lease.gets == 2, "one GET after the wake"
+    assert lease.writes[writes + 1:] == [("update", "a")], "one PUT: the take"
+
+
+async def test_another_holders_renew_wakes_nobody_but_a_leader_sees_a_taker_at_once() -> None:
+    lease = MemLease()
+    held = held_by_b(lease)
+    follower = LeaseElection(FakeApi(lease), "a", CFG, rng=lambda: 0.0)
+    async with running(follower):
+        await until(lambda: follower.steps == 1, 1.0)
+        renewed = lease.update(edited(held, renewTime="2026-01-01T00:00:02.000000Z"))
+        follower.lease_changed(held, renewed)  # b's routine renew: no extra read
+        await asyncio.sleep(0.3)
+        assert follower.steps == 1 and lease.gets == 1
+        # a deletion does wake it (it starts timing the absence from a fresh read)
+        lease.obj = None
+        follower.lease_changed(renewed, None)
+        await until(lambda: follower.steps == 2, 1.0)
+
+    mine = MemLease()
+    leader = LeaseElection(FakeApi(mine), "a", CFG)
+    async with running(leader):
+        await until(lambda: leader.leading, 1.0)
+        ours = mine.get()
+        assert ours is not None
+        leader.lease_changed(None, ours)  # our own renew, seen on the watch: no wake
+        await asyncio.sleep(0.3)
+        assert leader.steps == 1
+        taken = mine.update(edited(ours, holderIdentity="someone-by-hand"))
+        leader.lease_changed(ours, taken)
+        await until(lambda: not leader.leading, 1.0)  # not at its next renew, 2 s on
+    assert not leader.may_write() and mine.writes[-1] == ("update", "someone-by-hand")
