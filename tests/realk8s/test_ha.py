@@ -196,8 +196,10 @@ def test_without_list_and_watch_on_leases_it_polls_and_says_so_once(
     """The leader-election Role as it was before the Lease watch (get/create/update only):
     the replica still leads, by polling, and names the verbs to grant once."""
     sa = f"ha-nowatch-{uuid.uuid4().hex[:4]}"
+    # its own Lease (the module's cluster holds imex-host-agent); lists it again each 0.5 s
     cluster = HaCluster(control_plane, tmp_path, lease=LEASE_CFG,
-                        extra_args=("--tune", "optional_kind_retry=0.5"))  # lists it again
+                        extra_args=("--leader-elect-name", sa,
+                                    "--tune", "optional_kind_retry=0.5"))
     apply_base_rbac(control_plane)
     token = control_plane.service_account_token(AGENT_SA_NAMESPACE, sa,
                                                 cluster_role="imex-host-agent")
@@ -229,3 +231,4 @@ def test_without_list_and_watch_on_leases_it_polls_and_says_so_once(
         cluster.close()
         admin.delete(f"{roles}/rolebindings/{sa}")
         admin.delete(f"{roles}/roles/{sa}")
+        admin.delete(f"/apis/coordination.k8s.io/v1/namespaces/{AGENT_SA_NAMESPACE}/leases/{sa}")
