@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 FABRIC_EVERY = 60.0
 #: two passes are never closer than this (seconds).
 MIN_GAP = 1.0
+#: a kicked pass waits this long after the change, so -N sees IMEX act on it
+KICK_SETTLE = 0.5
 
 
 class CommandFailed(Exception):
@@ -212,8 +214,14 @@ class DomainCollector:
             started = self.clock()
             await self.collect()
             self.on_result(self.result)
-            with contextlib.suppress(TimeoutError):
+            kicked = True
+            try:
                 await asyncio.wait_for(self._kick.wait(), self.settings.report_interval)
-            gap = MIN_GAP - (self.clock() - started)
+            except TimeoutError:
+                kicked = False
+            # After a kick, wait KICK_SETTLE too: the change is being told to IMEX at
+            # this moment (SIGUSR1), and a -N taken now would show the links before it
+            # acted, while its process start competed with the signal for the CPU.
+            gap = max(MIN_GAP - (self.clock() - started), KICK_SETTLE if kicked else 0.0)
             if gap > 0:
                 await asyncio.sleep(gap)

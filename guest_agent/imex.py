@@ -554,6 +554,7 @@ class Supervisor:
             self.on_stats(self.stats)
 
     async def _observe(self, now: float) -> None:
+        """Is IMEX running (a cheap check): crashes, adoptions, backoff."""
         try:
             running = await self.controller.alive()
         except ImexError as exc:  # e.g. systemctl missing: treat as down, keep going
@@ -584,10 +585,34 @@ class Supervisor:
         if not running:
             self.stats.state = "NOT_RUNNING"
             self.told = replace(self.told, not_ready_since=None)
-            return
-        if now >= self._next_poll():
+
+    def _poll_due(self, now: float) -> bool:
+        return self.told.running and now >= self._next_poll()
+
+    async def _poll(self, now: float) -> None:
+        """``nvidia-imex-ctl -q`` when due: READY or not (the grace clock's input).
+
+        News preempts a query in flight (its child is killed and reaped, and the poll
+        is due again at once): a ctl that is slow on a loaded guest, or hangs up to
+        ``ctl_timeout``, must not hold back the SIGUSR1 that tells IMEX a peer moved.
+        """
+        if self._poll_due(now):
             self._last_poll = now
-            state = await query_state(self.imex_ctl, self.ctl_timeout)
+            query = asyncio.ensure_future(query_state(self.imex_ctl, self.ctl_timeout))
+            news = asyncio.ensure_future(self._news.wait())
+            try:
+                await asyncio.wait({query, news}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                news.cancel()
+                if not query.done():
+                    query.cancel()
+                for t in (query, news):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+            if query.cancelled():
+                self._last_poll = float("-inf")
+                return
+            state = query.result()
             self.stats.state = state or "UNKNOWN"
             if state == NO_ANSWER:
                 pass  # the clock neither starts nor resets on a query that did not finish
@@ -630,19 +655,26 @@ class Supervisor:
         self.stats.pid = getattr(self.controller, "pid", None)
 
     async def step(self) -> Decision | None:
-        """Observe, decide, act once; the decision taken (None before any Want)."""
+        """Observe, decide, act once; the decision taken (None before any Want).
+
+        News is acted on before a due readiness poll: a SIGUSR1 that waited for an
+        ``nvidia-imex-ctl -q`` child (a process start, up to ``ctl_timeout``) would
+        leave the daemon dialling the old address that much longer. The poll then
+        runs in the next step, which follows at once after any action.
+        """
         await self._observe(self.clock())
-        now = self.clock()  # observing may take a while (nvidia-imex-ctl -q)
         want = self.want
-        if want is None:
+        if want is None or self.controller.name == "none":
+            await self._poll(self.clock())
             self._publish()
-            return None
-        if self.controller.name == "none":
-            self._publish()
-            return Decision(Action.NOTHING, "imex_control = none")
-        decision = decide(self.told, want, self.policy, now)
+            return None if want is None else Decision(Action.NOTHING, "imex_control = none")
+        decision = decide(self.told, want, self.policy, self.clock())
+        if decision.action is Action.NOTHING and self._poll_due(self.clock()):
+            await self._poll(self.clock())
+            # what the poll saw may be a reason to act (not READY past the grace time)
+            decision = decide(self.told, want, self.policy, self.clock())
         if decision.action is not Action.NOTHING:
-            await self._execute(decision, want, now)
+            await self._execute(decision, want, self.clock())
         self._publish()
         return decision
 
