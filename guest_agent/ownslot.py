@@ -20,7 +20,10 @@ What the own slot is pinned to (``own_slot``):
 * ``auto`` (default): the published IP when it is local; when it is not (masquerade
   binding: peers dial the pod IP, the guest only has 10.0.2.2, FACTS.md), the local
   address of the default-route interface, so IMEX finds a nodes-file entry that matches
-  a local address. ``note`` says so, for the status.
+  a local address. ``note`` says so, for the status. In names mode, a slot that is not
+  published yet but whose index the guest knows itself (``own_index``, hostname) is
+  pinned provisionally to the default-route address, so IMEX starts before the host
+  agent publishes it; a published IP that is another local address re-pins it.
 
 ``pin_ip`` None means "nothing to pin yet" (own slot unknown or not published); the
 daemon must not start IMEX then.
@@ -156,6 +159,15 @@ def resolve_own(
 
     # auto
     if pub is None:
+        if settings.mode == "names" and route is not None and how in ("own_index", "hostname"):
+            # A replacement VM whose slot is free: start IMEX now on the address it will
+            # most likely be published with, rather than after the host agent published
+            # it (its peers dial the moment they hear; a daemon that is not listening yet
+            # sends them into backoff). A published IP that is another local address
+            # (a secondary network) re-pins it, and IMEX restarts once.
+            note = (f"{where}: not published yet; pinned provisionally to the default-route "
+                    f"address {route} so IMEX can start now")
+            return OwnSlot(index, route, how, note + note_extra, None, False)
         return OwnSlot(index, None, how, f"{where}: not published yet", None, False)
     if is_local:
         note = f"{where}: pinned to the published IP {pub}, a local address"
