@@ -91,6 +91,8 @@ class Policy:
     #: added to the window: IMEX times its window from when it acted, which is a
     #: little after we sent (scheduling), so a signal at exactly +5 s could be ignored.
     signal_slack: float = 0.15
+    #: a change that only takes peers away is told this many windows after it (below)
+    removal_windows: float = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +181,17 @@ def decide(told: Told, want: Want, policy: Policy, now: float) -> Decision:
         if now < settle_at:
             return Decision(Action.NOTHING, "peers changed, waiting to settle", settle_at)
         return Decision(Action.RESTART, "peers changed (on_change = restart)")
+    if pins_changed and not creds_changed and told.pins is not None and (
+        set(want.pins) <= set(told.pins)
+    ):
+        # Only peers gone (a deletion, a clique split): IMEX's retries re-resolve every
+        # attempt (FACTS.md), so they already dial nothing but 127.0.0.2; a signal would
+        # only drop links still up, and it would close the 5 s window in the seconds when
+        # a replacement's new address typically follows. So it waits: a gain in the
+        # meantime carries it, or it is told when the hold ends.
+        hold_at = want.changed_at + policy.removal_windows * policy.signal_interval
+        if now < hold_at:
+            return Decision(Action.NOTHING, "peers left, telling IMEX later", hold_at)
     if pins_changed or creds_changed:
         what = " and ".join(w for w, c in (("peers changed", pins_changed),
                                             ("credentials renewed", creds_changed)) if c)

@@ -8,6 +8,8 @@ from guest_agent.imex import Action, Backoff, Policy, Told, Want, after, decide,
 
 A = freeze_pins({0: "10.0.0.1", 1: "10.0.0.2"})
 B = freeze_pins({0: "10.0.0.1", 1: "10.0.0.9"})
+GONE = freeze_pins({0: "10.0.0.1"})
+GONE_MOVED = freeze_pins({0: "10.0.0.7"})
 NAMES = Policy(mode="names", on_change="signal", signal_interval=5.0, settle_time=2.0,
                ready_grace=120.0, signal_slack=0.0)
 IPS = Policy(mode="ips", signal_interval=5.0, settle_time=2.0, ready_grace=120.0)
@@ -38,6 +40,16 @@ CASES = [
     ("peers changed inside the window: hold until it ends", told(last_signal_at=97.0),
      want(pins=B), NAMES, 100, Action.NOTHING, 102.0),
     ("window just ended: signal", told(last_signal_at=95.0), want(pins=B), NAMES, 100,
+     Action.SIGNAL, None),
+    ("only peers left: told three windows later", told(), want(pins=GONE), NAMES, 100,
+     Action.NOTHING, 115.0),
+    ("only peers left, the hold over: signal", told(), want(pins=GONE), NAMES, 115,
+     Action.SIGNAL, None),
+    ("only peers left, the hold over but inside the window: hold for it",
+     told(last_signal_at=112.0), want(pins=GONE), NAMES, 115, Action.NOTHING, 117.0),
+    ("a peer left and another moved: signal at once", told(), want(pins=GONE_MOVED), NAMES,
+     100, Action.SIGNAL, None),
+    ("a peer came back: signal at once", told(pins=GONE), want(pins=A), NAMES, 100,
      Action.SIGNAL, None),
     ("adopted without known pins: signal", told(pins=None), want(), NAMES, 100,
      Action.SIGNAL, None),
