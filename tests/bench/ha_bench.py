@@ -222,15 +222,27 @@ def api_load(cp: Any, work: Path, results: Results, quick: bool) -> None:
 # -- the rolling upgrade under long-polls ---------------------------------------------------
 
 
-async def _client(url: str, path: str, until: float, counts: dict[str, int]) -> None:
-    """One guest's loop, with the guest's handover rules (docs/guest-agent.md)."""
+#: clients start spread over this many seconds, as guests do (none start in lockstep)
+RAMP_S = 3.0
+
+
+async def _client(url: str, path: str, until: float, counts: dict[str, int],
+                  failures: list[tuple[float, str]], t_start: float, delay: float) -> None:
+    """One guest's loop, with the guest's handover rules (docs/guest-agent.md).
+
+    Every failure is kept as (seconds since the clients started, reason), so the
+    harness can say when and why, beside the replacements' own times.
+    """
+    await asyncio.sleep(delay)
     held: int | None = None
     closing_or_dropped = False
     while time.monotonic() < until:
         q = f"{path}?wait={held}&timeout=10" if held is not None else path
         host, port = url.split("//")[1].split(":")
+        stage = "connect"
         try:
             r, w = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 2)
+            stage = "read"
             w.write(f"GET {q} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
             raw = await asyncio.wait_for(r.read(), 20)
             w.close()
@@ -239,11 +251,13 @@ async def _client(url: str, path: str, until: float, counts: dict[str, int]) -> 
             head, _, body = raw.partition(b"\r\n\r\n")
             status = int(head.split(b" ", 2)[1])
             if status != 200:
-                raise ConnectionError(f"HTTP {status}")
+                stage = f"HTTP {status}"
+                raise ConnectionError(stage)
             counts["answers"] += 1
             gen = int(json.loads(body)["generation"])
             if held is not None and gen < held:
                 counts["backwards"] += 1
+                failures.append((round(time.monotonic() - t_start, 2), "backwards"))
             held = max(held or 0, gen)
             closing_or_dropped = b"x-imex-registry: closing" in head.lower()
         except (TimeoutError, OSError, ValueError, IndexError) as exc:
@@ -252,14 +266,22 @@ async def _client(url: str, path: str, until: float, counts: dict[str, int]) -> 
                 counts["handovers"] += 1
                 continue
             counts["failed"] += 1
+            kind = ("timeout" if isinstance(exc, TimeoutError) else
+                    "refused" if isinstance(exc, ConnectionRefusedError) else
+                    type(exc).__name__)
+            reason = stage if stage.startswith("HTTP") else f"{stage} {kind}"
+            failures.append((round(time.monotonic() - t_start, 2), reason))
             await asyncio.sleep(0.2)
 
 
-async def _clients(url: str, path: str, n: int, seconds: float) -> dict[str, int]:
+async def _clients(url: str, path: str, n: int, seconds: float) -> dict[str, Any]:
     counts = {"answers": 0, "failed": 0, "backwards": 0, "handovers": 0}
-    until = time.monotonic() + seconds
-    await asyncio.gather(*(_client(url, path, until, counts) for _ in range(n)))
-    return counts
+    failures: list[tuple[float, str]] = []
+    t_start = time.monotonic()
+    until = t_start + seconds
+    await asyncio.gather(*(_client(url, path, until, counts, failures, t_start,
+                                   RAMP_S * k / max(1, n)) for k in range(n)))
+    return {"counts": counts, "failures": failures}
 
 
 def clients_main(argv: list[str]) -> int:
@@ -269,6 +291,19 @@ def clients_main(argv: list[str]) -> int:
     print(json.dumps(asyncio.run(_clients(argv[0], argv[1], int(argv[2]), float(argv[3])))),
           flush=True)
     return 0
+
+
+def failure_summary(failures: list[tuple[float, str]], steps: list[tuple[float, float]]
+                    ) -> dict[str, dict[str, int]]:
+    """Failures by reason, split into before the first replacement, during one (from
+    its new replica's start to the old one's exit, plus 2 s), and otherwise."""
+    out: dict[str, dict[str, int]] = {"before": {}, "during": {}, "between": {}}
+    first = steps[0][0] if steps else float("inf")
+    for t, reason in failures:
+        phase = ("before" if t < first else
+                 "during" if any(a <= t <= b + 2.0 for a, b in steps) else "between")
+        out[phase][reason] = out[phase].get(reason, 0) + 1
+    return out
 
 
 def rolling(cp: Any, work: Path, results: Results, quick: bool) -> None:
@@ -290,11 +325,14 @@ def rolling(cp: Any, work: Path, results: Results, quick: bool) -> None:
         lb.start()
         n = 118 if quick else 1018
         seconds = 40.0 if quick else 90.0
+        t_clients = time.monotonic()
         clients = subprocess.Popen([PY, "-m", "tests.bench.ha_bench", "clients",
                                     f"http://127.0.0.1:{vip}", f"/v1/ensembles/{NS}/e0", str(n),
                                     str(seconds)], stdout=subprocess.PIPE, cwd=REPO_ROOT)
         time.sleep(8)
+        steps: list[tuple[float, float]] = []  # (start, end) of each replacement, clients' clock
         for ident in list(reps.live()):
+            began = time.monotonic() - t_clients
             _, url = reps.start()
             lb.backends.append(Backend("127.0.0.1", int(url.rsplit(":", 1)[1])))
             wait_for("new replica in the balancer", lambda: (len(lb.backends) - 1) in lb.ready()
@@ -302,12 +340,19 @@ def rolling(cp: Any, work: Path, results: Results, quick: bool) -> None:
             churn(cp, 1.0, 1)
             reps.kill(ident, signal.SIGTERM)
             reps.procs[ident][0].wait(30)
+            steps.append((began, time.monotonic() - t_clients))
             churn(cp, 3.0, 1)
         out, _ = clients.communicate(timeout=seconds + 60)
-        counts = json.loads(out.decode().strip().splitlines()[-1])
+        got = json.loads(out.decode().strip().splitlines()[-1])
+        counts, failures = got["counts"], got["failures"]
         results.set("ha_rolling_failed_requests", counts["failed"] + counts["backwards"])
-        results.note("ha_rolling", f"{n} long-poll clients (18 guests + 1,000 parked), 3 "
-                     f"replicas replaced one by one: {counts}")
+        by_phase = failure_summary([(t, r) for t, r in failures], steps)
+        for phase, reasons in by_phase.items():
+            results.set(f"ha_rolling_failed_{phase}", sum(reasons.values()))
+        results.note("ha_rolling", f"{n} long-poll clients (18 guests + 1,000 parked, started "
+                     f"over {RAMP_S:g} s), 3 replicas replaced one by one at "
+                     f"{', '.join(f'{a:.1f}-{b:.1f} s' for a, b in steps)}: {counts}; "
+                     f"failures by phase and reason: {by_phase}")
     finally:
         if clients is not None and clients.poll() is None:
             clients.kill()
