@@ -602,19 +602,23 @@ class Supervisor:
     def _poll_due(self, now: float) -> bool:
         return self.told.running and now >= self._next_poll()
 
-    async def _poll(self, now: float) -> None:
+    async def _poll(self, now: float, until: float | None = None) -> None:
         """``nvidia-imex-ctl -q`` when due: READY or not (the grace clock's input).
 
-        News preempts a query in flight (its child is killed and reaped, and the poll
-        is due again at once): a ctl that is slow on a loaded guest, or hangs up to
-        ``ctl_timeout``, must not hold back the SIGUSR1 that tells IMEX a peer moved.
+        News preempts a query in flight, and so does ``until``, the moment a held
+        decision falls due (a SIGUSR1 waiting for its window): the child is killed and
+        reaped, and the poll is due again at once. A ctl that is slow on a loaded
+        guest, or hangs up to ``ctl_timeout``, must not hold back the SIGUSR1 that
+        tells IMEX a peer moved.
         """
         if self._poll_due(now):
             self._last_poll = now
             query = asyncio.ensure_future(query_state(self.imex_ctl, self.ctl_timeout))
             news = asyncio.ensure_future(self._news.wait())
+            budget = max(0.0, until - now) if until is not None else None
             try:
-                await asyncio.wait({query, news}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({query, news}, timeout=budget,
+                                   return_when=asyncio.FIRST_COMPLETED)
             finally:
                 news.cancel()
                 if not query.done():
@@ -683,7 +687,7 @@ class Supervisor:
             return None if want is None else Decision(Action.NOTHING, "imex_control = none")
         decision = decide(self.told, want, self.policy, self.clock())
         if decision.action is Action.NOTHING and self._poll_due(self.clock()):
-            await self._poll(self.clock())
+            await self._poll(self.clock(), decision.wake_at)
             # what the poll saw may be a reason to act (not READY past the grace time)
             decision = decide(self.told, want, self.policy, self.clock())
         if decision.action is not Action.NOTHING:

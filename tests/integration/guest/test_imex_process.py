@@ -153,29 +153,45 @@ async def test_ctl_that_does_not_answer_is_not_counted_as_not_ready(tmp_path: Pa
     assert await query_state(slow, 0.1) == NO_ANSWER
 
 
-async def test_news_preempts_a_readiness_query_in_flight(tmp_path: Path) -> None:
+async def test_news_and_a_held_signal_preempt_a_readiness_query_in_flight(
+        tmp_path: Path) -> None:
     """A peer moved while ``nvidia-imex-ctl -q`` hangs (a loaded guest): the SIGUSR1 goes
-    out without waiting for the query's 20 s timeout, and the hung child is reaped."""
+    out without waiting for the query's 20 s timeout, and the hung child is reaped. A
+    second move inside the signal window is sent when the window ends, although the
+    next query hangs too."""
     log = tmp_path / "imex.log"
     hang, pidfile = tmp_path / "hang", tmp_path / "ctl.pid"
     ctl = ProcessController([*FAKE_IMEX, "--log", str(log)])
     slow = ["/bin/sh", "-c",
             f'if [ -e "{hang}" ]; then echo $$ > "{pidfile}"; exec sleep 30; fi; echo READY',
             "ctl"]
-    sup = Supervisor(ctl, Policy(signal_interval=0.2), slow, ready_poll=0.05,
+    sup = Supervisor(ctl, Policy(signal_interval=1.0), slow, ready_poll=0.05,
                      ready_poll_ready=0.05, ctl_timeout=20.0)
     sup.update(PINS_A, "sha-n", own_pinned=True)
+
+    def diag() -> str:
+        return f"stats {sup.stats}, told {sup.told}, imex log {read_events(log)}"
+
     async with running(sup):
         await until("READY", lambda: sup.stats.state == "READY", 15.0)
-        await asyncio.sleep(0.3)  # past the first window after the start
+        await asyncio.sleep(1.3)  # past the first window after the start
         hang.touch()
         await until("a query hanging", pidfile.exists, 15.0)
         pid = int(pidfile.read_text())
+        pidfile.unlink()
         sup.update({0: "10.0.0.1", 1: "10.0.0.9"}, "sha-n", own_pinned=True)
         await until("the SIGUSR1", lambda: _events(log, "usr1"), 10.0)
         await until("the hung ctl reaped", lambda: not pid_alive(pid), 10.0)
-        assert sup.told.pins == ((0, "10.0.0.1"), (1, "10.0.0.9"))
-        assert sup.stats.signals == 1 and sup.stats.restarts == 0
+        sup.update({0: "10.0.0.1", 1: "10.0.0.8"}, "sha-n", own_pinned=True)  # inside the window
+        await until("a query hanging again", pidfile.exists, 15.0)
+        try:
+            await until("the held SIGUSR1", lambda: len(_events(log, "usr1")) >= 2, 10.0)
+        except AssertionError:
+            raise AssertionError(f"no second SIGUSR1: {diag()}") from None
+        usr1 = [e["t"] for e in _events(log, "usr1")]
+        assert usr1[1] - usr1[0] >= 1.0, diag()  # the window held it
+        assert sup.told.pins == ((0, "10.0.0.1"), (1, "10.0.0.8"))
+        assert sup.stats.signals == 2 and sup.stats.restarts == 0
         assert sup.told.not_ready_since is None  # an abandoned query says nothing
 
 
