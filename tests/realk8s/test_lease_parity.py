@@ -232,16 +232,23 @@ def double() -> Iterator[Api]:
             api.close()
 
 
-def test_double_answers_leases_and_preconditions_as_the_real_apiserver(
-        control_plane: ControlPlane, imex_crd: dict[str, Any], double: Api) -> None:
+def on_both(control_plane: ControlPlane, double: Api, prefix: str,
+            story: Callable[[Api, str], list[Any]]) -> tuple[list[Any], list[Any]]:
+    """``story`` on the real apiserver (in a namespace deleted afterwards), then on the
+    double in a namespace of the same name: the two answers, to compare."""
     admin = control_plane.admin
     assert admin is not None
-    ns = f"rk8s-lease-{uuid.uuid4().hex[:6]}"
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     try:
-        real = run(admin, ns)
+        real = story(admin, ns)
     finally:
         admin.delete(f"/api/v1/namespaces/{ns}")
-    fake = run(double, ns)
+    return real, story(double, ns)
+
+
+def test_double_answers_leases_and_preconditions_as_the_real_apiserver(
+        control_plane: ControlPlane, imex_crd: dict[str, Any], double: Api) -> None:
+    real, fake = on_both(control_plane, double, "rk8s-lease", run)
     diffs = [f"{name}:\n    real:   {r!r}\n    double: {f!r}"
              for (name, _, _), r, f in zip(STEPS, real, fake, strict=True) if r != f]
     assert not diffs, "the API double disagrees with kube-apiserver:\n" + "\n".join(diffs)
@@ -292,14 +299,7 @@ def watch_story(api: Api, ns: str) -> list[Any]:
 
 def test_double_list_watches_one_lease_by_field_selector_as_the_real_apiserver(
         control_plane: ControlPlane, double: Api) -> None:
-    admin = control_plane.admin
-    assert admin is not None
-    ns = f"rk8s-lwatch-{uuid.uuid4().hex[:6]}"
-    try:
-        real = watch_story(admin, ns)
-    finally:
-        admin.delete(f"/api/v1/namespaces/{ns}")
-    fake = watch_story(double, ns)
+    real, fake = on_both(control_plane, double, "rk8s-lwatch", watch_story)
     assert fake == real, f"the API double disagrees with kube-apiserver:\n  real:   {real!r}" \
         f"\n  double: {fake!r}"
     # the story means what it says on the real server
