@@ -615,6 +615,20 @@ class ControlPlane:
             proc.stop()
 
 
+def end_processes(*procs: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM all of ``procs`` at once, then SIGKILL whichever is still there after
+    ``grace`` seconds; every one is reaped (a test's agent processes, at teardown)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(grace)
+
+
 def free_port_udp_tcp(host: str = "127.0.0.1") -> int:
     """A port free for both UDP and TCP on ``host`` (DNS listens on both)."""
     for _ in range(50):

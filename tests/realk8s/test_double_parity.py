@@ -35,7 +35,7 @@ from guest_agent.model import EnsembleId
 from tests.realk8s import crd_script
 from tests.realk8s.agentproc import HostAgentProc
 from tests.realk8s.fixtures import contract_slice, ensemble_service, vmi
-from tests.realk8s.harness import Api, ControlPlane, free_port, wait_until
+from tests.realk8s.harness import Api, ControlPlane, end_processes, free_port, wait_until
 from tests.realk8s.kubeops import SERVICES, SLICES, VMIS, create_vmi
 from tests.sandbox.kube_api.server import ThreadedKubeApi
 
@@ -367,13 +367,19 @@ def _agent_on_double(double_srv: ThreadedKubeApi, tmp_path: Path) -> Iterator[tu
     try:
         yield dbl, port
     finally:
-        agent.terminate()
-        try:
-            agent.wait(10)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(10)
+        end_processes(agent)
         dbl.close()
+
+
+def _settled_on_both(admin: Api, dbl: Api, ready: Callable[[Api], Callable[[], bool]],
+                     view: Callable[[Api], Any], what: str, real_timeout: float,
+                     tmp_path: Path) -> tuple[Any, Any]:
+    """Wait until ``ready`` holds on the real apiserver, then on the double (the second
+    agent's log tail on a timeout); ``view`` of each, to compare."""
+    wait_until(ready(admin), f"{what} on the real apiserver", real_timeout)
+    wait_until(ready(dbl), f"{what} on the double", 60,
+               lambda: (tmp_path / "agent.log").read_text()[-3000:])
+    return view(admin), view(dbl)
 
 
 def test_host_agent_publishes_the_same_slices_on_double_and_real(
@@ -397,10 +403,8 @@ def test_host_agent_publishes_the_same_slices_on_double_and_real(
                 return bool(pub) and {e[0] for e in pub[0][2]} == want_hosts
             return check
 
-        wait_until(settled(admin), "agent publishes on the real apiserver", 60)
-        wait_until(settled(dbl), "agent publishes on the double", 60,
-                   lambda: (tmp_path / "agent.log").read_text()[-3000:])
-        real, fake = _published(admin, ns), _published(dbl, ns)
+        real, fake = _settled_on_both(admin, dbl, settled, lambda api: _published(api, ns),
+                                      "agent publishes", 60, tmp_path)
         assert real == fake, f"real: {real}\ndouble: {fake}"
         problems = [
             httpx.get(f"{url}/v1/ensembles/{ns}/mix", timeout=5).json()["problems"]
@@ -465,10 +469,8 @@ def test_host_agent_writes_the_same_service_status_and_events_on_double_and_real
                 return check
 
             # the agent lists ImexEnsembles again every 30 s if it started before the CRD
-            wait_until(told(admin), "the agent's story on the real apiserver", 90)
-            wait_until(told(dbl), "the agent's story on the double", 60,
-                       lambda: (tmp_path / "agent.log").read_text()[-3000:])
-            real, fake = _cr_story(admin, ns), _cr_story(dbl, ns)
+            real, fake = _settled_on_both(admin, dbl, told, lambda api: _cr_story(api, ns),
+                                          "the agent's story", 90, tmp_path)
             assert real == fake, f"real: {real}\ndouble: {fake}"
     finally:
         admin.delete(f"/api/v1/namespaces/{ns}")

@@ -23,7 +23,7 @@ import yaml
 
 from guest_agent.model import EnsembleId
 from tests.realk8s.fixtures import ensemble_service, vmi
-from tests.realk8s.harness import ControlPlane, free_port, wait_until
+from tests.realk8s.harness import ControlPlane, end_processes, free_port, wait_until
 from tests.realk8s.kubeops import (
     SERVICES,
     SLICES,
@@ -109,11 +109,6 @@ def test_namespaced_overlay_keeps_to_its_namespace(control_plane: ControlPlane,
                   and e.get("responseStatus", {}).get("code") == 403]
         assert not denied, f"refused: {denied}"
     finally:
-        agent.terminate()
-        try:
-            agent.wait(10)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(10)
+        end_processes(agent)
         for ns in (vm_ns, other):
             admin.delete(f"/api/v1/namespaces/{ns}")

@@ -22,7 +22,7 @@ import yaml
 
 from guest_agent.model import EnsembleId
 from tests.realk8s.fixtures import ensemble_service, vmi
-from tests.realk8s.harness import ControlPlane, free_port, wait_until
+from tests.realk8s.harness import ControlPlane, end_processes, free_port, wait_until
 from tests.realk8s.kubeops import (
     SERVICES,
     SLICES,
@@ -90,14 +90,7 @@ def sidecars(control_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[str,
                        functools.partial(_tail, tmp_path / f"agent-{i}.log"))
         yield ns, f"system:serviceaccount:{ns}:{sa}"
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        end_processes(*procs)
         admin.delete(f"/api/v1/namespaces/{ns}")
 
 
