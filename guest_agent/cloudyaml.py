@@ -22,7 +22,6 @@ class WriteFile:
     permissions: str = "0644"
 
 
-
 def yaml_quote(text: str) -> str:
     """A YAML double-quoted scalar that loads back to exactly ``text``.
 
@@ -92,9 +91,12 @@ def content_lines(content: bytes, indent: str) -> list[str]:
         lines = [f"{indent}content: |{chomp}"]
         lines += [f"{indent}  {line}" if line else "" for line in body.split("\n")]
         return lines
+    # Quoted: a plain base64 scalar can be a YAML 1.1 int, bool or null
+    # ("1234", "True", "Null" are all valid base64), which cloud-init would
+    # load as something other than the string it must decode.
     return [
         f"{indent}encoding: b64",
-        f"{indent}content: {base64.b64encode(content).decode('ascii')}",
+        f"{indent}content: {yaml_quote(base64.b64encode(content).decode('ascii'))}",
     ]
 
 

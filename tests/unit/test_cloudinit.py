@@ -70,6 +70,16 @@ def test_file_content_loads_back_byte_for_byte(data: bytes) -> None:
     assert files_of("\n".join(lines) + "\n") == {"/x": (data, "0600")}
 
 
+@pytest.mark.parametrize("b64", ["1234", "0000", "Null", "NULL", "True", "true"])
+def test_base64_that_reads_as_a_yaml_scalar_stays_a_string(b64: str) -> None:
+    # Hypothesis found it: these are valid base64 and, unquoted, YAML 1.1 ints,
+    # nulls and bools, so cloud-init would not get the string it must decode.
+    data = base64.b64decode(b64)
+    lines = ci.render_write_files([ci.WriteFile("/b", data, "0600")])
+    assert f'    content: "{b64}"' in lines
+    assert files_of("\n".join(lines) + "\n") == {"/b": (data, "0600")}
+
+
 @pytest.mark.parametrize(
     "text",
     ["a\n", "a", "a\n\n", " leading\n", "\ttab\n", "x\n  \n", "x\n\ny\n", "#c\r\n", "é\u2028\n"],
