@@ -50,7 +50,9 @@ from guest_agent.cliques import pins_for
 from guest_agent.collect import Collected, DomainCollector
 from guest_agent.config import Settings
 from guest_agent.domain import own_row
-from guest_agent.imex import ImexStats, Policy, Supervisor, make_controller
+from guest_agent.imex import ImexStats, Supervisor
+from guest_agent.imex_control import make_controller
+from guest_agent.imex_policy import Policy
 from guest_agent.model import EnsembleId, Member
 from guest_agent.ownslot import OwnSlot, resolve_own
 from guest_agent.status import Status, StatusError, format_table, load_status, write_status

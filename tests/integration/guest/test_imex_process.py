@@ -17,18 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent.imex import (
+from guest_agent.imex import Backoff, Supervisor
+from guest_agent.imex_control import (
     NO_ANSWER,
-    Action,
-    Backoff,
     ImexError,
-    Policy,
     ProcessController,
-    Supervisor,
     SystemdController,
     query_state,
     run_argv,
 )
+from guest_agent.imex_policy import Action, Policy
 from tests.guest_support.agent import FAKE_IMEX, READY_CTL, pid_alive, read_events
 
 PINS_A = {0: "10.0.0.1", 1: "10.0.0.2"}
