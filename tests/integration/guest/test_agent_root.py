@@ -272,7 +272,7 @@ def test_dns_outage_keeps_last_known_good(tmp_path, dns, agent_factory):  # type
 
 def test_stop_watchdog_ends_a_hung_shutdown(tmp_path):  # type: ignore[no-untyped-def]
     """If shutdown hangs (a blocked loop, a task that swallows cancellation), exit anyway."""
-    code = ("import time\nfrom guest_agent.agent import stop_watchdog\n"
+    code = ("import time\nfrom guest_agent.daemon import stop_watchdog\n"
             "stop_watchdog(0.3)\ntime.sleep(30)\n")
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

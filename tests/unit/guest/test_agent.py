@@ -8,7 +8,7 @@ import json
 import logging
 import time
 
-from guest_agent.agent import JsonFormatter, cancel_all
+from guest_agent.daemon import JsonFormatter, cancel_all
 
 
 async def test_cancel_all_cancels_a_task_that_swallowed_its_cancellation() -> None:
