@@ -40,21 +40,21 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol
+from typing import Any, Protocol
 
 import prometheus_client
 import uvicorn
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from guest_agent.model import EnsembleId, ModelError
 from host_agent import views
 from host_agent.asgi import BodyLimit, RequestMetrics
-from host_agent.domain_schema import FabricIn, ImexDomainIn, index_errors, reduce_links
+from host_agent.domain_schema import index_errors, reduce_links
 from host_agent.registry_auth import (
     AuthFailure,
     IPNetwork,
@@ -72,7 +72,24 @@ from host_agent.registry_certs import (
     add_certificate_routes,
 )
 from host_agent.registry_domain import add_domain_routes
-from host_agent.registry_params import Name, Namespace
+from host_agent.registry_models import (
+    EnsembleOut,
+    ErrorOut,
+    ListOut,
+    StatusAccepted,
+    StatusReport,
+    inline_schema,
+)
+from host_agent.registry_params import (
+    Format,
+    HostsMember,
+    Name,
+    Namespace,
+    NodesMode,
+    SlotIndex,
+    Timeout,
+    Wait,
+)
 from host_agent.registry_ui import add_ui_routes
 from host_agent.state import EnsembleSnapshot, GuestReport, State, report_counts
 
@@ -170,129 +187,6 @@ class RegistryMetrics:
         )
 
 
-# -- request and response bodies (the OpenAPI schema) ---------------------------
-
-_Sha = Annotated[str | None, Field(default=None, pattern=r"^[0-9a-f]{64}$")]
-_Count = Annotated[int, Field(default=0, ge=0, le=2**63 - 1)]
-
-
-class StatusReport(BaseModel):
-    """A guest's report (``PUT .../members/{index}/status``); unknown fields are refused."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    imex_state: Annotated[str, Field(min_length=1, max_length=64)]
-    generation_applied: Annotated[int | None, Field(default=None, ge=0, le=2**63 - 1)]
-    nodes_config_sha256: _Sha
-    hosts_sha256: _Sha
-    signals: _Count
-    restarts: _Count
-    agent_version: Annotated[str | None, Field(default=None, max_length=64)]
-    #: authEncryption: when the guest's certificate expires (RFC 3339 UTC).
-    cert_not_after: Annotated[
-        str | None, Field(default=None, pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
-    ]
-    imex_domain: ImexDomainIn | None = Field(
-        default=None, description="nvidia-imex-ctl -N -j as the guest's IMEX printed it; "
-        "null: no domain view; absent: unchanged (the member's last link row stands)")
-    fabric: FabricIn | None = Field(
-        default=None, description="the GPUs' NVLink fabric identity; null: no fabric; "
-        "absent: unknown (the previous report's value stands)")
-    imex_channel0: bool | None = Field(
-        default=None, description="whether /dev/nvidia-caps-imex-channels/channel0 exists")
-
-
-class ErrorOut(BaseModel):
-    error: str
-
-
-class GuestOut(BaseModel):
-    imex_state: str | None
-    generation_applied: int | None
-    nodes_config_sha256: str | None
-    hosts_sha256: str | None
-    signals: int | None
-    restarts: int | None
-    agent_version: str | None
-    cert_not_after: str | None = None
-    received_at: str
-    from_ip: str
-    age_s: float
-    stale: bool
-
-
-class MemberOut(BaseModel):
-    index: int
-    slot: str
-    ip: str
-    vmi: str | None
-    node: str | None
-    phase: str | None
-    ready: bool | None
-    since: str
-    guest: GuestOut | None
-    clique: str | None = Field(
-        description='"<cluster_uuid>.<clique_id>" from its guest\'s report; null: unknown')
-
-
-class EnsembleOut(BaseModel):
-    namespace: str
-    name: str
-    domain_id: str
-    generation: int
-    max_members: int
-    port: int
-    members: list[MemberOut]
-    problems: list[str]
-    tls: TlsOut | None = Field(description="authEncryption: the CA's fingerprints; else null")
-
-
-class TlsOut(BaseModel):
-    auth_encryption: bool
-    ca_sha256: str | None = Field(description="sha256 of the CA certificate (status.caSHA256)")
-    ca_bundle_sha256: str | None = Field(description="changes when the CA bundle does")
-
-
-class SummaryOut(BaseModel):
-    namespace: str
-    name: str
-    generation: int
-    members: int = Field(description="number of published members")
-    ready: int = Field(description="number of published members that are ready")
-
-
-class ListOut(BaseModel):
-    items: list[SummaryOut]
-
-
-class StatusAccepted(BaseModel):
-    generation: int = Field(description="the ensemble's current generation")
-    received_at: str
-
-
-def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """``model``'s JSON schema with its ``$defs`` references inlined.
-
-    A request body given through ``openapi_extra`` is copied into the OpenAPI document
-    as is, where ``#/$defs/...`` would point nowhere (the models here are not recursive).
-    """
-    schema = model.model_json_schema()
-    defs = schema.pop("$defs", {})
-
-    def resolve(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                return resolve(defs[ref.removeprefix("#/$defs/")])
-            return {k: resolve(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [resolve(v) for v in node]
-        return node
-
-    resolved: dict[str, Any] = resolve(schema)
-    return resolved
-
-
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """Error answers: always JSON, also on routes whose success is text/plain."""
     content = {"application/json": {"schema": ErrorOut.model_json_schema()}}
@@ -302,31 +196,6 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 _TEXT_200: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/plain": {"schema": {"type": "string"}}}}
 }
-
-
-Wait = Annotated[
-    int | None,
-    Query(ge=0, description="hold the answer until the generation differs from this"),
-]
-Timeout = Annotated[
-    float | None,
-    Query(
-        ge=0,
-        allow_inf_nan=False,
-        description="seconds to hold the answer (default 30, capped at 60 unless configured "
-        "otherwise); then the current state is answered",
-    ),
-]
-Format = Annotated[Literal["json", "table"], Query(description="json (default) or table")]
-NodesMode = Annotated[Literal["names", "ips"], Query(description="names (default) or ips")]
-HostsMember = Annotated[
-    int | None,
-    Query(ge=0, le=2**31, description="the bytes this member writes: members of other "
-          "NVLink cliques pinned to 127.0.0.2 (default: every published member pinned)"),
-]
-SlotIndex = Annotated[
-    int, Path(ge=0, le=2**31, description="the member's slot index", examples=[0])
-]
 
 
 # -- the app ----------------------------------------------------------------------------

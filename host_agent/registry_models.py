@@ -1,0 +1,134 @@
+"""The registry's JSON bodies: what a guest may PUT and what GET answers (the OpenAPI schema).
+
+Requests are strict (unknown fields refused, no coercion), so a malformed report
+is a 422 naming the field, never a half-read one. Responses document what
+``views`` builds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from host_agent.domain_schema import FabricIn, ImexDomainIn
+
+_Sha = Annotated[str | None, Field(default=None, pattern=r"^[0-9a-f]{64}$")]
+_Count = Annotated[int, Field(default=0, ge=0, le=2**63 - 1)]
+
+
+class StatusReport(BaseModel):
+    """A guest's report (``PUT .../members/{index}/status``); unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    imex_state: Annotated[str, Field(min_length=1, max_length=64)]
+    generation_applied: Annotated[int | None, Field(default=None, ge=0, le=2**63 - 1)]
+    nodes_config_sha256: _Sha
+    hosts_sha256: _Sha
+    signals: _Count
+    restarts: _Count
+    agent_version: Annotated[str | None, Field(default=None, max_length=64)]
+    #: authEncryption: when the guest's certificate expires (RFC 3339 UTC).
+    cert_not_after: Annotated[
+        str | None, Field(default=None, pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    ]
+    imex_domain: ImexDomainIn | None = Field(
+        default=None, description="nvidia-imex-ctl -N -j as the guest's IMEX printed it; "
+        "null: no domain view; absent: unchanged (the member's last link row stands)")
+    fabric: FabricIn | None = Field(
+        default=None, description="the GPUs' NVLink fabric identity; null: no fabric; "
+        "absent: unknown (the previous report's value stands)")
+    imex_channel0: bool | None = Field(
+        default=None, description="whether /dev/nvidia-caps-imex-channels/channel0 exists")
+
+
+class ErrorOut(BaseModel):
+    error: str
+
+
+class GuestOut(BaseModel):
+    imex_state: str | None
+    generation_applied: int | None
+    nodes_config_sha256: str | None
+    hosts_sha256: str | None
+    signals: int | None
+    restarts: int | None
+    agent_version: str | None
+    cert_not_after: str | None = None
+    received_at: str
+    from_ip: str
+    age_s: float
+    stale: bool
+
+
+class MemberOut(BaseModel):
+    index: int
+    slot: str
+    ip: str
+    vmi: str | None
+    node: str | None
+    phase: str | None
+    ready: bool | None
+    since: str
+    guest: GuestOut | None
+    clique: str | None = Field(
+        description='"<cluster_uuid>.<clique_id>" from its guest\'s report; null: unknown')
+
+
+class EnsembleOut(BaseModel):
+    namespace: str
+    name: str
+    domain_id: str
+    generation: int
+    max_members: int
+    port: int
+    members: list[MemberOut]
+    problems: list[str]
+    tls: TlsOut | None = Field(description="authEncryption: the CA's fingerprints; else null")
+
+
+class TlsOut(BaseModel):
+    auth_encryption: bool
+    ca_sha256: str | None = Field(description="sha256 of the CA certificate (status.caSHA256)")
+    ca_bundle_sha256: str | None = Field(description="changes when the CA bundle does")
+
+
+class SummaryOut(BaseModel):
+    namespace: str
+    name: str
+    generation: int
+    members: int = Field(description="number of published members")
+    ready: int = Field(description="number of published members that are ready")
+
+
+class ListOut(BaseModel):
+    items: list[SummaryOut]
+
+
+class StatusAccepted(BaseModel):
+    generation: int = Field(description="the ensemble's current generation")
+    received_at: str
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with its ``$defs`` references inlined.
+
+    A request body given through ``openapi_extra`` is copied into the OpenAPI document
+    as is, where ``#/$defs/...`` would point nowhere (the models here are not recursive).
+    """
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    resolved: dict[str, Any] = resolve(schema)
+    return resolved
