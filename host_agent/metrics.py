@@ -20,7 +20,8 @@ class HostMetrics:
         self.registry = registry
         self.watch_restarts = Counter(
             _P + "watch_restarts",
-            "Watches restarted, by kind and reason (gone: relist after 410; error: after backoff)",
+            "Watches restarted, by kind and reason (gone: relist after 410; error: after backoff; "
+            "forbidden: list permitted, watch not, so listed again every 30 s)",
             ["kind", "reason"],
             registry=registry,
         )

@@ -270,6 +270,7 @@ class Informer:
         #: synced list, and the list is retried every ``settings.optional_kind_retry``.
         self._optional = optional
         self._absent_logged = False
+        self._watch_denied_logged = False
         #: what an optional kind's absence costs and what to grant (added to its warning)
         self._absent_note = absent_note
         self._source = source
@@ -307,6 +308,9 @@ class Informer:
                     self.synced.set()
                 async for event, obj in self._source.watch(rv):
                     failures = 0
+                    if self._watch_denied_logged:
+                        self._watch_denied_logged = False
+                        log.info("%s: watching is permitted now; watching again", self.name)
                     new_rv = resource_version(obj)
                     if new_rv:
                         rv = new_rv
@@ -323,6 +327,14 @@ class Informer:
             except KubeError as exc:
                 if self._optional and rv is None and exc.status in (403, 404):
                     self._absent(exc)
+                    await asyncio.sleep(self._settings.optional_kind_retry)
+                    continue
+                if exc.status == 403 and rv is not None:
+                    # RBAC grants list but not watch: keep the listed cache and list
+                    # again every optional_kind_retry (each list is applied as a diff),
+                    # said once instead of a warning per retry
+                    self._watch_denied(exc)
+                    rv = None
                     await asyncio.sleep(self._settings.optional_kind_retry)
                     continue
                 failures += 1
@@ -354,6 +366,15 @@ class Informer:
         if not self.synced.is_set():
             self._metrics.synced.labels(self.name).set(1)
         self.synced.set()
+
+    def _watch_denied(self, exc: KubeError) -> None:
+        self._metrics.watch_restarts.labels(self.name, "forbidden").inc()
+        if not self._watch_denied_logged:
+            self._watch_denied_logged = True
+            log.warning("%s: listing is permitted but watching is not (%s); listing again "
+                        "every %g s instead%s; grant watch for changes within a second",
+                        self.name, exc, self._settings.optional_kind_retry,
+                        f" ({self._absent_note})" if self._absent_note else "")
 
     def _delay(self, failures: int) -> float:
         return backoff_delay(failures, self._settings.backoff_initial, self._settings.backoff_max)

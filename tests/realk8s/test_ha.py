@@ -191,10 +191,17 @@ def test_missing_lease_rights_name_the_verb_and_reads_keep_serving(
         cluster.close()
 
 
+@pytest.mark.parametrize(("lease_verbs", "said"), [
+    (["get", "create", "update"],
+     f"grant list and watch on leases in namespace {AGENT_SA_NAMESPACE}"),
+    (["get", "create", "update", "list"], "lease: listing is permitted but watching is not"),
+], ids=["no-list-no-watch", "list-no-watch"])
 def test_without_list_and_watch_on_leases_it_polls_and_says_so_once(
-        control_plane: ControlPlane, admin: Api, tmp_path: Path) -> None:
-    """The leader-election Role as it was before the Lease watch (get/create/update only):
-    the replica still leads, by polling, and names the verbs to grant once."""
+        control_plane: ControlPlane, admin: Api, tmp_path: Path, lease_verbs: list[str],
+        said: str) -> None:
+    """The leader-election Role as it was before the Lease watch (get/create/update only),
+    or half-granted (list, no watch): the replica still leads, by polling, and says
+    which verbs to grant once, not at each retry."""
     sa = f"ha-nowatch-{uuid.uuid4().hex[:4]}"
     # its own Lease (the module's cluster holds imex-host-agent); lists it again each 0.5 s
     cluster = HaCluster(control_plane, tmp_path, lease=LEASE_CFG,
@@ -208,7 +215,7 @@ def test_without_list_and_watch_on_leases_it_polls_and_says_so_once(
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": sa, "namespace": AGENT_SA_NAMESPACE},
         "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                   "verbs": ["get", "create", "update"]},
+                   "verbs": lease_verbs},
                   {"apiGroups": [""], "resources": ["configmaps"],
                    "verbs": ["list", "watch", "create", "patch"]}]})
     admin.apply(f"{roles}/rolebindings/{sa}", {
@@ -217,12 +224,11 @@ def test_without_list_and_watch_on_leases_it_polls_and_says_so_once(
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": AGENT_SA_NAMESPACE}]})
     cluster.kubeconfig = control_plane.write_kubeconfig(tmp_path / "kc", token, sa)
-    said = f"grant list and watch on leases in namespace {AGENT_SA_NAMESPACE}"
     try:
         r: Replica = cluster.start()
         wait_until(lambda: r.metric("imex_host_agent_leader") == 1, "it leads by polling", 30,
                    lambda: r.log.read_text()[-2000:])
-        wait_until(lambda: said in r.log.read_text(), "the warning naming list and watch", 20,
+        wait_until(lambda: said in r.log.read_text(), "the warning naming the verbs", 20,
                    lambda: r.log.read_text()[-2000:])
         time.sleep(2)
         assert r.log.read_text().count(said) == 1  # once, not at each of the ~4 list retries

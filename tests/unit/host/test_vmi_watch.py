@@ -199,3 +199,38 @@ async def test_a_required_kind_answering_404_is_an_error_not_an_empty_list() -> 
             await task
     assert metrics.registry.get_sample_value(
         "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "error"}) == 1
+
+
+async def test_list_without_watch_rights_lists_again_and_warns_once(caplog: Any) -> None:
+    """RBAC with list but no watch (seen on leases): the cache follows each list, one warning."""
+    forbidden = KubeError("watch Lease in ns: 403: forbidden", 403)
+    script = Script(
+        lists=[([obj("a", "5")], "10"), ([obj("a", "6")], "11"), ([obj("b", "7")], "12")],
+        watches=[[forbidden], [forbidden], [("ADDED", obj("c", "13"))]],
+    )
+    store = Store("thing")
+    seen: list[Any] = []
+    metrics = HostMetrics(CollectorRegistry())
+    settings = HostSettings(backoff_initial=0.001, backoff_max=0.01, optional_kind_retry=0.01)
+    inf = Informer("lease", script, store, lambda o, n: seen.append((o, n)), metrics, settings,
+                   optional=True)
+    caplog.set_level("INFO", logger="imex.host.watch")
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(script.done.wait(), 5)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    # each denied watch led to a fresh list, applied as a diff; the third watch worked
+    assert script.watched_from == ["10", "11", "12", "13"]
+    assert names(store) == {"b", "c"}
+    assert [(o and o["metadata"]["name"], n and n["metadata"]["name"]) for o, n in seen] == [
+        (None, "a"), ("a", "a"), ("a", None), (None, "b"), (None, "c")]
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "watching is not" in warnings[0].getMessage()
+    assert any("watching is permitted now" in r.getMessage() for r in caplog.records)
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": "lease", "reason": "forbidden"}) == 2
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": "lease", "reason": "error"}) is None
