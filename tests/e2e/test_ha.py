@@ -7,6 +7,10 @@ address and port in front of them, so the guests' ``registry_url`` is unchanged.
 crashes and comes back with a new IP, and the leader is SIGKILLed in the middle: the
 follower takes over and the ensemble converges (every VM pins every live peer, IMEX
 all CONNECTED). Guests that fell back to DNS on the way are counted and printed.
+
+Two ensembles live side by side through it: ``gb200`` declared by a hand-made Service
+and ``gb300`` by an ImexEnsemble. The CR's crashed VM is restored only after the kill,
+so its new IP in the CR's status, with Ready back to True, was written by the survivor.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from tests.sandbox.virt_controller import Pool, VirtController
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(420)]
 
 VMS = 6
+CR_VMS = 3
 
 
 @dataclass
@@ -49,6 +54,8 @@ class HaRack:
     spec: EnsembleSpec
     pool: Pool
     lb: Balancer
+    cr: EnsembleSpec
+    cr_pool: Pool
     agents: dict[str, tuple[subprocess.Popen[bytes], str]] = field(default_factory=dict)
 
     def start_agent(self, identity: str) -> None:
@@ -99,7 +106,8 @@ def rack() -> Iterator[HaRack]:
         lb = Balancer.over(sbx.registry_ip, sbx.registry_port, [], period=0.2, timeout=0.5)
         ctl = VirtController(sbx)
         spec = ctl.create_ensemble("rack-h", "gb200", max_members=VMS + 2)
-        r = HaRack(sbx, ctl, spec, ctl.pool(spec), lb)
+        cr = ctl.create_ensemble("rack-h", "gb300", max_members=CR_VMS + 1, form="cr")
+        r = HaRack(sbx, ctl, spec, ctl.pool(spec), lb, cr, ctl.pool(cr))
         for name in ("h-a", "h-b"):
             r.start_agent(name)
         from tests.sandbox.balancer import Backend
@@ -109,7 +117,10 @@ def rack() -> Iterator[HaRack]:
             lb.backends.append(Backend(host, int(port)))
         lb.start()
         wait_for("both replicas behind the address", lambda: lb.ready() == [0, 1] or None, 60)
+        # the CR's Service is the leader's to create: let it exist before VMs report
+        wait_for("the ImexEnsemble's Service", lambda: sbx.registry_json(cr), 30, 0.1)
         r.pool.scale(VMS)
+        r.cr_pool.scale(CR_VMS)
         yield r
     finally:
         if r is not None:
@@ -125,28 +136,54 @@ def rack() -> Iterator[HaRack]:
         sbx.close()
 
 
+def _cr_ready(rack: HaRack) -> tuple[str, str] | None:
+    st = rack.ctl.get_ensemble(rack.cr).get("status") or {}
+    return next(((c["status"], c["reason"]) for c in st.get("conditions") or ()
+                 if c["type"] == "Ready"), None)
+
+
 def test_leader_killed_in_the_middle_of_a_crash_and_rejoin_still_converges(rack: HaRack) -> None:
-    sbx, spec = rack.sbx, rack.spec
+    sbx, spec, cr = rack.sbx, rack.spec, rack.cr
     with sbx.diagnostics_on_failure():
         sbx.wait_converged(spec, 90)
-    victim = 2
+        sbx.wait_converged(cr, 90)
+    wait_for("the CR Ready", lambda: _cr_ready(rack) == ("True", "AllMembersReady") or None,
+             30, 0.25)
+    victim, cr_victim = 2, 1
     old_ip = sbx.vm(spec, rack.pool.vmi_name(victim)).ip
+    cr_old_ip = sbx.vm(cr, rack.cr_pool.vmi_name(cr_victim)).ip
     t_fail = time.time()
     rack.pool.crash(victim)
+    rack.cr_pool.crash(cr_victim)
     leader = rack.leader()
     rack.agents[leader][0].send_signal(signal.SIGKILL)  # in the middle of it
     rack.agents[leader][0].wait(10)
     rack.pool.restore(victim)
+    rack.cr_pool.restore(cr_victim)  # after the kill: only the survivor can publish it
     new_ip = sbx.vm(spec, rack.pool.vmi_name(victim)).ip
-    assert new_ip != old_ip
+    cr_new_ip = sbx.vm(cr, rack.cr_pool.vmi_name(cr_victim)).ip
+    assert new_ip != old_ip and cr_new_ip != cr_old_ip
     with sbx.diagnostics_on_failure():
         took = sbx.wait_converged(spec, 120)
+        sbx.wait_converged(cr, 60)
     survivor = rack.leader()
     assert survivor != leader
     doc = sbx.registry_json(spec, strict=True)
     assert {m["index"]: m["ip"] for m in doc["members"]}[victim] == new_ip
+    cr_doc = sbx.registry_json(cr, strict=True)
+    assert {m["index"]: m["ip"] for m in cr_doc["members"]}[cr_victim] == cr_new_ip
+
+    def cr_status_has_the_new_ip() -> dict[str, object] | None:
+        st = rack.ctl.get_ensemble(cr).get("status") or {}
+        ips = {m["index"]: m["ip"] for m in st.get("members") or ()}
+        return st if ips.get(cr_victim) == cr_new_ip and len(ips) == CR_VMS else None
+
+    wait_for("the survivor's CR status with the new IP", cr_status_has_the_new_ip, 30, 0.25,
+             lambda: str(rack.ctl.get_ensemble(cr).get("status")))
+    wait_for("the CR Ready again", lambda: _cr_ready(rack) == ("True", "AllMembersReady")
+             or None, 30, 0.25, lambda: str(_cr_ready(rack)))
     fallbacks = []
-    for vm in sbx.vms_of(spec):
+    for vm in [*sbx.vms_of(spec), *sbx.vms_of(cr)]:
         for line in vm.log_file.read_text(errors="replace").splitlines():
             try:
                 event = json.loads(line)
@@ -159,4 +196,4 @@ def test_leader_killed_in_the_middle_of_a_crash_and_rejoin_still_converges(rack:
     # which changes none of their files. Counted, not forbidden (the graceful rolling
     # restart in tests/realk8s/test_ha_guests.py allows none).
     print(f"\ne2e ha: leader SIGKILLed mid crash-and-rejoin; converged {took:.1f} s after the "
-          f"rejoin; guests that fell back to DNS on the way: {len(fallbacks)} of {VMS}")
+          f"rejoin; guests that fell back to DNS on the way: {len(fallbacks)} of {VMS + CR_VMS}")
