@@ -54,11 +54,14 @@ class Script:
             yield item
 
 
-async def drive(script: Script, store: Store | None = None) -> tuple[Store, list[Any], HostMetrics]:
+async def drive(script: Script, store: Store | None = None, *, name: str = "thing",
+                settings: HostSettings = SETTINGS,
+                optional: bool = False) -> tuple[Store, list[Any], HostMetrics]:
     store = store or Store("thing")
     seen: list[Any] = []
     metrics = HostMetrics(CollectorRegistry())
-    inf = Informer("thing", script, store, lambda o, n: seen.append((o, n)), metrics, SETTINGS)
+    inf = Informer(name, script, store, lambda o, n: seen.append((o, n)), metrics, settings,
+                   optional=optional)
     task = asyncio.create_task(inf.run())
     try:
         await asyncio.wait_for(script.done.wait(), 5)
@@ -208,20 +211,9 @@ async def test_list_without_watch_rights_lists_again_and_warns_once(caplog: Any)
         lists=[([obj("a", "5")], "10"), ([obj("a", "6")], "11"), ([obj("b", "7")], "12")],
         watches=[[forbidden], [forbidden], [("ADDED", obj("c", "13"))]],
     )
-    store = Store("thing")
-    seen: list[Any] = []
-    metrics = HostMetrics(CollectorRegistry())
     settings = HostSettings(backoff_initial=0.001, backoff_max=0.01, optional_kind_retry=0.01)
-    inf = Informer("lease", script, store, lambda o, n: seen.append((o, n)), metrics, settings,
-                   optional=True)
     caplog.set_level("INFO", logger="imex.host.watch")
-    task = asyncio.create_task(inf.run())
-    try:
-        await asyncio.wait_for(script.done.wait(), 5)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    store, seen, metrics = await drive(script, name="lease", settings=settings, optional=True)
     # each denied watch led to a fresh list, applied as a diff; the third watch worked
     assert script.watched_from == ["10", "11", "12", "13"]
     assert names(store) == {"b", "c"}
