@@ -63,6 +63,7 @@ from guest_agent.imex_control import make_controller
 from guest_agent.imex_policy import Policy
 from guest_agent.model import EnsembleId, Member
 from guest_agent.ownslot import OwnSlot, resolve_own
+from guest_agent.portreserve import reserve_port
 from guest_agent.status import Status, StatusError, format_table, load_status, write_status
 
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
@@ -494,6 +495,8 @@ class Agent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop_signal, sig)
+        if self.settings.reserve_port:  # before the first connection this agent opens
+            reserve_port(self.settings.port)
         pins_found, nodes_sha_found = self.applier.found()
         self.supervisor.adopt(pins_found, nodes_sha_found)
         await self.update_addresses()

@@ -93,6 +93,9 @@ class Settings:
     cert_wait: float = 45.0
     #: IMEX's config.cfg: with auth_encryption the agent makes sure its TLS keys are set.
     imex_config: str = "/etc/nvidia-imex/config.cfg"
+    #: Keep ``port`` out of the kernel's ephemeral range (portreserve.py), so no
+    #: outgoing connection can take IMEX's port before IMEX binds it.
+    reserve_port: bool = True
     #: Status report (and -N -j collection) at least this often, changes or not.
     report_interval: float = 10.0
     nvidia_smi: tuple[str, ...] = ("/usr/bin/nvidia-smi",)
@@ -267,6 +270,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "tls_dir": _path,
     "cert_wait": _seconds(0.0, 55.0),
     "imex_config": _path,
+    "reserve_port": _bool,
     "report_interval": _seconds(0.5, 3600),
     "nvidia_smi": _argv,
     "imex_channel_device": _path,

@@ -1,10 +1,15 @@
-"""Suite-wide rules: root-only tests skip (with the reason) when not root."""
+"""Suite-wide rules: root-only tests skip (with the reason) when not root; the host's
+reserved ports are as the suite found them."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -14,3 +19,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _host_reserved_ports_restored() -> Iterator[None]:
+    """A guest agent run as root outside a namespace reserves its IMEX port in the host's
+    own ``ip_local_reserved_ports`` (guest_agent/portreserve.py); put it back after."""
+    try:
+        before = RESERVED_PORTS.read_text()
+    except OSError:
+        before = None
+    yield
+    if before is None or os.geteuid() != 0:
+        return
+    try:
+        if RESERVED_PORTS.read_text() != before:
+            RESERVED_PORTS.write_text(before if before.strip() else "\n")
+    except OSError:
+        pass

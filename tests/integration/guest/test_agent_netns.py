@@ -190,6 +190,9 @@ def test_four_guests_converge_crash_and_rejoin(fabric: Fabric, dns, tmp_path: Pa
             assert g.hosts_block() == {j: n.ip for j, n in enumerate(nodes)}
             st = g.agent.status()  # type: ignore[union-attr]
             assert st["own_index"] == i and st["restarts"] == 0
+            # IMEX's port is out of this VM's ephemeral range (the host's is untouched)
+            reserved = g.node.run(["cat", "/proc/sys/net/ipv4/ip_local_reserved_ports"])
+            assert reserved.stdout.strip() == "50000"
 
         # Guest 3 crashes: its VM is gone, so its endpoint leaves DNS (NXDOMAIN).
         crashed = guests[3]
