@@ -41,6 +41,10 @@ from host_agent.settings import HostSettings
 
 log = logging.getLogger("imex.host.watch")
 
+#: 403s in a row on a resumed watch before the informer lists afresh to tell a
+#: transient refusal (an apiserver whose RBAC has not synced) from a lost verb
+RESUMED_403_LIMIT = 3
+
 Obj = dict[str, Any]
 Key = tuple[str, str]
 ChangeHandler = Callable[[Obj | None, Obj | None], None]
@@ -289,7 +293,11 @@ class Informer:
     async def run(self) -> None:
         failures = 0
         rv: str | None = None
+        #: 403s in a row on a watch that resumed an earlier stream (see below)
+        resumed_forbidden = 0
         while True:
+            #: this attempt's watch starts from a list made just now
+            fresh = rv is None
             try:
                 if rv is None:
                     items, rv = await self._source.list(self._view)
@@ -308,6 +316,7 @@ class Informer:
                     self.synced.set()
                 async for event, obj in self._source.watch(rv):
                     failures = 0
+                    resumed_forbidden = 0
                     if self._watch_denied_logged:
                         self._watch_denied_logged = False
                         log.info("%s: watching is permitted now; watching again", self.name)
@@ -329,14 +338,25 @@ class Informer:
                     self._absent(exc)
                     await asyncio.sleep(self._settings.optional_kind_retry)
                     continue
-                if exc.status == 403 and rv is not None:
-                    # RBAC grants list but not watch: keep the listed cache and list
-                    # again every optional_kind_retry (each list is applied as a diff),
-                    # said once instead of a warning per retry
+                if exc.status == 403 and rv is not None and fresh:
+                    # A list just now was allowed and the watch from it was not: RBAC
+                    # grants list but not watch. Keep the listed cache and list again
+                    # every optional_kind_retry (each list is applied as a diff), said
+                    # once instead of a warning per retry.
                     self._watch_denied(exc)
                     rv = None
                     await asyncio.sleep(self._settings.optional_kind_retry)
                     continue
+                if exc.status == 403 and rv is not None:
+                    # A resumed watch refused: a kube-apiserver that has just started
+                    # answers 403 until its RBAC informers sync (about a second), so this
+                    # is retried with the usual backoff from the same version. Only if
+                    # it persists is the next attempt a fresh list, which tells a real
+                    # loss of the watch verb (above) from a transient refusal.
+                    resumed_forbidden += 1
+                    if resumed_forbidden >= RESUMED_403_LIMIT:
+                        resumed_forbidden = 0
+                        rv = None
                 failures += 1
                 delay = self._delay(failures)
                 self._metrics.watch_restarts.labels(self.name, "error").inc()

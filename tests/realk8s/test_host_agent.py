@@ -147,6 +147,8 @@ def test_agent_relists_after_410_and_keeps_members_meanwhile(
                                     kind="vmi", reason="gone")
     lists_before = host_agent.metric("imex_host_agent_lists_total",
                                      kind="vmi")
+    forbidden_before = host_agent.metric("imex_host_agent_watch_restarts_total",
+                                         kind="vmi", reason="forbidden")
     # Writes the agent does not watch move etcd's revision past the agent's last
     # resourceVersion; compaction removes that history; a crash (SIGKILL: no final
     # bookmark) and restart leaves a watch cache that starts after it.
@@ -174,6 +176,10 @@ def test_agent_relists_after_410_and_keeps_members_meanwhile(
                                     kind="vmi")
     assert gone_after > gone_before, host_agent.proc.tail(60)
     assert lists_after > lists_before
+    # The restarted apiserver refuses watches with 403 until its RBAC informers sync:
+    # that is retried, never taken for a Role without watch (a 30 s list-only mode).
+    assert host_agent.metric("imex_host_agent_watch_restarts_total",
+                             kind="vmi", reason="forbidden") == forbidden_before
     admin.delete(f"/api/v1/namespaces/{churn}")
 
 

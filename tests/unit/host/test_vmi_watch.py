@@ -226,3 +226,49 @@ async def test_list_without_watch_rights_lists_again_and_warns_once(caplog: Any)
         "imex_host_agent_watch_restarts_total", {"kind": "lease", "reason": "forbidden"}) == 2
     assert metrics.registry.get_sample_value(
         "imex_host_agent_watch_restarts_total", {"kind": "lease", "reason": "error"}) is None
+
+
+async def test_a_resumed_watch_refused_403_is_retried_from_its_version(caplog: Any) -> None:
+    """A kube-apiserver that has just restarted answers 403 until its RBAC informers sync
+    (seen in realk8s): the watch resumes from where it was, with no list-only fallback."""
+    forbidden = KubeError("watch Thing: 403: forbidden", 403)
+    script = Script(
+        lists=[([obj("a", "5")], "10")],
+        watches=[[("ADDED", obj("b", "11")), KubeError("connection reset")],
+                 [forbidden], [forbidden], [("ADDED", obj("c", "12"))]],
+    )
+    settings = HostSettings(backoff_initial=0.001, backoff_max=0.01, optional_kind_retry=60)
+    caplog.set_level("INFO", logger="imex.host.watch")
+    store, _seen, metrics = await drive(script, settings=settings)
+    assert script.watched_from == ["10", "11", "11", "11", "12"]
+    assert names(store) == {"a", "b", "c"}
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_lists_total", {"kind": "thing"}) == 1
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "error"}) == 3
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "forbidden"}) is None
+    assert not any("watching is not" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_resumed_watch_refused_for_good_lists_afresh_then_lists_without_watching(
+        caplog: Any) -> None:
+    """If the 403 persists, a fresh list decides: allowed list + refused watch = list-only."""
+    forbidden = KubeError("watch Thing: 403: forbidden", 403)
+    script = Script(
+        lists=[([obj("a", "5")], "10"), ([obj("a", "5")], "20"), ([obj("d", "25")], "30")],
+        watches=[[("ADDED", obj("b", "11")), KubeError("connection reset")],
+                 [forbidden], [forbidden], [forbidden], [forbidden],
+                 [("ADDED", obj("c", "31"))]],
+    )
+    settings = HostSettings(backoff_initial=0.001, backoff_max=0.01, optional_kind_retry=0.01)
+    caplog.set_level("INFO", logger="imex.host.watch")
+    store, _seen, metrics = await drive(script, settings=settings)
+    assert script.watched_from == ["10", "11", "11", "11", "20", "30", "31"]
+    # the cache kept b until the list that no longer had it, and followed each list
+    assert names(store) == {"d", "c"}
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "forbidden"}) == 1
+    assert metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "error"}) == 4
+    assert sum("watching is not" in r.getMessage() for r in caplog.records) == 1
