@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
-import json
 import logging
 import os
 import socket
@@ -18,6 +17,8 @@ import sys
 import threading
 import traceback
 from typing import Any
+
+from guest_agent.jsonlog import JsonFormatter
 
 log = logging.getLogger("guest_agent")
 
@@ -28,26 +29,6 @@ EXIT_NOTHING_LEARNED = 3
 
 
 # --- logging -------------------------------------------------------------------
-
-_STD_ATTRS = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, and any ``extra`` fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STD_ATTRS and not key.startswith("_"):
-                doc[key] = value
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
 
 
 def setup_logging(as_json: bool, level: int = logging.INFO) -> None:

@@ -8,7 +8,8 @@ import json
 import logging
 import time
 
-from guest_agent.daemon import JsonFormatter, cancel_all
+from guest_agent.daemon import cancel_all
+from guest_agent.jsonlog import JsonFormatter
 
 
 async def test_cancel_all_cancels_a_task_that_swallowed_its_cancellation() -> None:
@@ -45,3 +46,24 @@ def test_json_formatter_one_object_with_extras() -> None:
     doc = json.loads(line)
     assert doc["msg"] == "re-asserted /etc/hosts" and doc["level"] == "warning"
     assert doc["reasserts"] == 3 and doc["logger"] == "guest_agent"
+
+
+def test_both_agents_write_one_json_format() -> None:
+    """The host's --json lines are the guest's: one parser reads both; lists stay JSON."""
+    import io
+    import ipaddress
+
+    from host_agent.logs import setup_logging
+
+    handler = setup_logging("INFO", True, io.StringIO())
+    logging.getLogger().removeHandler(handler)
+    assert handler.formatter is not None
+    record = logging.makeLogRecord({"name": "imex.host.reconcile", "levelno": logging.INFO,
+                                    "levelname": "INFO", "msg": "published",
+                                    "ensemble": "rack1/gb200", "slots": [0, 2],
+                                    "peer": ipaddress.ip_address("10.0.0.1")})
+    host, guest = handler.formatter.format(record), JsonFormatter().format(record)
+    assert host == guest
+    doc = json.loads(host)
+    assert doc["slots"] == [0, 2] and doc["ensemble"] == "rack1/gb200"
+    assert doc["peer"] == "10.0.0.1"
