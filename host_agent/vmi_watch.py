@@ -41,9 +41,12 @@ from host_agent.settings import HostSettings
 
 log = logging.getLogger("imex.host.watch")
 
-#: 403s in a row on a resumed watch before the informer lists afresh to tell a
-#: transient refusal (an apiserver whose RBAC has not synced) from a lost verb
+#: 403s in a row on a resumed watch, and seconds since the first of them, before the
+#: informer lists afresh to tell a transient refusal (a kube-apiserver whose RBAC has
+#: not synced: about 1.5 s after a restart in realk8s) from a lost verb. Both must be
+#: reached: with full-jitter backoff three retries can all land inside that window.
 RESUMED_403_LIMIT = 3
+RESUMED_403_GRACE_S = 5.0
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
@@ -293,8 +296,10 @@ class Informer:
     async def run(self) -> None:
         failures = 0
         rv: str | None = None
-        #: 403s in a row on a watch that resumed an earlier stream (see below)
+        #: 403s in a row on a watch that resumed an earlier stream, and when the first
+        #: of them came (see below)
         resumed_forbidden = 0
+        forbidden_since = 0.0
         while True:
             #: this attempt's watch starts from a list made just now
             fresh = rv is None
@@ -336,12 +341,16 @@ class Informer:
                     continue
                 if exc.status == 403 and rv is not None:
                     # A resumed watch refused: a kube-apiserver that has just started
-                    # answers 403 until its RBAC informers sync (about a second), so this
-                    # is retried with the usual backoff from the same version. Only if
-                    # it persists is the next attempt a fresh list, which tells a real
+                    # answers 403 until its RBAC informers sync, so this is retried with
+                    # the usual backoff from the same version. Only if it persists (see
+                    # RESUMED_403_*) is the next attempt a fresh list, which tells a real
                     # loss of the watch verb (above) from a transient refusal.
+                    now = asyncio.get_running_loop().time()
+                    if resumed_forbidden == 0:
+                        forbidden_since = now
                     resumed_forbidden += 1
-                    if resumed_forbidden >= RESUMED_403_LIMIT:
+                    if resumed_forbidden >= RESUMED_403_LIMIT and \
+                            now - forbidden_since >= RESUMED_403_GRACE_S:
                         resumed_forbidden = 0
                         rv = None
                 failures += 1

@@ -235,25 +235,28 @@ async def test_a_resumed_watch_refused_403_is_retried_from_its_version(caplog: A
     script = Script(
         lists=[([obj("a", "5")], "10")],
         watches=[[("ADDED", obj("b", "11")), KubeError("connection reset")],
-                 [forbidden], [forbidden], [("ADDED", obj("c", "12"))]],
+                 [forbidden], [forbidden], [forbidden], [forbidden],
+                 [("ADDED", obj("c", "12"))]],
     )
     settings = HostSettings(backoff_initial=0.001, backoff_max=0.01, optional_kind_retry=60)
     caplog.set_level("INFO", logger="imex.host.watch")
     store, _seen, metrics = await drive(script, settings=settings)
-    assert script.watched_from == ["10", "11", "11", "11", "12"]
+    # four refusals, more than RESUMED_403_LIMIT, but all inside RESUMED_403_GRACE_S
+    assert script.watched_from == ["10", "11", "11", "11", "11", "11", "12"]
     assert names(store) == {"a", "b", "c"}
     assert metrics.registry.get_sample_value(
         "imex_host_agent_lists_total", {"kind": "thing"}) == 1
     assert metrics.registry.get_sample_value(
-        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "error"}) == 3
+        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "error"}) == 5
     assert metrics.registry.get_sample_value(
         "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "forbidden"}) is None
     assert not any("watching is not" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_resumed_watch_refused_for_good_lists_afresh_then_lists_without_watching(
-        caplog: Any) -> None:
+        caplog: Any, monkeypatch: Any) -> None:
     """If the 403 persists, a fresh list decides: allowed list + refused watch = list-only."""
+    monkeypatch.setattr("host_agent.vmi_watch.RESUMED_403_GRACE_S", 0.0)
     forbidden = KubeError("watch Thing: 403: forbidden", 403)
     script = Script(
         lists=[([obj("a", "5")], "10"), ([obj("a", "5")], "20"), ([obj("d", "25")], "30")],
