@@ -76,6 +76,12 @@ def names(store: Store) -> set[str]:
     return {k[1] for k in store.all_keys()}
 
 
+def restarts(metrics: HostMetrics, reason: str, kind: str = "thing") -> float | None:
+    """``imex_host_agent_watch_restarts_total`` for one kind and reason (None: never)."""
+    return metrics.registry.get_sample_value(
+        "imex_host_agent_watch_restarts_total", {"kind": kind, "reason": reason})
+
+
 async def test_list_then_watch_from_the_lists_version_and_resume_after_errors() -> None:
     script = Script(
         lists=[([obj("a", "5")], "10")],
@@ -246,10 +252,8 @@ async def test_a_resumed_watch_refused_403_is_retried_from_its_version(caplog: A
     assert names(store) == {"a", "b", "c"}
     assert metrics.registry.get_sample_value(
         "imex_host_agent_lists_total", {"kind": "thing"}) == 1
-    assert metrics.registry.get_sample_value(
-        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "error"}) == 5
-    assert metrics.registry.get_sample_value(
-        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "forbidden"}) is None
+    assert restarts(metrics, "error") == 5
+    assert restarts(metrics, "forbidden") is None
     assert not any("watching is not" in r.getMessage() for r in caplog.records)
 
 
@@ -270,10 +274,8 @@ async def test_a_resumed_watch_refused_for_good_lists_afresh_then_lists_without_
     assert script.watched_from == ["10", "11", "11", "11", "20", "30", "31"]
     # the cache kept b until the list that no longer had it, and followed each list
     assert names(store) == {"d", "c"}
-    assert metrics.registry.get_sample_value(
-        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "forbidden"}) == 1
-    assert metrics.registry.get_sample_value(
-        "imex_host_agent_watch_restarts_total", {"kind": "thing", "reason": "error"}) == 4
+    assert restarts(metrics, "forbidden") == 1
+    assert restarts(metrics, "error") == 4
     assert sum("watching is not" in r.getMessage() for r in caplog.records) == 1
 
 
