@@ -234,16 +234,19 @@ async def test_list_without_watch_rights_lists_again_and_warns_once(caplog: Any)
         "imex_host_agent_watch_restarts_total", {"kind": "lease", "reason": "error"}) is None
 
 
+def resumed_then_refused(after: dict[str, Any]) -> list[Any]:
+    """A watch that sees b at "11" and is reset, four resumes refused with 403, then one
+    that delivers ``after``: what a kube-apiserver restart looks like to an informer."""
+    forbidden = KubeError("watch Thing: 403: forbidden", 403)
+    return [[("ADDED", obj("b", "11")), KubeError("connection reset")],
+            [forbidden], [forbidden], [forbidden], [forbidden], [("ADDED", after)]]
+
+
 async def test_a_resumed_watch_refused_403_is_retried_from_its_version(caplog: Any) -> None:
     """A kube-apiserver that has just restarted answers 403 until its RBAC informers sync
     (seen in realk8s): the watch resumes from where it was, with no list-only fallback."""
-    forbidden = KubeError("watch Thing: 403: forbidden", 403)
-    script = Script(
-        lists=[([obj("a", "5")], "10")],
-        watches=[[("ADDED", obj("b", "11")), KubeError("connection reset")],
-                 [forbidden], [forbidden], [forbidden], [forbidden],
-                 [("ADDED", obj("c", "12"))]],
-    )
+    script = Script(lists=[([obj("a", "5")], "10")],
+                    watches=resumed_then_refused(obj("c", "12")))
     settings = HostSettings(backoff_initial=0.001, backoff_max=0.01, optional_kind_retry=60)
     caplog.set_level("INFO", logger="imex.host.watch")
     store, _seen, metrics = await drive(script, settings=settings)
@@ -261,12 +264,9 @@ async def test_a_resumed_watch_refused_for_good_lists_afresh_then_lists_without_
         caplog: Any, monkeypatch: Any) -> None:
     """If the 403 persists, a fresh list decides: allowed list + refused watch = list-only."""
     monkeypatch.setattr("host_agent.vmi_watch.RESUMED_403_GRACE_S", 0.0)
-    forbidden = KubeError("watch Thing: 403: forbidden", 403)
     script = Script(
         lists=[([obj("a", "5")], "10"), ([obj("a", "5")], "20"), ([obj("d", "25")], "30")],
-        watches=[[("ADDED", obj("b", "11")), KubeError("connection reset")],
-                 [forbidden], [forbidden], [forbidden], [forbidden],
-                 [("ADDED", obj("c", "31"))]],
+        watches=resumed_then_refused(obj("c", "31")),
     )
     settings = HostSettings(backoff_initial=0.001, backoff_max=0.01, optional_kind_retry=0.01)
     caplog.set_level("INFO", logger="imex.host.watch")
