@@ -36,7 +36,7 @@ from typing import Any, Final
 from guest_agent.safewrite import read_bytes
 from guest_agent.tlsconfig import CA_FILE, CERT_FILE, PIN_FILE
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.certkeeper")  # logger name pinned
 
 EXPIRY_WARNING: Final = dt.timedelta(hours=24)
 BACKOFF_FIRST: Final = 2.0

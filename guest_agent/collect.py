@@ -37,7 +37,7 @@ from guest_agent.domain import (
     parse_imex_domain,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.collect")  # logger name pinned
 
 #: nvidia-smi is asked at most this often (seconds).
 FABRIC_EVERY = 60.0

@@ -70,7 +70,7 @@ from guest_agent.registry_client import (
     RegistryUnavailable,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.discovery")  # logger name pinned
 
 T = TypeVar("T")
 

@@ -51,7 +51,7 @@ import dns.rdtypes.IN.SRV
 from guest_agent.config import Nameserver, Settings
 from guest_agent.model import EnsembleId, ModelError, usable_ip
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.dnsquery")  # logger name pinned
 
 Warn = Callable[[str], None]
 SlotVerdict = Literal["present", "absent", "nodata", "unknown"]

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 
 import watchfiles
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.filewatch")  # logger name pinned
 
 
 def _targets(paths: Iterable[str]) -> tuple[set[str], set[str], set[str]]:

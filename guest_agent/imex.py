@@ -30,7 +30,7 @@ from guest_agent.imex_policy import (
     freeze_pins,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.imex")  # logger name pinned
 
 
 @dataclass

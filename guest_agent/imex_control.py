@@ -15,7 +15,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.imex_control")  # logger name pinned
 
 
 class ImexError(RuntimeError):

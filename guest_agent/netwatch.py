@@ -43,7 +43,7 @@ RTMGRP_IPV6_IFADDR: Final[int] = _rtnl.RTMGRP_IPV6_IFADDR
 RTMGRP_IPV4_ROUTE: Final[int] = _rtnl.RTMGRP_IPV4_ROUTE
 RTMGRP_IPV6_ROUTE: Final[int] = _rtnl.RTMGRP_IPV6_ROUTE
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.netwatch")  # logger name pinned
 
 GROUPS: Final = (
     RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE

@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Final
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.portreserve")  # logger name pinned
 
 SYSCTL: Final = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
 

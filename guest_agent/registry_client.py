@@ -31,7 +31,7 @@ from guest_agent import http
 from guest_agent.config import Settings
 from guest_agent.model import EnsembleId, Member, ModelError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.registry_client")  # logger name pinned
 
 Warn = Callable[[str], None]
 

@@ -46,7 +46,7 @@ from tenacity import (
 from guest_agent import http
 from guest_agent.config import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.reporter")  # logger name pinned
 
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 

@@ -26,7 +26,7 @@ import sys
 import types
 from typing import Any
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.rtnl_import")  # logger name pinned
 
 _lean = False
 

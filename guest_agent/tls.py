@@ -50,7 +50,7 @@ from guest_agent import http
 from guest_agent.safewrite import FileWriteError, read_bytes, write_file
 from guest_agent.tlsconfig import CA_FILE, CERT_FILE, KEY_FILE, PIN_FILE, ensure_imex_config
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("guest_agent.tls")  # logger name pinned
 
 #: Expiry closer than this is a warning in the status (and GuestCertExpiring on the CR).
 EXPIRY_WARNING: Final = dt.timedelta(hours=24)

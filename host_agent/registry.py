@@ -106,7 +106,7 @@ __all__ = [
     "server_config",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("host_agent.registry")  # logger name pinned
 
 
 
