@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check guest_agent host_agent tools tests
+	$(BIN)/ruff check imex_shared guest_agent host_agent tools tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -43,9 +43,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from guest_agent import eventloop
-from guest_agent.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
-from guest_agent.cliques import pins_for
-from guest_agent.collect import Collected, DomainCollector
 from guest_agent.config import Settings
 from guest_agent.daemon import (
     EXIT_FAILED,
@@ -57,19 +54,28 @@ from guest_agent.daemon import (
     setup_logging,
     stop_watchdog,
 )
-from guest_agent.domain import own_row
-from guest_agent.imex import ImexStats, Supervisor
-from guest_agent.imex_control import make_controller
-from guest_agent.imex_policy import Policy
-from guest_agent.model import EnsembleId, Member
-from guest_agent.ownslot import OwnSlot, resolve_own
-from guest_agent.portreserve import reserve_port
-from guest_agent.status import Status, StatusError, format_table, load_status, write_status
+from guest_agent.files.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
+from guest_agent.imex.control import make_controller
+from guest_agent.imex.supervisor import Policy
+from guest_agent.imex.supervisor_io import ImexStats, Supervisor
+from guest_agent.net.portreserve import reserve_port
+from guest_agent.pins.ownslot import OwnSlot, resolve_own
+from guest_agent.report.collect import Collected, DomainCollector
+from guest_agent.report.status_file import (
+    Status,
+    StatusError,
+    format_table,
+    load_status,
+    write_status,
+)
+from imex_shared.cliques import pins_for
+from imex_shared.imex_domain import own_row
+from imex_shared.model import EnsembleId, Member
 
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
-    from guest_agent.certkeeper import CertKeeper, TlsStatus
-    from guest_agent.discovery import Discovery
-    from guest_agent.reporter import Reporter
+    from guest_agent.peers.discovery_io import Discovery
+    from guest_agent.report.report_io import Reporter
+    from guest_agent.tls.keeper_io import CertKeeper, TlsStatus
 
 log = logging.getLogger("guest_agent")
 
@@ -86,7 +92,7 @@ AGENT_VERSION = _version()
 
 
 class ViewT(Protocol):
-    """A discovery View (``guest_agent.discovery.View``)."""
+    """A discovery View (``guest_agent.peers.discovery_io.View``)."""
 
     @property
     def source(self) -> str: ...
@@ -112,14 +118,14 @@ class ViewT(Protocol):
 
 async def local_view() -> tuple[set[str], str | None]:
     """(local addresses, default-route source address) via ``netwatch``."""
-    from guest_agent import netwatch
+    from guest_agent.net import netwatch
 
     return await netwatch.local_addresses(), await netwatch.default_route_address()
 
 
 def make_discovery(settings: Settings) -> Discovery:
-    from guest_agent.discovery import Discovery
-    from guest_agent.reporter import ReportError, read_token
+    from guest_agent.peers.discovery_io import Discovery
+    from guest_agent.report.report_io import ReportError, read_token
 
     try:
         token = read_token(settings.token_file)
@@ -131,8 +137,8 @@ def make_discovery(settings: Settings) -> Discovery:
 
 def make_keeper(settings: Settings, on_renewed: Any, on_status: Any) -> CertKeeper:
     """The TLS keeper; ``cryptography`` runs only in its short-lived child."""
-    from guest_agent.certkeeper import CertKeeper
-    from guest_agent.tlsconfig import ensure_imex_config
+    from guest_agent.tls.imex_config import ensure_imex_config
+    from guest_agent.tls.keeper_io import CertKeeper
 
     assert settings.registry_url is not None
     base = f"{settings.registry_url}/v1/ensembles/{settings.namespace}/{settings.ensemble}"
@@ -198,7 +204,7 @@ class Agent:
         )
         self.reporter: Reporter | None = None
         if settings.registry_url is not None:
-            from guest_agent.reporter import Reporter
+            from guest_agent.report.report_io import Reporter
 
             self.reporter = Reporter(settings, on_error=self._report_error)
         self.collector = DomainCollector(settings, self._on_collected)
@@ -430,7 +436,7 @@ class Agent:
     # -- tasks
 
     async def _watch_files(self) -> None:
-        from guest_agent.filewatch import watch_files
+        from guest_agent.files.filewatch import watch_files
 
         await self.first_apply.wait()
         await watch_files(
@@ -439,7 +445,7 @@ class Agent:
 
     async def _watch_addresses(self) -> None:
         """netwatch calls back synchronously; the (async) follow-up runs in its own task."""
-        from guest_agent import netwatch
+        from guest_agent.net import netwatch
 
         changed = asyncio.Event()
 

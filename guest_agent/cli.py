@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guest_agent.config import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_settings
-from guest_agent.hostsfile import merge_hosts
-from guest_agent.model import EnsembleId, ModelError, members_from_json, pins_of
-from guest_agent.render import render_nodes_config
+from imex_shared.hostsfile import merge_hosts
+from imex_shared.model import EnsembleId, ModelError, members_from_json, pins_of
+from imex_shared.render import render_nodes_config
 
 EXIT_BAD_INPUT = 2
 
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["cloudinit"]:
         # The user-data generator has its own flags and needs no agent config.
-        from guest_agent.cloudinit_cli import main as cloudinit_main
+        from guest_agent.installer.cli import main as cloudinit_main
 
         return cloudinit_main(argv[1:])
     parser = build_parser()
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # daemon is the only pyroute2 user in its process, so it may skip pyroute2's
     # eager package init (rtnl_import.py: about 4 MB of RSS).
     if args.command in ("run", "once"):
-        from guest_agent import rtnl_import
+        from guest_agent.net import rtnl_import
 
         rtnl_import.enable_lean()
     from guest_agent import agent

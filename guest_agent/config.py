@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from guest_agent.model import (
+from imex_shared.model import (
     DEFAULT_MAX_MEMBERS,
     DEFAULT_PORT,
     DEFAULT_ZONE,

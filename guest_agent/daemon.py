@@ -18,7 +18,7 @@ import threading
 import traceback
 from typing import Any
 
-from guest_agent.jsonlog import JsonFormatter
+from imex_shared.jsonlog import JsonFormatter
 
 log = logging.getLogger("guest_agent")
 

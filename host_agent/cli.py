@@ -17,7 +17,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from guest_agent.model import ModelError, check_dns_label
 from host_agent.settings import (
     DEFAULT_LISTEN,
     HostSettings,
@@ -26,6 +25,7 @@ from host_agent.settings import (
     default_identity,
     parse_listen,
 )
+from imex_shared.model import ModelError, check_dns_label
 
 ENV_PREFIX: Final = "IMEX_HOST_AGENT_"
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
@@ -173,7 +173,7 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
 
     hook_socket = args.hook_socket or None
     if hook_socket is not None:
-        from host_agent.hook_sidecar import HookSidecarError, check_socket_path
+        from host_agent.sidecar.hook_io import HookSidecarError, check_socket_path
 
         try:
             check_socket_path(hook_socket)
@@ -216,7 +216,7 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
     lease = _seconds("leader-elect-lease-duration", args.leader_elect_lease_duration)
     renew = _seconds("leader-elect-renew-deadline", args.leader_elect_renew_deadline)
     retry = _seconds("leader-elect-retry-period", args.leader_elect_retry_period)
-    from host_agent.election import ElectionConfig
+    from host_agent.kube.election import ElectionConfig
 
     try:
         ElectionConfig(lease, renew, retry).check()
@@ -248,10 +248,10 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from host_agent.hook_sidecar import HookSidecarError
-    from host_agent.kube import KubeConfigError
+    from host_agent.kube.client import KubeConfigError
     from host_agent.logs import setup_logging
     from host_agent.main import run
+    from host_agent.sidecar.hook_io import HookSidecarError
 
     try:
         settings = build_settings(argv, os.environ)

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from guest_agent.jsonlog import JsonFormatter, log_extras
+from imex_shared.jsonlog import JsonFormatter, log_extras
 
 
 class TextFormatter(logging.Formatter):

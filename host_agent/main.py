@@ -43,14 +43,12 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap
 from prometheus_client import CollectorRegistry
 
-from guest_agent.model import EnsembleId
-from host_agent import registry as registry_mod
-from host_agent.ca_store import CaManager
-from host_agent.election import ElectionConfig
-from host_agent.endpoints import SliceApplier
-from host_agent.ensembles import Declaration
-from host_agent.event_writer import EventRecorder
-from host_agent.kube import (
+from host_agent.ca.secret_io import CaManager
+from host_agent.ensembles.cr_spec import Declaration
+from host_agent.ensembles.owned_service_io import ServiceApplier
+from host_agent.ensembles.service_spec import ENSEMBLE_LABEL
+from host_agent.ensembles.slices import SliceApplier
+from host_agent.kube.client import (
     ALL_NAMESPACES,
     EndpointSlice,
     EnsembleStatusWriter,
@@ -65,16 +63,15 @@ from host_agent.kube import (
     api_call,
     make_client,
 )
-from host_agent.leadership import ALWAYS, LeaseGate, WriteGate
-from host_agent.lease_io import KubeLeaseApi, LeaseElection
-from host_agent.membership import ServiceAnnotationSource
-from host_agent.membership_cr import StatusPairSource
+from host_agent.kube.election import ElectionConfig
+from host_agent.kube.election_io import KubeLeaseApi, LeaseElection
+from host_agent.kube.informer import Informer, Store
+from host_agent.kube.leadership import ALWAYS, LeaseGate, WriteGate
 from host_agent.metrics import HostMetrics
-from host_agent.owned_services import ServiceApplier
-from host_agent.pairs import Pairs
-from host_agent.reconcile import Reconciler, managed_slice_labels, new_stores
-from host_agent.registry_certs import CertConfig
-from host_agent.reports import (
+from host_agent.persist.pair import ServiceAnnotationSource
+from host_agent.persist.pair_io import Pairs
+from host_agent.persist.pair_status import StatusPairSource
+from host_agent.persist.reports import (
     REFRESH_FRACTION,
     REPORTS_LABEL,
     PersistedReports,
@@ -82,14 +79,17 @@ from host_agent.reports import (
     report_applies,
     supersedes,
 )
-from host_agent.services import ENSEMBLE_LABEL
+from host_agent.reconcile.reconcile_io import Reconciler, managed_slice_labels, new_stores
+from host_agent.registry import app as registry_mod
+from host_agent.registry.cert_routes import CertConfig
 from host_agent.settings import HostSettings
-from host_agent.state import GuestReport, State
-from host_agent.status_writer import StatusWriter
-from host_agent.vmi_watch import Informer, Store
+from host_agent.state.store import GuestReport, State
+from host_agent.status.events_io import EventRecorder
+from host_agent.status.status_io import StatusWriter
+from imex_shared.model import EnsembleId
 
 if TYPE_CHECKING:
-    from host_agent.hook_sidecar import HookServer
+    from host_agent.sidecar.hook_io import HookServer
 
 log = logging.getLogger("imex.host")
 
@@ -185,7 +185,7 @@ class HostAgent:
         if s.persists_membership:
             persisted = PersistedReports(self._adopt_report)
             # heartbeats without news are not written; the copy in the API is refreshed
-            # well before other replicas would call it stale (host_agent/reports.py)
+            # well before other replicas would call it stale (host_agent/persist/reports.py)
             self.reports = ReportPersister(
                 client, s.agent_namespace, persisted=persisted.of,
                 refresh_after=s.report_stale_after * REFRESH_FRACTION,
@@ -327,7 +327,7 @@ class HostAgent:
         try:
             if s.hook_socket:
                 # grpc costs ~10 MB of RSS; only the sidecar deployment loads it.
-                from host_agent.hook_sidecar import HookServer
+                from host_agent.sidecar.hook_io import HookServer
 
                 hook = HookServer(s.hook_socket, launcher_done)
                 await hook.start()

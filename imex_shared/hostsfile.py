@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from guest_agent.model import EnsembleId, UnusableAddress, parse_ip
-from guest_agent.render import render_hosts_block
+from imex_shared.model import EnsembleId, UnusableAddress, parse_ip
+from imex_shared.render import render_hosts_block
 
 
 def _lines(data: bytes) -> Iterator[bytes]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from guest_agent.model import ABSENT_IP, EnsembleId, InvalidIndex, parse_ip
+from imex_shared.model import ABSENT_IP, EnsembleId, InvalidIndex, parse_ip
 
 Mode = Literal["names", "ips"]
 MODES: tuple[Mode, ...] = ("names", "ips")

@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session", autouse=True)
 def _host_reserved_ports_restored() -> Iterator[None]:
     """A guest agent run as root outside a namespace reserves its IMEX port in the host's
-    own ``ip_local_reserved_ports`` (guest_agent/portreserve.py); put it back after."""
+    own ``ip_local_reserved_ports`` (guest_agent/net/portreserve.py); put it back after."""
     try:
         before = RESERVED_PORTS.read_text()
     except OSError:

@@ -8,7 +8,7 @@ every wheel of the ``guest`` extra's closure for that target (binary wheels publ
 it, never built here: ``pip download --only-binary=:all: --platform ...``), the pip wheel
 the guest bootstraps from (stock images have no pip), and nothing else. The guest's
 installer appends its own ``linux-<arch>-py<ver>/`` to the ``find-links`` root, so one URL
-serves a mixed-architecture ensemble (guest_agent/bootstrap.py).
+serves a mixed-architecture ensemble (guest_agent/installer/bootstrap.py).
 
 Two facts shape the download:
 
@@ -44,7 +44,7 @@ from packaging.requirements import Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import NormalizedName, canonicalize_name, parse_wheel_filename
 
-from guest_agent.bootstrap import PYTHON_FLOOR
+from guest_agent.installer.bootstrap import PYTHON_FLOOR
 
 REPO = Path(__file__).resolve().parents[1]
 DISTRIBUTION = "imex-ensemble"

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from guest_agent.config import Settings
-from guest_agent.hostsfile import merge_hosts, read_block
-from guest_agent.model import EnsembleId
-from guest_agent.render import render_nodes_config
-from guest_agent.safewrite import FileWriteError, read_bytes, write_file
+from guest_agent.files.safewrite import FileWriteError, read_bytes, write_file
+from imex_shared.hostsfile import merge_hosts, read_block
+from imex_shared.model import EnsembleId
+from imex_shared.render import render_nodes_config
 
 
 class ApplyError(RuntimeError):
@@ -124,7 +124,7 @@ class Applier:
         """Make both files hold ``pins``; remembers them for ``assert_files``.
 
         ``hosts_pins`` (default ``pins``) is what the hosts block pins when the ensemble
-        spans NVLink cliques (``guest_agent.cliques``): the nodes file never depends on
+        spans NVLink cliques (``imex_shared.cliques``): the nodes file never depends on
         it, so a split costs IMEX a SIGUSR1, not a restart.
         """
         self.pins = dict(pins)

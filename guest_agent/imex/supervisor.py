@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from guest_agent.model import ABSENT_IP
+from imex_shared.model import ABSENT_IP
 
 Pins = tuple[tuple[int, str], ...]
 

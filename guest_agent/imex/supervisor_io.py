@@ -1,7 +1,7 @@
 """The one task that talks to IMEX: observe, ``decide`` (imex_policy), execute.
 
-The rules it follows are in ``guest_agent.imex_policy``; the daemon is reached
-through a ``guest_agent.imex_control`` controller. All times are
+The rules it follows are in ``guest_agent.imex.supervisor``; the daemon is reached
+through a ``guest_agent.imex.control`` controller. All times are
 ``time.monotonic()`` seconds.
 """
 
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from guest_agent.imex_control import NO_ANSWER, Controller, ImexError, query_state
-from guest_agent.imex_policy import (
+from guest_agent.imex.control import NO_ANSWER, Controller, ImexError, query_state
+from guest_agent.imex.supervisor import (
     READY,
     Action,
     Decision,

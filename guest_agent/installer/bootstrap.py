@@ -22,7 +22,7 @@ runcmd stops before its commit and the setup is redone at the next boot.
 It runs on whatever python3 the image has, possibly older than the floor (RHEL 9: 3.9),
 to say so. Hence: standard library only, nothing newer than Python 3.8 (no
 ``from __future__ import annotations``, ``typing`` generics), checked by
-tests/unit/guest/test_bootstrap.py and run for real under Debian 11's 3.9 in tests/chroot.
+tests/unit/guest/installer/test_bootstrap.py and run for real under Debian 11's 3.9 in tests/chroot.
 """
 
 import argparse
@@ -56,9 +56,11 @@ _RHEL_LIKE = ("rhel", "centos", "fedora", "rocky", "almalinux", "ol")
 #: ensemble with authEncryption needs, cryptography's compiled module with them): importing
 #: them once proves the install whole, each compiled module for this CPU included, and
 #: byte-compiles exactly what runs
-AGENT_IMPORTS = ("import guest_agent.cli, guest_agent.agent, guest_agent.discovery, "
-                 "guest_agent.reporter, guest_agent.netwatch, guest_agent.filewatch, "
-                 "guest_agent.certkeeper, guest_agent.tlsconfig, guest_agent.tls")
+AGENT_IMPORTS = ("import guest_agent.cli, guest_agent.agent, "
+                 "guest_agent.peers.discovery_io, guest_agent.report.report_io, "
+                 "guest_agent.net.netwatch, guest_agent.files.filewatch, "
+                 "guest_agent.tls.keeper_io, guest_agent.tls.imex_config, "
+                 "guest_agent.tls.creds_io")
 
 
 class SetupError(Exception):

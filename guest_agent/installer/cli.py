@@ -2,7 +2,7 @@
 
 Every flag is checked here or by the agent's own config validator before anything is
 printed, so a value the guest would refuse is refused on the workstation, naming the flag
-(exit 2). The rendering itself is :mod:`guest_agent.cloudinit`; this module only reads
+(exit 2). The rendering itself is :mod:`guest_agent.installer.userdata`; this module only reads
 the token file and the package's unit, and prints the result and its notes (the
 user-data's size among them) on stderr.
 """
@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from guest_agent.cloudinit import (
+from guest_agent.config import ConfigError, parse_nameserver
+from guest_agent.installer.from_ensemble import (
+    FromEnsembleError,
+    apply_to_flags,
+    load_document,
+    settings_from_object,
+)
+from guest_agent.installer.userdata import (
     _K8S_NAME,
     _REQUIREMENT,
     _TOKEN,
@@ -27,14 +34,7 @@ from guest_agent.cloudinit import (
     generate,
     render_agent_config,
 )
-from guest_agent.config import ConfigError, parse_nameserver
-from guest_agent.from_ensemble import (
-    FromEnsembleError,
-    apply_to_flags,
-    load_document,
-    settings_from_object,
-)
-from guest_agent.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, ModelError
+from imex_shared.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, ModelError
 
 
 def build_parser() -> argparse.ArgumentParser:

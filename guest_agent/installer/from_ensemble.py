@@ -11,7 +11,7 @@ Formats: JSON always (``-o json``; ``-`` reads standard input). YAML when
 PyYAML happens to be importable (``-o yaml``); the bare guest package has no
 dependency, so without it a YAML file is refused with a message saying so.
 
-The CRD's defaults and bounds come from ``guest_agent/ensemble_crd.py``,
+The CRD's defaults and bounds come from ``imex_shared/ensemble_crd.py``,
 generated from the CRD's one source of truth (guest_agent may not import
 host_agent); nothing here restates them. Pure but for ``load_document``.
 """
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
-from guest_agent.ensemble_crd import API_VERSION, KIND, SPEC_FIELDS
-from guest_agent.model import EnsembleId, ModelError
+from imex_shared.ensemble_crd import API_VERSION, KIND, SPEC_FIELDS
+from imex_shared.model import EnsembleId, ModelError
 
 #: flag (argparse dest) -> the spec field it must agree with
 FLAG_FIELDS: Final = {

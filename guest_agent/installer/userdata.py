@@ -23,15 +23,15 @@ larger (or ``--output-secret`` is given) the generator prints a Secret with
 key ``userdata`` for ``cloudInitNoCloud.secretRef`` instead, and says so on
 stderr.
 
-Standard library only (YAML is emitted by :mod:`guest_agent.cloudyaml`). The
+Standard library only (YAML is emitted by :mod:`guest_agent.installer.cloudyaml`). The
 pure ``render_*`` functions do all the work; the command line
-(:mod:`guest_agent.cloudinit_cli`) reads files and prints.
+(:mod:`guest_agent.installer.cli`) reads files and prints.
 
 Where other parts add to the user-data: a new file goes into
 :func:`render_files` (its bytes join the setup digest, so a change re-arms the
 setup), an IMEX setting into :func:`render_imex_config`, a command into
 :func:`_install_lines` (before the commit) or ``_Setup.script`` (after it),
-a flag into ``Options`` and :mod:`guest_agent.cloudinit_cli`.
+a flag into ``Options`` and :mod:`guest_agent.installer.cli`.
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ from importlib import metadata, resources
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
-from guest_agent.cloudyaml import (
+from guest_agent.config import ConfigError, Settings, settings_from_mapping
+from guest_agent.installer.cloudyaml import (
     WriteFile,
     block_safe,
     literal_item,
     render_write_files,
     yaml_quote,
 )
-from guest_agent.config import ConfigError, Settings, settings_from_mapping
-from guest_agent.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, EnsembleId
-from guest_agent.render import render_nodes_config
-from guest_agent.tlsconfig import imex_tls_settings
+from guest_agent.tls.imex_config import imex_tls_settings
+from imex_shared.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, EnsembleId
+from imex_shared.render import render_nodes_config
 
 #: KubeVirt's limit for inline ``cloudInitNoCloud.userData`` (bytes).
 INLINE_USERDATA_LIMIT: Final = 2048
@@ -70,7 +70,7 @@ UNIT_NAME: Final = "imex-guest-agent.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT_NAME}"
 UNIT_RESOURCE: Final = "data/imex-guest-agent.service"
 VENV: Final = "/opt/imex-guest-agent"
-#: where cloud-init writes the installer (guest_agent/bootstrap.py, verbatim)
+#: where cloud-init writes the installer (guest_agent/installer/bootstrap.py, verbatim)
 INSTALLER_PATH: Final = "/var/lib/imex-guest-agent/install.py"
 INSTALLER_RESOURCE: Final = "bootstrap.py"
 DISTRIBUTION: Final = "imex-ensemble"
@@ -272,7 +272,7 @@ def render_imex_config(opts: Options) -> str:
 
 
 def _tls_lines() -> str:
-    """The TLS keys, from the one list the agent also asserts (guest_agent/tlsconfig.py)."""
+    """The TLS keys, from the one list the agent also asserts (guest_agent/tls/imex_config.py)."""
     return "".join(f"{k}={v}\n" for k, v in imex_tls_settings())
 
 
@@ -295,11 +295,11 @@ def render_files(opts: Options, unit: str | None) -> list[WriteFile]:
 
 @functools.cache
 def installer_source() -> str:
-    """The installer cloud-init writes: guest_agent/bootstrap.py, byte for byte.
+    """The installer cloud-init writes: guest_agent/installer/bootstrap.py, byte for byte.
 
     Read from this package (the same file in a checkout, a wheel or a zip), so what runs on
     the guest is exactly the module the tests import."""
-    return resources.files("guest_agent").joinpath(INSTALLER_RESOURCE).read_text("utf-8")
+    return resources.files("guest_agent.installer").joinpath(INSTALLER_RESOURCE).read_text("utf-8")
 
 
 def package_requirement(opts: Options) -> str:
@@ -325,7 +325,7 @@ def _printable_ascii(text: str) -> bool:
 def _install_lines(opts: Options) -> list[str]:
     """Install the agent from scratch and enable the units; nothing is started yet.
 
-    The installer (:mod:`guest_agent.bootstrap`, run by the image's ``python3``) picks the
+    The installer (:mod:`guest_agent.installer.bootstrap`, run by the image's ``python3``) picks the
     interpreter, creates the venv without pip, runs pip from its own wheel and removes the
     venv on any failure: a re-run after a crash never keeps files that pip considers
     installed but that never reached the disk. It fails with one line naming what is

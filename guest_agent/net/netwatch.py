@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from guest_agent import rtnl_import
+from guest_agent.net import rtnl_import
 
 AsyncIPRoute, _rtnl = rtnl_import.load()
 RTM_NEWADDR: Final[int] = _rtnl.RTM_NEWADDR

@@ -32,7 +32,7 @@ _lean = False
 
 
 def enable_lean() -> None:
-    """Ask for the lean import (call before ``guest_agent.netwatch`` is imported)."""
+    """Ask for the lean import (call before ``guest_agent.net.netwatch`` is imported)."""
     global _lean
     _lean = True
 

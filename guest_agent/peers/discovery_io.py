@@ -10,7 +10,7 @@ Which source wins:
   views are published and they are authoritative for *all* slots (absent = every slot not
   among its members).
 * **DNS** is polled all the time, so its state (with the two-absences hysteresis of
-  :mod:`guest_agent.dnsquery`) is warm when it is needed: every ``poll_interval`` while
+  :mod:`guest_agent.peers.dns`) is warm when it is needed: every ``poll_interval`` while
   it is in charge, every ``dns_standby_interval`` while the registry is (a pass every
   2 s was the largest part of an idle guest's CPU). Its views are published only while
   the registry is not healthy: the last registry request failed, or no answer came for
@@ -60,15 +60,15 @@ from typing import Any, Literal, TypeVar
 import tenacity
 
 from guest_agent.config import Settings
-from guest_agent.dnsquery import DnsClient, DnsState, DnsTracker
-from guest_agent.model import EnsembleId, Member
-from guest_agent.registry_client import (
+from guest_agent.peers.dns import DnsClient, DnsState, DnsTracker
+from guest_agent.peers.registry_io import (
     RegistryClient,
     RegistryDropped,
     RegistryError,
     RegistrySnapshot,
     RegistryUnavailable,
 )
+from imex_shared.model import EnsembleId, Member
 
 log = logging.getLogger("guest_agent.discovery")  # logger name pinned
 

@@ -49,7 +49,7 @@ import dns.rdatatype
 import dns.rdtypes.IN.SRV
 
 from guest_agent.config import Nameserver, Settings
-from guest_agent.model import EnsembleId, ModelError, usable_ip
+from imex_shared.model import EnsembleId, ModelError, usable_ip
 
 log = logging.getLogger("guest_agent.dnsquery")  # logger name pinned
 

@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from guest_agent import http
 from guest_agent.config import Settings
-from guest_agent.model import EnsembleId, Member, ModelError
+from imex_shared.model import EnsembleId, Member, ModelError
 
 log = logging.getLogger("guest_agent.registry_client")  # logger name pinned
 

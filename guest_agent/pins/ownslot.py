@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from guest_agent.config import Settings
-from guest_agent.model import Member, UnusableAddress, index_from_name, parse_ip
+from imex_shared.model import Member, UnusableAddress, index_from_name, parse_ip
 
 How = Literal["own_index", "local_ip", "vmi", "hostname", "unknown"]
 

@@ -5,7 +5,7 @@ each applied change (``kick``). Each pass:
 
 - runs ``nvidia-imex-ctl -N -j`` with a deadline; on timeout (or the agent stopping) the
   child is killed and reaped, as for ``-q``; output over 1 MiB is cut off and the child
-  killed. The output is parsed and rebuilt by :func:`guest_agent.domain.parse_imex_domain`;
+  killed. The output is parsed and rebuilt by :func:`imex_shared.imex_domain.parse_imex_domain`;
   anything it refuses is dropped, counted (``errors``) and named (``last_error``);
 - runs ``nvidia-smi -q`` at most once a minute: a GPU's fabric identity does not change
   while the VM runs. A missing ``nvidia-smi`` means no fabric (``null``), not an error; a
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guest_agent.config import Settings
-from guest_agent.domain import (
+from imex_shared.imex_domain import (
     OUTPUT_MAX_BYTES,
     DomainError,
     Fabric,

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from guest_agent.domain import SELF_CELL, letter, matrix_lines
-from guest_agent.safewrite import FileWriteError, write_file
+from guest_agent.files.safewrite import FileWriteError, write_file
+from imex_shared.imex_domain import SELF_CELL, letter, matrix_lines
 
 SCHEMA = 1
 
@@ -57,7 +57,7 @@ class Status:
     applies: int = 0
     last_error: str | None = None
     last_error_at: float | None = None
-    #: authEncryption: the certificate's state (guest_agent/tls.py ``TlsStatus``)
+    #: authEncryption: the certificate's state (guest_agent/tls/creds_io.py ``TlsStatus``)
     tls: dict[str, Any] | None = None
     #: from ``nvidia-imex-ctl -N -j``: the domain status IMEX printed and our own row
     #: (peer index -> link state); None when the last pass had no valid answer.

@@ -25,7 +25,7 @@ certificate (a peer's new certificate verifies as soon as ours does).
 
 This module runs as a short-lived child of the agent (``main``: ``inspect`` at
 start, ``request`` for each certificate); the agent's own side, with the renewal
-schedule and backoff, is guest_agent/certkeeper.py, which never imports
+schedule and backoff, is guest_agent/tls/keeper_io.py, which never imports
 ``cryptography``.
 """
 
@@ -47,8 +47,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from guest_agent import http
-from guest_agent.safewrite import FileWriteError, read_bytes, write_file
-from guest_agent.tlsconfig import CA_FILE, CERT_FILE, KEY_FILE, PIN_FILE, ensure_imex_config
+from guest_agent.files.safewrite import FileWriteError, read_bytes, write_file
+from guest_agent.tls.imex_config import CA_FILE, CERT_FILE, KEY_FILE, PIN_FILE, ensure_imex_config
 
 log = logging.getLogger("guest_agent.tls")  # logger name pinned
 
@@ -355,6 +355,3 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(json.dumps(out) + "\n")
     return 0 if out.get("ok") else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

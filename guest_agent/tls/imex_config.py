@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Final
 
-from guest_agent.safewrite import read_bytes, write_file
+from guest_agent.files.safewrite import read_bytes, write_file
 
 KEY_FILE: Final = "imex.key"
 CERT_FILE: Final = "imex.crt"

@@ -6,7 +6,7 @@ certificate), so ``cryptography`` (about 13 MB of RSS, measured in the guest
 footprint; docs/guest-agent.md) is never resident in the daemon, which stays
 inside its 40 MB budget. The child writes the files with the safe writer and
 answers one JSON line: the certificate's names and validity, the bundle digest,
-whether a CA was newly pinned; the trust rules are in guest_agent/tls.py.
+whether a CA was newly pinned; the trust rules are in guest_agent/tls/creds_io.py.
 
 Schedule (``due``): a request when there is no certificate, when it names another
 slot, when the registry's CA bundle digest differs from ours (a rotation step), or
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from guest_agent.safewrite import read_bytes
-from guest_agent.tlsconfig import CA_FILE, CERT_FILE, PIN_FILE
+from guest_agent.files.safewrite import read_bytes
+from guest_agent.tls.imex_config import CA_FILE, CERT_FILE, PIN_FILE
 
 log = logging.getLogger("guest_agent.certkeeper")  # logger name pinned
 

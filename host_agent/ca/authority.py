@@ -55,7 +55,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 
 CA_LIFETIME: Final = dt.timedelta(days=3650)
 LEAF_LIFETIME: Final = dt.timedelta(days=7)

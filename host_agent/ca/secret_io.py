@@ -30,23 +30,23 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from guest_agent.model import EnsembleId
-from host_agent.leadership import WriteGate
-from host_agent.registry_certs import CaUnavailable
-from host_agent.state import CaPublished, EnsembleSpec
+from host_agent.kube.leadership import WriteGate
+from host_agent.registry.cert_routes import CaUnavailable
+from host_agent.state.store import CaPublished, EnsembleSpec
+from imex_shared.model import EnsembleId
 
 if TYPE_CHECKING:
-    from host_agent import ca as ca_mod
+    from host_agent.ca import authority as ca_mod
 
 log = logging.getLogger("imex.host.ca")
 
 
 def _ca() -> ModuleType:
-    """host_agent.ca, imported on first use: ``cryptography`` costs the agent about 13 MB
+    """host_agent.ca.authority, imported on first use: ``cryptography`` costs the agent about 13 MB
     of RSS, which an agent without authEncryption ensembles never pays."""
-    import host_agent.ca
+    import host_agent.ca.authority
 
-    return host_agent.ca
+    return host_agent.ca.authority
 
 Obj = dict[str, Any]
 
@@ -59,7 +59,7 @@ RECHECK_SECONDS = 60.0
 
 
 class SecretApi(Protocol):
-    """GET/POST/PUT of one Secret by name (host_agent/kube.py ``SecretWriter``)."""
+    """GET/POST/PUT of one Secret by name (host_agent/kube/client.py ``SecretWriter``)."""
 
     async def get_secret(self, namespace: str, name: str) -> Obj | None: ...
 

@@ -2,14 +2,14 @@
 
 Everything about the CRD is written here once, as data: fields, types,
 bounds, defaults, CEL rules, list-map keys, printer columns. From it
-``host_agent/crd_generate.py`` writes the CRD manifest
+``tools/crd_generate.py`` writes the CRD manifest
 (``manifests/base/crd-imexensembles.yaml``), the field table
 (``docs/imexensemble.md``) and the spec facts the guest agent applies itself
-(``guest_agent/ensemble_crd.py``, which may not import host_agent); a test
+(``imex_shared/ensemble_crd.py``, which may not import host_agent); a test
 fails when any of them differs from what this module generates. The host
 agent imports the constants below directly.
 
-The numbers come from ``guest_agent/model.py`` (``MAX_MEMBERS_LIMIT``,
+The numbers come from ``imex_shared/model.py`` (``MAX_MEMBERS_LIMIT``,
 ``DEFAULT_MAX_MEMBERS``, ``DEFAULT_PORT``, ``MODES``), the one place every
 path (CR, Service annotation, guest config) takes them from.
 
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from guest_agent.model import (
+from host_agent.crd.schema import CustomResource, Field, PrinterColumn, Rule
+from imex_shared.model import (
     DEFAULT_MAX_MEMBERS,
     DEFAULT_MODE,
     DEFAULT_PORT,
     MAX_MEMBERS_LIMIT,
     MODES,
 )
-from host_agent.crd_schema import CustomResource, Field, PrinterColumn, Rule
 
 GROUP: Final = "imex-ensemble.io"
 VERSION: Final = "v1alpha1"

@@ -1,6 +1,6 @@
 """A small vocabulary for writing a CRD's schema once, as data.
 
-``host_agent/crd.py`` describes the ImexEnsemble with these values; the
+``host_agent/crd/imexensemble.py`` describes the ImexEnsemble with these values; the
 functions here turn that one description into the three things that must
 agree with it: the ``openAPIV3Schema`` of the CRD (``openapi``), the field
 table of the docs (``doc_rows``), and the spec's defaults and bounds the

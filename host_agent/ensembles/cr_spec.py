@@ -5,10 +5,10 @@ hand-made Service (services.py). Both parse into one ``EnsembleSpec``; the
 reconciler runs one code path after parsing.
 
 Parsing (``parse_ensemble_cr``). The apiserver validated the object against
-the CRD (host_agent/crd.py) and filled in its defaults, so a CR seen here is
+the CRD (host_agent/crd/imexensemble.py) and filled in its defaults, so a CR seen here is
 usually good; the checks below are for what a schema cannot say and for an
 old or hand-rolled API server. The defaults are the CRD's own
-(``guest_agent.ensemble_crd``), never a second copy. A CR the agent cannot
+(``imex_shared.ensemble_crd``), never a second copy. A CR the agent cannot
 use is a **refusal** with a reason (``InvalidSpec``, ``SelectorConflict``):
 the reconciler keeps the last usable spec, if any, and the status says
 Degraded. ``memberSelector`` is always ANDed with
@@ -42,18 +42,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from guest_agent.ensemble_crd import SPEC_FIELDS
-from guest_agent.model import EnsembleId, ModelError
-from host_agent.crd import API_VERSION, KIND
-from host_agent.endpoints import PORT_NAME
-from host_agent.selectors import (
+from host_agent.crd.imexensemble import API_VERSION, KIND
+from host_agent.ensembles.service_spec import ENSEMBLE_LABEL, check_spec, service_annotations
+from host_agent.ensembles.slices import PORT_NAME
+from host_agent.kube.selectors import (
     LabelSelector,
     SelectorError,
     contradiction,
     parse_label_selector,
 )
-from host_agent.services import ENSEMBLE_LABEL, check_spec, service_annotations
-from host_agent.state import EnsembleSpec
+from host_agent.state.store import EnsembleSpec
+from imex_shared.ensemble_crd import SPEC_FIELDS
+from imex_shared.model import EnsembleId, ModelError
 
 #: Degraded reasons of a CR the agent cannot use (status and Events use them).
 INVALID_SPEC: Final = "InvalidSpec"

@@ -1,7 +1,7 @@
 """VMI JSON -> ensemble member, or the reason it is not one (pure).
 
 Everything here follows FACTS.md "KubeVirt"; names, indexes and addresses are
-validated with ``guest_agent.model`` so that host and guest agree on them.
+validated with ``imex_shared.model`` so that host and guest agree on them.
 
 Decision order for one VMI (``examine_vmi``):
 1. the VMI's name must be a DNS label (guests match it to their hostname);
@@ -38,7 +38,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from guest_agent.model import (
+from host_agent.ensembles.service_spec import INDEX_LABEL
+from host_agent.state.store import Absent, EnsembleSpec
+from imex_shared.model import (
     GUEST_INTERNAL,
     InvalidIndex,
     Member,
@@ -49,8 +51,6 @@ from guest_agent.model import (
     parse_ip,
     unusable_reason,
 )
-from host_agent.services import INDEX_LABEL
-from host_agent.state import Absent, EnsembleSpec
 
 DEFAULT_NETWORK: Final = "default"
 RUNNING: Final = "Running"

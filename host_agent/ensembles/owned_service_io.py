@@ -19,16 +19,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from host_agent.endpoints import resource_version
-from host_agent.ensembles import (
+from host_agent.ensembles.cr_spec import (
     ServicePlan,
     desired_service,
     foreign_message,
     plan_service,
     service_in_sync,
 )
-from host_agent.kube import AlreadyExists
-from host_agent.state import EnsembleSpec
+from host_agent.ensembles.slices import resource_version
+from host_agent.kube.client import AlreadyExists
+from host_agent.state.store import EnsembleSpec
 
 Obj = dict[str, Any]
 Key = tuple[str, str]

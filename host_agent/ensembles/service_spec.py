@@ -27,16 +27,16 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from guest_agent.ensemble_crd import SPEC_FIELDS
-from guest_agent.model import (
+from host_agent.state.store import EnsembleSpec
+from imex_shared.ensemble_crd import SPEC_FIELDS
+from imex_shared.model import (
     DEFAULT_MAX_MEMBERS,
     DEFAULT_PORT,
     MAX_MEMBERS_LIMIT,
     EnsembleId,
     ModelError,
 )
-from guest_agent.render import MODES, Mode
-from host_agent.state import EnsembleSpec
+from imex_shared.render import MODES, Mode
 
 PREFIX: Final = "imex-ensemble.io/"
 ENSEMBLE_LABEL: Final = PREFIX + "ensemble"

@@ -34,7 +34,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from host_agent.state import EnsembleSnapshot
+from host_agent.state.store import EnsembleSnapshot
 
 FIELD_MANAGER: Final = "imex-host-agent"
 #: DESIGN.md wrote "imex-ensemble.io/host-agent", but a label *value* may not hold

@@ -36,11 +36,11 @@ from lightkube.resources.core_v1 import Secret
 from lightkube.resources.core_v1 import Service as Service
 from lightkube.types import PatchType, on_error_raise
 
-from host_agent.crd import GROUP as CRD_GROUP
-from host_agent.crd import KIND as CRD_KIND
-from host_agent.crd import PLURAL as CRD_PLURAL
-from host_agent.crd import VERSION as CRD_VERSION
-from host_agent.leadership import WriteGate
+from host_agent.crd.imexensemble import GROUP as CRD_GROUP
+from host_agent.crd.imexensemble import KIND as CRD_KIND
+from host_agent.crd.imexensemble import PLURAL as CRD_PLURAL
+from host_agent.crd.imexensemble import VERSION as CRD_VERSION
+from host_agent.kube.leadership import WriteGate
 from host_agent.settings import HostSettings
 
 # Service uses lightkube's typed model: a *generic* core-group class can be
@@ -245,7 +245,7 @@ class SliceWriter:
     """
 
     def __init__(self, client: AsyncClient, field_manager: str, gate: Any = None) -> None:
-        from host_agent.leadership import ALWAYS
+        from host_agent.kube.leadership import ALWAYS
 
         self._client = client
         self._field_manager = field_manager
@@ -295,7 +295,7 @@ class SliceWriter:
 
 
 class SecretWriter:
-    """The CA Secrets: GET by name, create, replace (host_agent/ca_store.py decides when).
+    """The CA Secrets: GET by name, create, replace (host_agent/ca/secret_io.py decides when).
 
     The typed lightkube model round-trips the API's JSON (``data`` stays base64).
     A replace carries the resourceVersion it was given: a stale writer gets 409.

@@ -45,8 +45,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-from host_agent.election import Desired, ElectionConfig, Elector, LeaseRecord, jittered
-from host_agent.kube import KubeError
+from host_agent.kube.client import KubeError
+from host_agent.kube.election import Desired, ElectionConfig, Elector, LeaseRecord, jittered
 
 log = logging.getLogger("imex.host.election")
 
@@ -128,7 +128,7 @@ class KubeLeaseApi:
     """The three calls on one Lease, over the agent's own API client."""
 
     def __init__(self, client: Any, namespace: str, name: str) -> None:
-        from host_agent.kube import api_call
+        from host_agent.kube.client import api_call
 
         self._call = api_call
         self._client = client

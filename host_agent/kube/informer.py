@@ -35,7 +35,7 @@ from typing import Any, Final, Protocol
 
 from tenacity import RetryCallState, wait_random_exponential
 
-from host_agent.kube import Gone, KubeError
+from host_agent.kube.client import Gone, KubeError
 from host_agent.metrics import HostMetrics
 from host_agent.settings import HostSettings
 

@@ -24,13 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from host_agent.crd import LABEL_KEY, LABEL_VALUE
+from host_agent.crd.imexensemble import LABEL_KEY, LABEL_VALUE
 
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 OPERATORS: Final[tuple[Operator, ...]] = ("In", "NotIn", "Exists", "DoesNotExist")
 
-# The CRD's own patterns (host_agent/crd.py), so the agent refuses nothing the API accepts
-# for an ImexEnsemble and accepts nothing it refuses.
+# The CRD's own patterns (host_agent/crd/imexensemble.py), so the agent refuses nothing the
+# API accepts for an ImexEnsemble and accepts nothing it refuses.
 _KEY = re.compile(LABEL_KEY)
 _VALUE = re.compile(LABEL_VALUE)
 

@@ -50,8 +50,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final, Protocol
 
-from host_agent.leadership import WriteGate
-from host_agent.state import EnsembleSnapshot, GuestView
+from host_agent.kube.leadership import WriteGate
+from host_agent.state.store import EnsembleSnapshot, GuestView
 
 log = logging.getLogger("imex.host.membership")
 
@@ -272,7 +272,7 @@ class ServiceAnnotationSource:
 
     async def _patch(self, key: Key, annotations: Mapping[str, str | None]
                      ) -> Mapping[str, Any] | None:
-        from host_agent.kube import api_call
+        from host_agent.kube.client import api_call
 
         informer_rv = rv = self._rv(key)
         last = self._last.get(key)

@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from guest_agent.model import Member
-from host_agent.kube import KubeError
-from host_agent.leadership import WriteGate
-from host_agent.membership import (
+from host_agent.kube.client import KubeError
+from host_agent.kube.leadership import WriteGate
+from host_agent.metrics import HostMetrics
+from host_agent.persist.pair import (
     Key,
     PairSource,
     PersistedView,
@@ -38,9 +38,9 @@ from host_agent.membership import (
     next_pair,
     wall_ms,
 )
-from host_agent.membership_cr import StatusPairSource, pair_from_status
-from host_agent.metrics import HostMetrics
-from host_agent.state import Absent, CaPublished, EnsembleSpec, State
+from host_agent.persist.pair_status import StatusPairSource, pair_from_status
+from host_agent.state.store import Absent, CaPublished, EnsembleSpec, State
+from imex_shared.model import Member
 
 
 class Pairs:

@@ -1,7 +1,7 @@
 """An ImexEnsemble's persisted membership: the (generation, GuestView) pair in its status.
 
 Issue 16 puts a CR ensemble's generation, with the membership it describes, in
-the CR's status. The fields (host_agent/crd.py):
+the CR's status. The fields (host_agent/crd/imexensemble.py):
 
 - ``membershipGeneration``;
 - ``members[]``: ``index`` and ``ip`` are the pins, ``since`` (RFC 3339 with
@@ -12,7 +12,7 @@ the CR's status. The fields (host_agent/crd.py):
 
 status.py renders them from the snapshot; ``pair_from_status`` reads them back.
 A field added to ``GuestView`` needs a status field and a line in both
-(tests/unit/host/test_membership.py round-trips every GuestView field).
+(tests/unit/host/persist/test_pair.py round-trips every GuestView field).
 
 Writes go through the status writer (``StatusWriter.write_pair``): one status
 write carries the new pair and everything else the status says, under the
@@ -36,8 +36,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from host_agent.membership import Key, PersistedView, ServiceAnnotationSource
-from host_agent.state import EnsembleSnapshot, GuestView
+from host_agent.persist.pair import Key, PersistedView, ServiceAnnotationSource
+from host_agent.state.store import EnsembleSnapshot, GuestView
 
 
 class StatusPairWriter(Protocol):

@@ -61,8 +61,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from guest_agent.model import EnsembleId
-from host_agent.state import GuestReport
+from host_agent.state.store import GuestReport
+from imex_shared.model import EnsembleId
 
 log = logging.getLogger("imex.host.reports")
 
@@ -296,7 +296,7 @@ class ReportPersister:
             self._last_write.pop(ens, None)
 
     async def _write(self, ens: EnsembleId, data: dict[str, str]) -> None:
-        from host_agent.kube import KubeError, api_call
+        from host_agent.kube.client import KubeError, api_call
 
         name = configmap_name(ens)
         path = f"/api/v1/namespaces/{self.namespace}/configmaps"

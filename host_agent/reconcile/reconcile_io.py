@@ -40,32 +40,32 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from guest_agent.model import EnsembleId, ModelError
-from host_agent.ca_store import CaManager
-from host_agent.endpoints import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    SERVICE_NAME_LABEL,
-    SliceApplier,
-    desired_slices,
-)
-from host_agent.ensembles import (
+from host_agent.ca.secret_io import CaManager
+from host_agent.ensembles.cr_spec import (
     SERVICE_CONFLICT,
     Declaration,
     cr_identity,
     parse_ensemble_cr,
     spec_changed,
 )
-from host_agent.leadership import ALWAYS, NotLeader, WriteGate
-from host_agent.members import ExamineMemo, derive, vmi_addresses, vmi_name
+from host_agent.ensembles.members import ExamineMemo, derive, vmi_addresses, vmi_name
+from host_agent.ensembles.owned_service_io import ServiceApplier
+from host_agent.ensembles.service_spec import ENSEMBLE_LABEL, parse_ensemble_service
+from host_agent.ensembles.slices import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SERVICE_NAME_LABEL,
+    SliceApplier,
+    desired_slices,
+)
+from host_agent.kube.informer import Key, Obj, Store, backoff_delay, object_key
+from host_agent.kube.leadership import ALWAYS, NotLeader, WriteGate
 from host_agent.metrics import HostMetrics
-from host_agent.owned_services import ServiceApplier
-from host_agent.pairs import Pairs
-from host_agent.reports import report_applies
-from host_agent.services import ENSEMBLE_LABEL, parse_ensemble_service
+from host_agent.persist.pair_io import Pairs
+from host_agent.persist.reports import report_applies
 from host_agent.settings import HostSettings
-from host_agent.state import CaPublished, EnsembleSnapshot, EnsembleSpec, GuestReport, State
-from host_agent.vmi_watch import Key, Obj, Store, backoff_delay, object_key
+from host_agent.state.store import CaPublished, EnsembleSnapshot, EnsembleSpec, GuestReport, State
+from imex_shared.model import EnsembleId, ModelError
 
 log = logging.getLogger("imex.host.reconcile")
 

@@ -51,11 +51,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_late
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from guest_agent.model import EnsembleId, ModelError
-from host_agent import views
-from host_agent.asgi import BodyLimit, RequestMetrics
-from host_agent.domain_schema import index_errors, reduce_links
-from host_agent.registry_auth import (
+from host_agent.registry import views
+from host_agent.registry.asgi import BodyLimit, RequestMetrics
+from host_agent.registry.auth import (
     AuthFailure,
     IPNetwork,
     RegistryError,
@@ -64,15 +62,16 @@ from host_agent.registry_auth import (
     check_token,
     validation_message,
 )
-from host_agent.registry_certs import (
+from host_agent.registry.cert_routes import (
     CERT_BODY_LIMIT,
     CERT_PATH_PATTERN,
     CaSource,
     CertConfig,
     add_certificate_routes,
 )
-from host_agent.registry_domain import add_domain_routes
-from host_agent.registry_models import (
+from host_agent.registry.domain_models import index_errors, reduce_links
+from host_agent.registry.domain_routes import add_domain_routes
+from host_agent.registry.models import (
     EnsembleOut,
     ErrorOut,
     ListOut,
@@ -80,7 +79,8 @@ from host_agent.registry_models import (
     StatusReport,
     inline_schema,
 )
-from host_agent.registry_params import (
+from host_agent.registry.page_routes import add_ui_routes
+from host_agent.registry.params import (
     Format,
     HostsMember,
     Name,
@@ -90,8 +90,8 @@ from host_agent.registry_params import (
     Timeout,
     Wait,
 )
-from host_agent.registry_ui import add_ui_routes
-from host_agent.state import EnsembleSnapshot, GuestReport, State, report_counts
+from host_agent.state.store import EnsembleSnapshot, GuestReport, State, report_counts
+from imex_shared.model import EnsembleId, ModelError
 
 __all__ = [
     "BodyLimit",
@@ -112,7 +112,7 @@ log = logging.getLogger("host_agent.registry")  # logger name pinned
 
 _TEXT = "text/plain; charset=utf-8"
 _GENERATION_HEADER = "X-Imex-Generation"
-#: Set on answers of a replica that is shutting down (guest_agent.registry_client reads it).
+#: Set on answers of a replica that is shutting down (guest_agent.peers.registry_io reads it).
 CLOSING_HEADER = "X-Imex-Registry"
 
 
@@ -122,7 +122,7 @@ REPORT_PERSIST_TIMEOUT = 5.0
 
 
 class ReportSink(Protocol):
-    """Where an accepted report is persisted (host_agent/reports.py), across replicas."""
+    """Where an accepted report is persisted (host_agent/persist/reports.py), across replicas."""
 
     async def persist(self, ens: EnsembleId, index: int, report: GuestReport, *,
                       since: float) -> None:

@@ -16,8 +16,8 @@ import ipaddress
 import re
 from typing import Any
 
-from guest_agent.model import EnsembleId
-from host_agent.state import EnsembleSnapshot, EnsembleSpec, PublishedMember
+from host_agent.state.store import EnsembleSnapshot, EnsembleSpec, PublishedMember
+from imex_shared.model import EnsembleId
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

@@ -43,28 +43,28 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from guest_agent.model import EnsembleId
-from host_agent.registry_auth import (
+from host_agent.registry.auth import (
     AuthFailure,
     IPNetwork,
     RegistryError,
     authenticate_member,
     validation_message,
 )
-from host_agent.state import EnsembleSnapshot, State
+from host_agent.state.store import EnsembleSnapshot, State
+from imex_shared.model import EnsembleId
 
 if TYPE_CHECKING:
-    from host_agent import ca as ca_mod
+    from host_agent.ca import authority as ca_mod
 
 log = logging.getLogger("imex.host.certs")
 
 
 def _ca() -> ModuleType:
-    """host_agent.ca, imported on first use: ``cryptography`` costs the agent about 13 MB
+    """host_agent.ca.authority, imported on first use: ``cryptography`` costs the agent about 13 MB
     of RSS, which an agent without authEncryption ensembles never pays."""
-    import host_agent.ca
+    import host_agent.ca.authority
 
-    return host_agent.ca
+    return host_agent.ca.authority
 
 #: The certificate POST's body limit (a CSR is about 500 bytes; RSA 4096 about 2 KiB).
 CERT_BODY_LIMIT: Final = 16 * 1024
@@ -85,7 +85,7 @@ class CaSource(Protocol):
 class CertConfig:
     """Issuing settings: leaf lifetime and the per-member rate limit."""
 
-    lifetime: dt.timedelta = dt.timedelta(days=7)  # host_agent.ca.LEAF_LIFETIME
+    lifetime: dt.timedelta = dt.timedelta(days=7)  # host_agent.ca.authority.LEAF_LIFETIME
     rate: int = 10
     rate_window: float = 60.0
 

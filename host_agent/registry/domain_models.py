@@ -1,7 +1,7 @@
 """The status report's domain fields as the registry accepts them, and what it keeps of them.
 
 A guest's ``imex_domain`` is its ``nvidia-imex-ctl -N -j`` (cleaned by the guest with
-``guest_agent.domain.clean_imex_domain``); the registry checks it again, because a report
+``imex_shared.imex_domain.clean_imex_domain``); the registry checks it again, because a report
 comes from a VM: wrong types, words that are not words, more nodes than an ensemble can
 hold, node ids outside the ensemble and nesting deeper than the parser allows are all
 422, never a crash. The body itself is at most 64 KiB (refused before parsing otherwise).
@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from guest_agent.domain import Fabric
+from imex_shared.imex_domain import Fabric
 
 #: Most nodes (and connections per node) an ``imex_domain`` may list: an ensemble's limit.
 MAX_NODES = 1000

@@ -21,9 +21,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from guest_agent.model import EnsembleId
-from host_agent import views
-from host_agent.domain_view import (
+from host_agent.registry import views
+from host_agent.registry.domain_view import (
     LINK_STATES,
     STATUSES,
     DomainView,
@@ -31,8 +30,9 @@ from host_agent.domain_view import (
     domain_json,
     matrix_text,
 )
-from host_agent.registry_params import Name, Namespace, error_responses
-from host_agent.state import EnsembleSnapshot, State
+from host_agent.registry.params import Name, Namespace, error_responses
+from host_agent.state.store import EnsembleSnapshot, State
+from imex_shared.model import EnsembleId
 
 Lookup = Callable[[EnsembleId], EnsembleSnapshot]
 DomainFormat = Annotated[

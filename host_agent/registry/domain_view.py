@@ -8,7 +8,7 @@ byte without a server. The rules (issue 17, docs/host-agent.md "The IMEX domain"
   after the slot got its current address. Link i->j is taken only from member i's own
   report (the registry keeps nothing else of the ``-N -j`` view).
 - Pairs are *expected* when both are published and in the same clique; a member
-  whose clique is unknown is in every clique (``guest_agent.cliques``).
+  whose clique is unknown is in every clique (``imex_shared.cliques``).
 - ``UNKNOWN``: no published member reports; ``DOWN``: none of the reporting members is
   READY (or the members disagree on the nodes file with no majority); ``DEGRADED``: a
   member not READY, an expected link not CONNECTED, or a member whose nodes file
@@ -27,8 +27,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from guest_agent.cliques import same_group, split
-from guest_agent.domain import (
+from host_agent.state.store import EnsembleSnapshot, GuestReport, report_counts, served_cliques
+from imex_shared.cliques import same_group, split
+from imex_shared.imex_domain import (
     CONNECTED,
     OTHER_CLIQUE_CELL,
     SELF_CELL,
@@ -37,7 +38,6 @@ from guest_agent.domain import (
     letter,
     matrix_lines,
 )
-from host_agent.state import EnsembleSnapshot, GuestReport, report_counts, served_cliques
 
 READY: Final = "READY"
 STATUSES: Final = ("UP", "DEGRADED", "DOWN", "UNKNOWN")

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from host_agent.domain_schema import FabricIn, ImexDomainIn
+from host_agent.registry.domain_models import FabricIn, ImexDomainIn
 
 _Sha = Annotated[str | None, Field(default=None, pattern=r"^[0-9a-f]{64}$")]
 _Count = Annotated[int, Field(default=0, ge=0, le=2**63 - 1)]

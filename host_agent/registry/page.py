@@ -16,11 +16,11 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Final
 
-from guest_agent.domain import OTHER_CLIQUE_CELL, SELF_CELL, UNKNOWN_CELL
-from host_agent.domain_view import DomainView
-from host_agent.state import EnsembleSnapshot
-from host_agent.ui_assets import CSS, SCRIPT
-from host_agent.views import all_problems, format_age, is_stale, report_age
+from host_agent.registry.domain_view import DomainView
+from host_agent.registry.page_assets import CSS, SCRIPT
+from host_agent.registry.views import all_problems, format_age, is_stale, report_age
+from host_agent.state.store import EnsembleSnapshot
+from imex_shared.imex_domain import OTHER_CLIQUE_CELL, SELF_CELL, UNKNOWN_CELL
 
 MATRIX_MAX: Final = 64
 LEGEND: Final = (("C", "connected"), ("D", "disconnected"), ("N", "never connected"),

@@ -1,7 +1,7 @@
 """The registry's page for operators: ``GET /ui/`` and ``GET /ui/ensembles/{ns}/{name}``.
 
 Read-only (GET only), served on the registry's port behind the same NetworkPolicy,
-no external resource; the HTML comes from ``host_agent.ui`` (pure) over the same
+no external resource; the HTML comes from ``host_agent.registry.page`` (pure) over the same
 snapshots and cached domain views as ``/domain``. ``/ui/ensembles.json`` is the list
 page's refresh source (the per-ensemble page refreshes from ``/v1/...`` and
 ``.../domain``). Responses forbid every script but the page's own (CSP with its hash).
@@ -15,12 +15,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from guest_agent.model import EnsembleId
-from host_agent import ui
-from host_agent.registry_domain import DomainCache, Lookup
-from host_agent.registry_params import Name, Namespace, error_responses
-from host_agent.state import State
-from host_agent.ui_assets import CSP
+from host_agent.registry import page as ui
+from host_agent.registry.domain_routes import DomainCache, Lookup
+from host_agent.registry.page_assets import CSP
+from host_agent.registry.params import Name, Namespace, error_responses
+from host_agent.state.store import State
+from imex_shared.model import EnsembleId
 
 HEADERS = {
     "Content-Security-Policy": CSP,

@@ -3,7 +3,7 @@
 Everything here is a function of (snapshot, now, stale_after) with no I/O and
 no clock of its own, so the registry's answers can be tested byte for byte
 without a server. The file bodies come from the guest's own renderers
-(``guest_agent.render`` / ``guest_agent.hostsfile``): what the registry serves
+(``imex_shared.render`` / ``imex_shared.hostsfile``): what the registry serves
 is exactly what a guest with the same membership writes.
 
 Field names follow DESIGN.md "Registry HTTP API". Times are RFC 3339 UTC
@@ -17,12 +17,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from guest_agent.cliques import pins_for
-from guest_agent.hostsfile import merge_hosts
-from guest_agent.model import ABSENT_IP
-from guest_agent.render import Mode, render_nodes_config
-from host_agent.domain_view import aggregate, membership_problems
-from host_agent.state import EnsembleSnapshot, GuestReport, PublishedMember, served_cliques
+from host_agent.registry.domain_view import aggregate, membership_problems
+from host_agent.state.store import EnsembleSnapshot, GuestReport, PublishedMember, served_cliques
+from imex_shared.cliques import pins_for
+from imex_shared.hostsfile import merge_hosts
+from imex_shared.model import ABSENT_IP
+from imex_shared.render import Mode, render_nodes_config
 
 #: The fields a guest reports (PUT .../members/{index}/status), in display order.
 REPORT_FIELDS: tuple[str, ...] = (
@@ -227,7 +227,7 @@ def hosts(snap: EnsembleSnapshot, member: int | None = None) -> bytes:
     """The managed ``/etc/hosts`` block a guest writes (merged into an empty file).
 
     ``member``: the block that member writes, where the ensemble spans NVLink cliques
-    (members of other cliques at 127.0.0.2; ``guest_agent.cliques``, the guest's rule).
+    (members of other cliques at 127.0.0.2; ``imex_shared.cliques``, the guest's rule).
     """
     pins = snap.pins()
     if member is not None:

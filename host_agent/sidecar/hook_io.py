@@ -46,7 +46,7 @@ from typing import Final, TypeVar
 import grpc
 import grpc.aio
 
-from host_agent import hook_proto as hp
+from host_agent.sidecar import hook as hp
 
 log = logging.getLogger("imex.host.hook")
 

@@ -15,7 +15,7 @@ number a guest holds.
 
 Across replicas (docs/design.md "Changes"): with leader election the
 generation is not counted here but persisted in the API by the leader
-(``host_agent/membership.py``); ``set_observed`` serves exactly such an
+(``host_agent/persist/pair.py``); ``set_observed`` serves exactly such an
 observed (generation, GuestView) pair, decorated with this replica's own view
 of each member's VMI (phase, ready, node). ``set`` keeps the local count for
 the sidecar, which sees one VMI and persists nothing.
@@ -46,10 +46,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from guest_agent.cliques import split
-from guest_agent.model import EnsembleId, Member
-from guest_agent.render import Mode
-from host_agent.selectors import LabelSelector
+from host_agent.kube.selectors import LabelSelector
+from imex_shared.cliques import split
+from imex_shared.model import EnsembleId, Member
+from imex_shared.render import Mode
 
 _BUCKET_S = 0.1
 
@@ -61,8 +61,9 @@ Source = Literal["cr", "service"]
 class EnsembleSpec:
     """What the ensemble's declaration says, parsed; the same value for both sources.
 
-    An ensemble is declared by an ImexEnsemble (``source="cr"``, host_agent/ensembles.py)
-    or by a hand-made Service (``source="service"``, host_agent/services.py). Both parse
+    An ensemble is declared by an ImexEnsemble (``source="cr"``,
+    host_agent/ensembles/cr_spec.py) or by a hand-made Service (``source="service"``,
+    host_agent/ensembles/service_spec.py). Both parse
     into this, and everything after parsing (members, slices, registry, status, events)
     reads only this, so the two forms cannot drift apart.
     """

@@ -37,12 +37,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from host_agent.crd import API_VERSION as CR_API_VERSION
-from host_agent.crd import CONDITION_READY
-from host_agent.crd import KIND as CR_KIND
-from host_agent.ensembles import Declaration
-from host_agent.members import MEMBER_NOT_RUNNING
-from host_agent.status_writer import Evaluation
+from host_agent.crd.imexensemble import API_VERSION as CR_API_VERSION
+from host_agent.crd.imexensemble import CONDITION_READY
+from host_agent.crd.imexensemble import KIND as CR_KIND
+from host_agent.ensembles.cr_spec import Declaration
+from host_agent.ensembles.members import MEMBER_NOT_RUNNING
+from host_agent.status.status_io import Evaluation
 
 REPORTING_CONTROLLER: Final = "imex-ensemble.io/host-agent"
 NOTE_LIMIT: Final = 1024

@@ -36,8 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from host_agent.ensembles import Declaration
-from host_agent.events import (
+from host_agent.ensembles.cr_spec import Declaration
+from host_agent.kube.client import KubeError
+from host_agent.kube.informer import Key
+from host_agent.kube.leadership import NotLeader
+from host_agent.metrics import HostMetrics
+from host_agent.status.events import (
     Facts,
     Intent,
     Regarding,
@@ -49,11 +53,7 @@ from host_agent.events import (
     series_patch,
     service_intent,
 )
-from host_agent.kube import KubeError
-from host_agent.leadership import NotLeader
-from host_agent.metrics import HostMetrics
-from host_agent.status_writer import Evaluation
-from host_agent.vmi_watch import Key
+from host_agent.status.status_io import Evaluation
 
 log = logging.getLogger("imex.host.events")
 

@@ -57,8 +57,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from guest_agent.model import EnsembleId, ModelError
-from host_agent.crd import (
+from host_agent.crd.imexensemble import (
     CONDITION_DEGRADED,
     CONDITION_DOMAIN_UP,
     CONDITION_PUBLISHED,
@@ -67,10 +66,8 @@ from host_agent.crd import (
     MAX_PROBLEM_LENGTH,
     MAX_PROBLEMS,
 )
-from host_agent.domain_view import aggregate, cr_status
-from host_agent.endpoints import slice_name
-from host_agent.ensembles import Declaration
-from host_agent.members import (
+from host_agent.ensembles.cr_spec import Declaration
+from host_agent.ensembles.members import (
     DUPLICATE_INDEX,
     INDEX_OUT_OF_RANGE,
     INVALID_NAME,
@@ -78,8 +75,11 @@ from host_agent.members import (
     NO_ADDRESS,
     NO_INDEX,
 )
-from host_agent.state import EnsembleSnapshot, GuestReport, served_cliques
-from host_agent.views import all_problems, rfc3339
+from host_agent.ensembles.slices import slice_name
+from host_agent.registry.domain_view import aggregate, cr_status
+from host_agent.registry.views import all_problems, rfc3339
+from host_agent.state.store import EnsembleSnapshot, GuestReport, served_cliques
+from imex_shared.model import EnsembleId, ModelError
 
 READY_STATE: Final = "READY"
 GUEST_SILENT: Final = "GuestSilent"

@@ -51,15 +51,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from guest_agent.model import EnsembleId, ModelError
-from host_agent.endpoints import resource_version
-from host_agent.ensembles import Declaration
-from host_agent.kube import KubeError
-from host_agent.leadership import NotLeader
+from host_agent.ensembles.cr_spec import Declaration
+from host_agent.ensembles.slices import resource_version
+from host_agent.kube.client import KubeError
+from host_agent.kube.informer import Key, Store, backoff_delay
+from host_agent.kube.leadership import NotLeader
 from host_agent.metrics import HostMetrics
-from host_agent.state import EnsembleSnapshot, State
-from host_agent.status import desired_status, next_change, status_in_sync
-from host_agent.vmi_watch import Key, Store, backoff_delay
+from host_agent.state.store import EnsembleSnapshot, State
+from host_agent.status.status import desired_status, next_change, status_in_sync
+from imex_shared.model import EnsembleId, ModelError
 
 log = logging.getLogger("imex.host.status")
 

@@ -69,11 +69,11 @@ def domain_doc(n: int, own: int) -> dict[str, Any]:
 
 
 def aggregation(results: Results, quick: bool) -> None:
-    from guest_agent.model import EnsembleId, Member
-    from guest_agent.reporter import domain_refresh
-    from host_agent.registry import StatusReport, guest_report
-    from host_agent.registry_domain import DomainCache, DomainCollector
-    from host_agent.state import EnsembleSpec, State
+    from guest_agent.report.report_io import domain_refresh
+    from host_agent.registry.app import StatusReport, guest_report
+    from host_agent.registry.domain_routes import DomainCache, DomainCollector
+    from host_agent.state.store import EnsembleSpec, State
+    from imex_shared.model import EnsembleId, Member
 
     ensembles = 50 if quick else 1000
     clock = [1_800_000_000.0]

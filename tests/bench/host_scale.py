@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.bench.common import (
     PY,
     REPO_ROOT,

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from guest_agent.hostsfile import read_block
-from guest_agent.model import EnsembleId
+from imex_shared.hostsfile import read_block
+from imex_shared.model import EnsembleId
 
 IN_MODIFY = 0x002
 IN_CLOSE_WRITE = 0x008

@@ -24,9 +24,9 @@ import selectors
 from collections.abc import Coroutine
 from typing import Any
 
-from guest_agent.model import EnsembleId
-from host_agent.reports import REFRESH_FRACTION, ReportPersister, decode_report
-from host_agent.state import GuestReport
+from host_agent.persist.reports import REFRESH_FRACTION, ReportPersister, decode_report
+from host_agent.state.store import GuestReport
+from imex_shared.model import EnsembleId
 from tests.bench.common import Results
 
 INTERVAL = 10.0

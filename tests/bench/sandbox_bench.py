@@ -248,8 +248,8 @@ class Bench:
 
         The changed member's own IMEX restart is not counted against the goal: its own
         address moved, and IMEX bound its server socket to the old one, so the guest
-        agent restarts it by design (guest_agent.imex); in a real cluster a VMI whose IP
-        changes is a new pod whose IMEX starts anyway. It is counted apart
+        agent restarts it by design (guest_agent.imex.supervisor_io); in a real cluster a
+        VMI whose IP changes is a new pod whose IMEX starts anyway. It is counted apart
         (``storm_single_own_move_restarts``). Signal counters restart with the daemon,
         so after a restart the new daemon's count is the change's.
         """
@@ -291,7 +291,7 @@ class Bench:
         try:
             # A parked long-poll on the blocked route only fails when it times out: the
             # guests publish DNS views once the registry has been silent for
-            # poll_interval + longpoll_timeout (guest_agent.discovery). Measure from then.
+            # poll_interval + longpoll_timeout (guest_agent.peers.discovery_io). Measure from then.
             blocked = time.monotonic()
             with contextlib.suppress(BenchError):
                 wait_for("every guest on DNS", lambda: all(

@@ -30,8 +30,8 @@ import re
 
 import pytest
 
-from guest_agent import cloudinit as ci
-from guest_agent import cloudinit_cli as cli
+from guest_agent.installer import cli
+from guest_agent.installer import userdata as ci
 from tests.chroot.conftest import GUESTS, ChrootFactory
 from tests.chroot.sandbox import Chroot
 from tests.vm.image import CLOUD_CFG

@@ -13,7 +13,7 @@ the wheelhouse tree with the suite's python3 and no ensurepip or pip in the imag
   arm64 host agent image needs, without a container engine.
 
 3.12 has no Debian suite here; it is backed by the static checks in
-tests/unit/guest/test_bootstrap.py and the wheelhouse's cp312 directory (expected, not
+tests/unit/guest/installer/test_bootstrap.py and the wheelhouse's cp312 directory (expected, not
 tested: docs/install.md).
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent import cloudinit as ci
+from guest_agent.installer import userdata as ci
 from tests.chroot.conftest import GUESTS, ChrootFactory
 from tests.chroot.sandbox import Chroot
 from tests.chroot.wheels import TEST_RUNNER, host_wheels, runner_wheels
@@ -68,7 +68,7 @@ def test_guest_unit_tests_pass_under_the_suites_python(chroot: ChrootFactory, gi
     c.check(f"{ci.VENV}/bin/python {pip}/pip install -q --no-index --no-cache-dir "
             f"--find-links /testwheels/ {' '.join(TEST_RUNNER)}", timeout=1800)
     p = c.sh(f"cd /src && PYTHONDONTWRITEBYTECODE=1 {ci.VENV}/bin/python -m pytest -q "
-             "-p no:cacheprovider tests/unit/guest tests/unit/test_cloudinit.py", timeout=1800)
+             "-p no:cacheprovider tests/unit/guest tests/unit/shared", timeout=1800)
     summary = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-2000:]
     assert p.returncode == 0, f"{gid}: {p.stdout[-4000:]}{p.stderr[-2000:]}"
     m = re.search(r"(\d+) passed", summary)

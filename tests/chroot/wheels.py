@@ -23,7 +23,7 @@ from pathlib import Path
 from tests.vm.image import REPO_ROOT, cache_root
 from tools.wheelhouse import Target, WheelhouseError
 
-#: what tests/unit/guest and tests/unit/test_cloudinit.py import beyond the guest extra
+#: what tests/unit/guest and tests/unit/shared import beyond the guest extra
 TEST_RUNNER = ("pytest", "pytest-asyncio", "pytest-timeout", "hypothesis", "pyyaml")
 
 

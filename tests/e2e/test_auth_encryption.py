@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from lightkube.types import PatchType
 
-from guest_agent.tlsconfig import imex_tls_settings, merge_imex_config
-from host_agent import ca as ca_mod
+from guest_agent.tls.imex_config import imex_tls_settings, merge_imex_config
+from host_agent.ca import authority as ca_mod
 from tests.sandbox.ensemble import (
     AGENT_NAMESPACE,
     EnsembleSpec,

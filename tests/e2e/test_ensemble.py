@@ -22,8 +22,8 @@ import dns.query
 import dns.rdatatype
 import pytest
 
-from guest_agent.hostsfile import merge_hosts
-from guest_agent.model import ABSENT_IP
+from imex_shared.hostsfile import merge_hosts
+from imex_shared.model import ABSENT_IP
 from tests.e2e.conftest import VMS, Rack
 from tests.e2e.domain_support import (
     block_dials,

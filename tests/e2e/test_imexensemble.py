@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from lightkube.core.exceptions import ApiError
 
-from guest_agent.model import ABSENT_IP
+from imex_shared.model import ABSENT_IP
 from tests.e2e.conftest import TIMINGS, _children
 from tests.host_support.ensembles import status_vs_registry
 from tests.sandbox.ensemble import EnsembleSpec, Sandbox, SandboxSettings, wait_for

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from guest_agent.ensemble_crd import SPEC_FIELDS
-from host_agent.crd import API_VERSION, KIND
+from host_agent.crd.imexensemble import API_VERSION, KIND
+from imex_shared.ensemble_crd import SPEC_FIELDS
 
 CR_UID = "0c0ffee0-0000-4000-8000-0000000000cr"
 

@@ -1,6 +1,6 @@
 """KubeVirt's hook messages built with the protobuf runtime: an independent decoder.
 
-The host agent encodes its few hook messages by hand (host_agent/hook_proto.py).
+The host agent encodes its few hook messages by hand (host_agent/sidecar/hook.py).
 These classes are made from descriptors written here field by field after
 KubeVirt's ``pkg/hooks/info/api_info.proto`` and
 ``pkg/hooks/v1alpha2|v1alpha3/api_*.proto`` (names, numbers, types, labels),

@@ -22,8 +22,8 @@ import dns.rcode
 import dns.rrset
 import pytest
 
-from guest_agent.hostsfile import read_block
-from guest_agent.model import EnsembleId
+from imex_shared.hostsfile import read_block
+from imex_shared.model import EnsembleId
 
 HERE = Path(__file__).resolve().parents[2] / "tests" / "bench" / "peers"
 NAME = "vm-3.imex.recipe.svc.cluster.local"

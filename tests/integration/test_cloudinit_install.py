@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent import cloudinit as ci
-from guest_agent import cloudinit_cli as cli
+from guest_agent.installer import cli
+from guest_agent.installer import userdata as ci
 from tests.guest_support.wheels import guest_wheelhouse
 
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from guest_agent import cloudinit as ci
-from guest_agent import cloudinit_cli as cli
 from guest_agent.config import load_settings
+from guest_agent.installer import cli
+from guest_agent.installer import userdata as ci
 
 CLOUD_INIT = "/usr/bin/cloud-init"
 SYSTEM_PYTHON = "/usr/bin/python3"

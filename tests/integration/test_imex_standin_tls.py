@@ -2,7 +2,7 @@
 an intruder on a member's address does not, whatever it holds; SIGUSR1 reloads the files.
 
 Real processes in network namespaces (tests.sandbox.netns); certificates from
-host_agent.ca, the same code the registry signs with.
+host_agent.ca.authority, the same code the registry signs with.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from guest_agent.model import EnsembleId
-from guest_agent.tlsconfig import imex_tls_settings, merge_imex_config
-from host_agent import ca as ca_mod
+from guest_agent.tls.imex_config import imex_tls_settings, merge_imex_config
+from host_agent.ca import authority as ca_mod
+from imex_shared.model import EnsembleId
 from tests.sandbox.imex_standin import (
     AuthError,
     ConfigFileError,

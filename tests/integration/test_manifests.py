@@ -31,8 +31,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from host_agent.ensembles import parse_ensemble_cr
-from host_agent.services import parse_ensemble_service
+from host_agent.ensembles.cr_spec import parse_ensemble_cr
+from host_agent.ensembles.service_spec import parse_ensemble_service
 from tests.sandbox.kube_api import structural
 from tests.sandbox.kube_api.validation import VENDORED_KUBEVIRT, kubevirt_openapi_path
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 
 ENSEMBLE_LABEL = "imex-ensemble.io/ensemble"
 INDEX_LABEL = "imex-ensemble.io/index"
 # DESIGN.md wrote "imex-ensemble.io/host-agent": no valid label value ("/"), the
-# real apiserver answers 422. The host agent uses this form (host_agent/endpoints.py).
+# real apiserver answers 422. The host agent uses this form (host_agent/ensembles/slices.py).
 MANAGED_BY = "host-agent.imex-ensemble.io"
 
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.realk8s.agentproc import (
     AGENT_SA,
     AGENT_SA_NAMESPACE,

@@ -16,7 +16,7 @@ import dns.query
 import dns.rcode
 import pytest
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.realk8s.fixtures import contract_slice, ensemble_service, vmi
 from tests.realk8s.harness import Api, ControlPlane, wait_until
 from tests.realk8s.kubeops import VMIS, dns_answer, wait_dns

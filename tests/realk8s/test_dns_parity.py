@@ -21,7 +21,7 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.realk8s.fixtures import contract_slice, ensemble_service
 from tests.realk8s.harness import Api, ControlPlane, wait_until
 from tests.realk8s.kubeops import SERVICES, SLICES, dns_answer

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.realk8s import crd_script
 from tests.realk8s.agentproc import HostAgentProc
 from tests.realk8s.fixtures import contract_slice, ensemble_service, vmi
@@ -116,7 +116,7 @@ SECRETS = "/api/v1/namespaces/{ns}/secrets"
 
 
 def _ca_secret(ns: str, ctx: dict[str, Any], **data: str) -> Body:
-    """The shape host_agent/ca_store.py writes (issue 19): a dotted name, base64 data."""
+    """The shape host_agent/ca/secret_io.py writes (issue 19): a dotted name, base64 data."""
     body: Body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                   "metadata": {"name": "imex-ca-gpu.gb200", "namespace": ns,
                                "labels": {"imex-ensemble.io/ca": "true"},
@@ -408,7 +408,7 @@ def test_host_agent_publishes_the_same_slices_on_double_and_real(
         assert real == fake, f"real: {real}\ndouble: {fake}"
         problems = [
             httpx.get(f"{url}/v1/ensembles/{ns}/mix", timeout=5).json()["problems"]
-            for url in (host_agent.registry, f"http://127.0.0.1:{port}")]
+            for url in (host_agent.registry.app, f"http://127.0.0.1:{port}")]
         assert problems[0] == problems[1]
         assert problems[0], "the duplicated slot and the out-of-range index are problems"
         admin.delete(f"/api/v1/namespaces/{ns}")

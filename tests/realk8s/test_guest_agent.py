@@ -22,9 +22,9 @@ import dns.message
 import dns.query
 import pytest
 
-from guest_agent.hostsfile import read_block
-from guest_agent.model import ABSENT_IP, EnsembleId
-from guest_agent.render import render_nodes_config
+from imex_shared.hostsfile import read_block
+from imex_shared.model import ABSENT_IP, EnsembleId
+from imex_shared.render import render_nodes_config
 from tests.guest_support.agent import write_config
 from tests.realk8s.agentproc import HostAgentProc
 from tests.realk8s.fixtures import ensemble_service, vmi

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from host_agent.election import JITTER
+from host_agent.kube.election import JITTER
 from tests.realk8s.agentproc import AGENT_SA_NAMESPACE, AGENT_USER, apply_base_rbac
 from tests.realk8s.fixtures import ensemble_service, vmi
 from tests.realk8s.hacluster import LEASE, HaCluster, Replica, summary

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from host_agent.membership import MEMBERSHIP_ANNOTATION, decode
+from host_agent.persist.pair import MEMBERSHIP_ANNOTATION, decode
 from tests.guest_support.agent import write_config
 from tests.realk8s.fixtures import ensemble_service, vmi
 from tests.realk8s.hacluster import HaCluster

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.host_support.ensembles import status_vs_registry
 from tests.realk8s.agentproc import (
     AGENT_SA,

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.realk8s.fixtures import contract_slice, ensemble_service
 from tests.realk8s.harness import Api, ControlPlane
 from tests.realk8s.kubeops import SERVICES, SLICES

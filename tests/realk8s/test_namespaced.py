@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.realk8s.fixtures import ensemble_service, vmi
 from tests.realk8s.harness import ControlPlane, end_processes, free_port, wait_until
 from tests.realk8s.kubeops import (

@@ -61,8 +61,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from guest_agent.hostsfile import read_block
-from guest_agent.model import EnsembleId
+from imex_shared.hostsfile import read_block
+from imex_shared.model import EnsembleId
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer, follow_kubernetes
 from tests.sandbox.imex_standin import write_standin_files
 from tests.sandbox.kube_api import ThreadedKubeApi
@@ -861,8 +861,8 @@ class Sandbox:
         """None when every running VM of ``spec`` pins exactly ``expect`` (default: the
         running VMs' addresses) with absent slots at 127.0.0.2 and its IMEX sees every
         other running member CONNECTED; else a short reason. With ``cliques`` (index ->
-        clique) a VM expects only the members of its own clique (``guest_agent.cliques``)."""
-        from guest_agent.cliques import pins_for
+        clique) a VM expects only the members of its own clique (``imex_shared.cliques``)."""
+        from imex_shared.cliques import pins_for
 
         vms = self.vms_of(spec)
         everyone = dict(expect) if expect is not None else {vm.index: vm.ip for vm in vms}

@@ -48,7 +48,7 @@ def split_tuning(argv: Sequence[str]) -> tuple[dict[str, float | int], list[str]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from host_agent.kube import KubeConfigError
+    from host_agent.kube.client import KubeConfigError
     from host_agent.logs import setup_logging
     from host_agent.main import run
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from guest_agent.hostsfile import read_block
+from imex_shared.hostsfile import read_block
 from tests.vm.image import BOOKWORM_AMD64, GuestOs
 from tests.vm.machine import Machine
 from tests.vm.qga import QgaError

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from guest_agent.hostsfile import read_block
+from imex_shared.hostsfile import read_block
 from tests.sandbox.ensemble import EnsembleSpec, child_env, toml_value
 from tests.sandbox.imex_standin import write_standin_files
 from tests.sandbox.netns import ip, netns_pids

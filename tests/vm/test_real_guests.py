@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import pytest
 
-from guest_agent import cloudinit as ci
-from guest_agent.hostsfile import read_block
+from guest_agent.installer import userdata as ci
+from imex_shared.hostsfile import read_block
 from tests.vm.harness import (
     Guest,
     HarnessSettings,

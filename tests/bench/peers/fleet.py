@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.bench.peers.cluster import Cluster
 from tests.bench.peers.measure import Attempt, events_since, parse_attempts
 from tests.bench.peers.resolved import (

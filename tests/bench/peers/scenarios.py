@@ -233,7 +233,7 @@ def boot_storm(side: Side, fleet: Fleet, p: Params, rec: Record, key: str | None
 
 
 def _block_has_all(side: OursSide, slot: Slot, fleet: Fleet) -> bool:
-    from guest_agent.hostsfile import read_block
+    from imex_shared.hostsfile import read_block
 
     try:
         block = read_block(slot.node.hosts_path.read_bytes(), side.ens)

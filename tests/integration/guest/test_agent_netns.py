@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from guest_agent.hostsfile import read_block
-from guest_agent.model import ABSENT_IP, EnsembleId
+from imex_shared.hostsfile import read_block
+from imex_shared.model import ABSENT_IP, EnsembleId
 from tests.guest_support.agent import (
     STANDIN_CTL,
     STANDIN_IMEX,

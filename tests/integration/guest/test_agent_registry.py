@@ -19,8 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from guest_agent.hostsfile import read_block
-from guest_agent.model import EnsembleId
+from imex_shared.hostsfile import read_block
+from imex_shared.model import EnsembleId
 from tests.guest_support.agent import (
     FAKE_IMEX,
     READY_CTL,

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent import netwatch
-from guest_agent.hostsfile import read_block
-from guest_agent.model import ABSENT_IP, EnsembleId
+from guest_agent.net import netwatch
+from imex_shared.hostsfile import read_block
+from imex_shared.model import ABSENT_IP, EnsembleId
 from tests.guest_support.agent import (
     FAKE_IMEX,
     READY_CTL,

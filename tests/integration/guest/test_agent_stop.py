@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from guest_agent.daemon import STOP_DEADLINE
-from guest_agent.imex_control import ProcessController
+from guest_agent.imex.control import ProcessController
 from tests.guest_support.agent import FAKE_IMEX, READY_CTL, AgentProc, read_events, write_config
 from tests.sandbox.netns import Fabric, Node
 

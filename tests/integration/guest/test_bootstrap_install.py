@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent import bootstrap as b
-from guest_agent import cloudinit as ci
+from guest_agent.installer import bootstrap as b
+from guest_agent.installer import userdata as ci
 from tests.guest_support.wheels import guest_wheelhouse
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent.collect import DomainCollector, run_bounded
 from guest_agent.config import settings_from_mapping
-from guest_agent.domain import DomainError, Fabric
+from guest_agent.report.collect import DomainCollector, run_bounded
+from imex_shared.imex_domain import DomainError, Fabric
 
 REPO = Path(__file__).resolve().parents[3]
 SMI = REPO / "tests" / "sandbox" / "bin" / "nvidia-smi"

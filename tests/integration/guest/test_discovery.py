@@ -15,8 +15,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from guest_agent.config import Nameserver, Settings
-from guest_agent.discovery import Discovery, View
-from guest_agent.model import EnsembleId
+from guest_agent.peers.discovery_io import Discovery, View
+from imex_shared.model import EnsembleId
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer
 
 ENS = EnsembleId("team-a", "rack1")

@@ -15,11 +15,11 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from guest_agent.apply import Applier
 from guest_agent.config import settings_from_mapping
-from guest_agent.filewatch import watch_files
-from guest_agent.hostsfile import read_block
-from guest_agent.model import EnsembleId
+from guest_agent.files.apply import Applier
+from guest_agent.files.filewatch import watch_files
+from imex_shared.hostsfile import read_block
+from imex_shared.model import EnsembleId
 
 ENS = EnsembleId("gpu", "rack-w")
 PINS = {0: "10.0.0.1", 1: "10.0.0.2"}

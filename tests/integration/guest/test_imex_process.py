@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent.imex import Backoff, Supervisor
-from guest_agent.imex_control import (
+from guest_agent.imex.control import (
     NO_ANSWER,
     ImexError,
     ProcessController,
@@ -26,7 +25,8 @@ from guest_agent.imex_control import (
     query_state,
     run_argv,
 )
-from guest_agent.imex_policy import Action, Policy
+from guest_agent.imex.supervisor import Action, Policy
+from guest_agent.imex.supervisor_io import Backoff, Supervisor
 from tests.guest_support.agent import FAKE_IMEX, READY_CTL, pid_alive, read_events
 
 PINS_A = {0: "10.0.0.1", 1: "10.0.0.2"}

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import pytest
 
-from guest_agent import netwatch
+from guest_agent.net import netwatch
 from tests.sandbox.netns import Fabric, Node
 
 pytestmark = pytest.mark.root

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.root
 PROBE = """
 import socket, sys
 from pathlib import Path
-from guest_agent.portreserve import reserve_port
+from guest_agent.net.portreserve import reserve_port
 reserve, port_range = sys.argv[1] == "1", sys.argv[2]
 Path("/proc/sys/net/ipv4/ip_local_port_range").write_text(port_range)
 if reserve:

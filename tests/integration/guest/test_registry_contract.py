@@ -12,9 +12,9 @@ import contextlib
 import time
 
 from guest_agent.config import Nameserver, Settings
-from guest_agent.discovery import Discovery, View
-from guest_agent.model import Member
-from guest_agent.registry_client import RegistryClient
+from guest_agent.peers.discovery_io import Discovery, View
+from guest_agent.peers.registry_io import RegistryClient
+from imex_shared.model import Member
 from tests.integration.registry.registry_harness import ENS, MEMBERS, SPEC, seeded_state, serve
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from guest_agent.config import settings_from_mapping
-from guest_agent.reporter import Reporter
+from guest_agent.report.report_io import Reporter
 
 BODY = {"imex_state": "READY", "generation_applied": 7, "nodes_config_sha256": "a" * 64,
         "hosts_sha256": "b" * 64, "signals": 1, "restarts": 0, "agent_version": "0.1.0"}

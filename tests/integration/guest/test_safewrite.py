@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent.safewrite import PAD_BYTE, FileWriteError, is_mount_point, write_file
+from guest_agent.files.safewrite import PAD_BYTE, FileWriteError, is_mount_point, write_file
 
 REPO = Path(__file__).parents[3]
 SHORT = b"".join(b"10.0.0.%d\timex-93a7a316-%d\n" % (i, i) for i in range(6))
@@ -30,7 +30,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, sys.argv[2])
-    from guest_agent.safewrite import write_file
+    from guest_agent.files.safewrite import write_file
     path, contents = sys.argv[1], [bytes.fromhex(sys.argv[3]), bytes.fromhex(sys.argv[4])]
     write_file(path, contents[0])
     sys.stdout.write("ready\\n"); sys.stdout.flush()
@@ -130,7 +130,7 @@ def test_bind_mounted_etc_hosts_inside_network_namespace(tmp_path: Path) -> None
         (netns_etc / "hosts").write_bytes(SHORT)
         script = (
             f"import sys; sys.path.insert(0, {str(REPO)!r});"
-            "from guest_agent.safewrite import write_file;"
+            "from guest_agent.files.safewrite import write_file;"
             f"print(write_file('/etc/hosts', bytes.fromhex({LONG.hex()!r})));"
             f"print(write_file('/etc/hosts', bytes.fromhex({LONG.hex()!r})));"
             f"print(write_file('/etc/hosts', bytes.fromhex({SHORT.hex()!r})))"

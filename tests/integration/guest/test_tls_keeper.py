@@ -1,8 +1,8 @@
 """The guest's credentials against a real registry: first certificate, file modes, the pin
 check (direct, via the cross-signature, refused), renewal on a rotation, backoff.
 
-The registry is the real app under uvicorn on loopback with a CA from host_agent.ca;
-the keeper is guest_agent.tls.CertKeeper writing real files.
+The registry is the real app under uvicorn on loopback with a CA from host_agent.ca.authority;
+the keeper is guest_agent.tls.creds_io.CertKeeper writing real files.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from guest_agent import certkeeper, tls
-from guest_agent.certkeeper import CertFacts, KeeperError
-from guest_agent.model import EnsembleId, Member
-from guest_agent.tlsconfig import merge_imex_config
-from host_agent import ca as ca_mod
-from host_agent.registry_certs import CaUnavailable
-from host_agent.state import EnsembleSpec, State
+from guest_agent.tls import creds_io as tls
+from guest_agent.tls import keeper_io as certkeeper
+from guest_agent.tls.imex_config import merge_imex_config
+from guest_agent.tls.keeper_io import CertFacts, KeeperError
+from host_agent.ca import authority as ca_mod
+from host_agent.registry.cert_routes import CaUnavailable
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import SPEC, TOKEN, serve
 
 ENS = EnsembleId("gpu", "tls")

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from guest_agent.model import EnsembleId
-from host_agent.endpoints import MANAGED_BY
+from host_agent.ensembles.slices import MANAGED_BY
+from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, vmi
 from tests.integration.host.conftest import NS, AgentFactory, eventually
 from tests.sandbox.kube_api.fixtures import KubeApiHandle

@@ -16,13 +16,13 @@ import pytest
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Namespace
 
-from guest_agent.model import EnsembleId
-from host_agent import ca as ca_mod
-from host_agent.ca_store import CaManager
-from host_agent.kube import KubeError, SecretWriter
-from host_agent.leadership import ALWAYS, NotLeader
-from host_agent.registry_certs import CaUnavailable
-from host_agent.state import EnsembleSpec
+from host_agent.ca import authority as ca_mod
+from host_agent.ca.secret_io import CaManager
+from host_agent.kube.client import KubeError, SecretWriter
+from host_agent.kube.leadership import ALWAYS, NotLeader
+from host_agent.registry.cert_routes import CaUnavailable
+from host_agent.state.store import EnsembleSpec
+from imex_shared.model import EnsembleId
 from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from guest_agent.model import EnsembleId
-from host_agent.membership import MEMBERSHIP_ANNOTATION, decode
+from host_agent.persist.pair import MEMBERSHIP_ANNOTATION, decode
+from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, vmi
 from tests.integration.host.conftest import NS, AgentFactory, RunningAgent, eventually
 from tests.integration.host.test_leader_election import ELECT, leaders

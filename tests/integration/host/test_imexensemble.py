@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from guest_agent.model import EnsembleId
-from host_agent import views
+from host_agent.registry import views
+from imex_shared.model import EnsembleId
 from tests.host_support.ensembles import status_vs_registry
 from tests.host_support.kubevirt import service, vmi
 from tests.integration.host.conftest import NS, AgentFactory, RunningAgent

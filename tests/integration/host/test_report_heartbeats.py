@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from host_agent.reports import configmap_name, decode_report
+from host_agent.persist.reports import configmap_name, decode_report
 from tests.integration.host.conftest import AgentFactory, RunningAgent
 from tests.integration.host.test_leader_election import (
     ELECT,

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, vmi
 from tests.integration.host.conftest import NS, AgentFactory, eventually
 from tests.sandbox.kube_api.fixtures import KubeApiHandle

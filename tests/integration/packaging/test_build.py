@@ -106,6 +106,6 @@ def test_wheel_and_editable_builds_print_no_setuptools_warning(tmp_path: Path,
         names = set(zf.namelist())
         meta = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert {"guest_agent/data/imex-guest-agent.service", "guest_agent/py.typed",
-            "guest_agent/bootstrap.py", "host_agent/py.typed"} <= names
+            "guest_agent/installer/bootstrap.py", "host_agent/py.typed"} <= names
     assert "License-Expression: Apache-2.0" in meta
     assert not any(n.startswith(("tests/", "tools/")) for n in names)

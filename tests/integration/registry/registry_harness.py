@@ -19,9 +19,9 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.registry import RegistryConfig, RegistryServer, create_app, server_config
-from host_agent.state import EnsembleSpec, State
+from host_agent.registry.app import RegistryConfig, RegistryServer, create_app, server_config
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 
 TOKEN = "correct horse battery staple"
 ENS = EnsembleId("gpu", "gb200")

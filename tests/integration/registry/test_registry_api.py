@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from guest_agent.hostsfile import merge_hosts
-from guest_agent.model import EnsembleId, Member
-from guest_agent.render import render_nodes_config
-from host_agent.registry import RegistryConfig
-from host_agent.state import EnsembleSpec, GuestReport, State
+from host_agent.registry.app import RegistryConfig
+from host_agent.state.store import EnsembleSpec, GuestReport, State
+from imex_shared.hostsfile import merge_hosts
+from imex_shared.model import EnsembleId, Member
+from imex_shared.render import render_nodes_config
 from tests.integration.registry.registry_harness import (
     ENS,
     MEMBERS,

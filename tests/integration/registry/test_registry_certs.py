@@ -1,7 +1,7 @@
 """The certificate endpoint over real HTTP: every refusal with its exact code, hostile CSRs,
 and what it issues checked by independent verifiers (``openssl verify``, ``openssl x509``).
 
-The CA comes from ``host_agent.ca`` through a fixed ``CaSource``; the Secret side is
+The CA comes from ``host_agent.ca.authority`` through a fixed ``CaSource``; the Secret side is
 tested in tests/unit/host/test_ca_store.py and tests/realk8s.
 """
 
@@ -21,10 +21,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from guest_agent.model import EnsembleId, Member
-from host_agent import ca as ca_mod
-from host_agent.registry_certs import CaUnavailable, CertConfig
-from host_agent.state import EnsembleSpec, State
+from host_agent.ca import authority as ca_mod
+from host_agent.registry.cert_routes import CaUnavailable, CertConfig
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import SPEC, TOKEN, Running, serve
 
 ENS = EnsembleId("gpu", "tls")

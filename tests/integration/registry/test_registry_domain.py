@@ -7,11 +7,11 @@ from typing import Any
 
 import httpx
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.registry import RegistryConfig
-from host_agent.state import EnsembleSpec, State
+from host_agent.registry.app import RegistryConfig
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import SPEC, TOKEN, serve
-from tests.unit.guest.test_domain import domain_doc
+from tests.unit.shared.test_imex_domain import domain_doc
 
 ENS = EnsembleId("gpu", "nvl")
 BASE = "/v1/ensembles/gpu/nvl"
@@ -104,8 +104,8 @@ async def test_metrics_count_states_never_one_series_per_link() -> None:
 async def test_a_split_wakes_long_polls_and_hosts_per_member_is_what_each_writes() -> None:
     import asyncio
 
-    from guest_agent.cliques import pins_for
-    from guest_agent.hostsfile import merge_hosts
+    from imex_shared.cliques import pins_for
+    from imex_shared.hostsfile import merge_hosts
 
     async with serve(state_of(4), TRUSTED) as reg, httpx.AsyncClient(base_url=reg.url) as c:
         g = (await c.get(BASE)).json()["generation"]

@@ -15,12 +15,12 @@ import pytest
 
 from guest_agent import http
 from guest_agent.config import Settings
-from guest_agent.model import EnsembleId, Member
-from guest_agent.reporter import DOMAIN_REFRESH, Report, Reporter
-from host_agent.registry import RegistryConfig
-from host_agent.state import EnsembleSpec, State
+from guest_agent.report.report_io import DOMAIN_REFRESH, Report, Reporter
+from host_agent.registry.app import RegistryConfig
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import TOKEN, serve
-from tests.unit.guest.test_domain import domain_doc
+from tests.unit.shared.test_imex_domain import domain_doc
 
 ENS = EnsembleId("gpu", "hb")
 BASE = "/v1/ensembles/gpu/hb"

@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.registry import RegistryConfig
-from host_agent.state import EnsembleSpec, State
+from host_agent.registry.app import RegistryConfig
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import SPEC, TOKEN, Running, serve
-from tests.unit.guest.test_domain import domain_doc
+from tests.unit.shared.test_imex_domain import domain_doc
 
 ENS = EnsembleId("gpu", "nvl")
 URL = "/v1/ensembles/gpu/nvl/members/3/status"

@@ -1,7 +1,7 @@
 """The guest agent's own registry client and reporter against the real registry.
 
-Both sides are built separately (guest_agent/registry_client.py and
-reporter.py on one side, host_agent/registry.py on the other); this checks
+Both sides are built separately (guest_agent/peers/registry_io.py and
+reporter.py on one side, host_agent/registry/app.py on the other); this checks
 they agree on the wire: the document the guest parses, the long-poll it
 holds, and the report body it sends.
 """
@@ -13,10 +13,10 @@ import hashlib
 from pathlib import Path
 
 from guest_agent.config import Settings
-from guest_agent.model import EnsembleId, Member
-from guest_agent.registry_client import RegistryClient
-from guest_agent.reporter import Report, Reporter
-from host_agent.state import EnsembleSpec, State
+from guest_agent.peers.registry_io import RegistryClient
+from guest_agent.report.report_io import Report, Reporter
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import (
     ENS,
     MEMBERS,

@@ -13,8 +13,8 @@ import time
 
 import httpx
 
-from guest_agent.model import Member
-from host_agent.registry import RegistryConfig
+from host_agent.registry.app import RegistryConfig
+from imex_shared.model import Member
 from tests.integration.registry.registry_harness import (
     ENS,
     MEMBERS,

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.state import EnsembleSpec, State
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import serve
 
 pytestmark = pytest.mark.root

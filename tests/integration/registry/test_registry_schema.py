@@ -18,9 +18,9 @@ import prometheus_client
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.registry import RegistryConfig, create_app
-from host_agent.state import EnsembleSpec, GuestReport, State
+from host_agent.registry.app import RegistryConfig, create_app
+from host_agent.state.store import EnsembleSpec, GuestReport, State
+from imex_shared.model import EnsembleId, Member
 
 TOKEN = "schema token"
 

@@ -8,8 +8,8 @@ import re
 
 import httpx
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.state import EnsembleSpec, State
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import SPEC, serve
 from tests.integration.registry.test_registry_domain import TRUSTED, put, state_of, view_of
 

@@ -1,7 +1,7 @@
 """A small CEL evaluator for the `x-kubernetes-validations` rules of CRDs.
 
 TEST STAND-IN, never product code. It implements only what the CRDs served
-here use (the ImexEnsemble CRD of host_agent/crd.py), with CEL's semantics
+here use (the ImexEnsemble CRD of host_agent/crd/imexensemble.py), with CEL's semantics
 for those parts:
 
 - literals: integers, doubles, strings (single/double quoted, raw `r'..'`,

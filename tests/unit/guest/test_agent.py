@@ -9,7 +9,7 @@ import logging
 import time
 
 from guest_agent.daemon import cancel_all
-from guest_agent.jsonlog import JsonFormatter
+from imex_shared.jsonlog import JsonFormatter
 
 
 async def test_cancel_all_cancels_a_task_that_swallowed_its_cancellation() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from host_agent import crd
+from host_agent.crd import imexensemble as crd
 from tests.sandbox.kube_api.cel import CelError, compile_rule, evaluate, uses_old_self
 
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import yaml
 
-from host_agent.crd_generate import REPO
 from tests.sandbox.kube_api.patching import merge_order
 from tests.sandbox.kube_api.server import ThreadedKubeApi
+from tools.crd_generate import REPO
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 CRD_NAME = "imexensembles.imex-ensemble.io"

@@ -1,8 +1,8 @@
-"""guest_agent.cliques: who pins whom when an ensemble spans NVLink cliques."""
+"""imex_shared.cliques: who pins whom when an ensemble spans NVLink cliques."""
 
 from __future__ import annotations
 
-from guest_agent.cliques import pins_for, same_group, split
+from imex_shared.cliques import pins_for, same_group, split
 
 PINS = {i: f"10.0.0.{10 + i}" for i in range(6)}
 A, B = "u.1", "u.2"

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guest_agent.hostsfile import merge_hosts, read_block
-from guest_agent.model import ABSENT_IP, EnsembleId
-from guest_agent.render import render_hosts_block
+from imex_shared.hostsfile import merge_hosts, read_block
+from imex_shared.model import ABSENT_IP, EnsembleId
+from imex_shared.render import render_hosts_block
 
 GOLDEN = Path(__file__).parents[2] / "golden" / "hosts"
 ENS = EnsembleId("gpu", "gb200")

@@ -1,4 +1,4 @@
-"""guest_agent.domain: -N -j and nvidia-smi output checked before anything trusts it."""
+"""imex_shared.imex_domain: -N -j and nvidia-smi output checked before anything trusts it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from guest_agent.domain import (
+from imex_shared.imex_domain import (
     IMEX_DOMAIN_MAX_BYTES,
     DomainError,
     Fabric,

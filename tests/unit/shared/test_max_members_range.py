@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from guest_agent.config import ConfigError, settings_from_mapping
-from guest_agent.model import MAX_MEMBERS_LIMIT
-from host_agent.services import parse_ensemble_service
+from host_agent.ensembles.service_spec import parse_ensemble_service
+from imex_shared.model import MAX_MEMBERS_LIMIT
 from tests.host_support.kubevirt import service
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guest_agent.model import (
+from imex_shared.model import (
     EnsembleId,
     InvalidIndex,
     InvalidName,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent.model import EnsembleId, InvalidIndex, UnusableAddress
-from guest_agent.render import render_hosts_block, render_nodes_config
+from imex_shared.model import EnsembleId, InvalidIndex, UnusableAddress
+from imex_shared.render import render_hosts_block, render_nodes_config
 
 GOLDEN = Path(__file__).parents[2] / "golden"
 ENS = EnsembleId("gpu", "gb200")

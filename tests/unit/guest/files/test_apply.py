@@ -6,10 +6,10 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from guest_agent.apply import Applier, local_pins, merge_view
 from guest_agent.config import settings_from_mapping
-from guest_agent.hostsfile import read_block
-from guest_agent.model import ABSENT_IP, EnsembleId
+from guest_agent.files.apply import Applier, local_pins, merge_view
+from imex_shared.hostsfile import read_block
+from imex_shared.model import ABSENT_IP, EnsembleId
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""The pure IMEX decision (guest_agent.imex_policy.decide / after): tables, no event loop."""
+"""The pure IMEX decision (guest_agent.imex.supervisor.decide / after): tables, no event loop."""
 
 from __future__ import annotations
 
 import pytest
 
-from guest_agent.imex import Backoff
-from guest_agent.imex_policy import Action, Policy, Told, Want, after, decide, freeze_pins
+from guest_agent.imex.supervisor import Action, Policy, Told, Want, after, decide, freeze_pins
+from guest_agent.imex.supervisor_io import Backoff
 
 A = freeze_pins({0: "10.0.0.1", 1: "10.0.0.2"})
 B = freeze_pins({0: "10.0.0.1", 1: "10.0.0.9"})

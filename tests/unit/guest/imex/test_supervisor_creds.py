@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from guest_agent.imex_policy import Action, Policy, Told, Want, after, decide
+from guest_agent.imex.supervisor import Action, Policy, Told, Want, after, decide
 
 P = Policy()
 PINS = ((0, "10.0.0.1"), (1, "10.0.0.2"))

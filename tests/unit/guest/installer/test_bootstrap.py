@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent import bootstrap as b
+from guest_agent.installer import bootstrap as b
 
-REPO = Path(__file__).resolve().parents[3]
-SOURCE = (REPO / "guest_agent" / "bootstrap.py").read_text()
+REPO = Path(__file__).resolve().parents[4]
+SOURCE = (REPO / "guest_agent" / "installer" / "bootstrap.py").read_text()
 
 # a real http.server directory listing (Python 3.11), trimmed
 LISTING = """<!DOCTYPE HTML>
@@ -191,13 +191,16 @@ def test_the_import_check_covers_every_stage_the_daemon_imports_lazily() -> None
     lazy: set[str] = set()
     for fn in funcs:
         for node in ast.walk(fn):
-            if isinstance(node, ast.ImportFrom) and node.module == "guest_agent":
-                lazy |= {f"guest_agent.{a.name}" for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                    "guest_agent."):
-                lazy.add(node.module or "")
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                    "guest_agent"):
+                continue
+            for alias in node.names:  # `from guest_agent.net import netwatch` names a module
+                name = f"{node.module}.{alias.name}"
+                is_module = (REPO / (name.replace(".", "/") + ".py")).is_file()
+                lazy.add(name if is_module else node.module or "")
     checked = {m.strip() for m in b.AGENT_IMPORTS.removeprefix("import ").split(",")}
-    assert {"guest_agent.discovery", "guest_agent.netwatch", "guest_agent.filewatch"} <= lazy
+    assert {"guest_agent.peers.discovery_io", "guest_agent.net.netwatch",
+            "guest_agent.files.filewatch"} <= lazy
     assert lazy <= checked, lazy - checked
     for mod in checked:
         assert (REPO / (mod.replace(".", "/") + ".py")).is_file(), mod

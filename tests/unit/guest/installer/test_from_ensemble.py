@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 import yaml
 
-from guest_agent import cloudinit_cli as cli
-from guest_agent.ensemble_crd import SPEC_FIELDS
-from guest_agent.from_ensemble import (
+from guest_agent.installer import cli
+from guest_agent.installer.from_ensemble import (
     EnsembleSettings,
     FromEnsembleError,
     apply_to_flags,
     load_document,
     settings_from_object,
 )
+from imex_shared.ensemble_crd import SPEC_FIELDS
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 TOKEN = "0123456789abcdef" * 4
 TOKEN_SHA = hashlib.sha256(TOKEN.encode()).hexdigest()
 

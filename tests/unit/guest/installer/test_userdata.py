@@ -20,11 +20,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guest_agent import cloudinit as ci
-from guest_agent import cloudinit_cli as cli
 from guest_agent.config import settings_from_mapping
-from guest_agent.model import EnsembleId
-from guest_agent.render import render_nodes_config
+from guest_agent.installer import cli
+from guest_agent.installer import userdata as ci
+from imex_shared.model import EnsembleId
+from imex_shared.render import render_nodes_config
 
 TOKEN = "0123456789abcdef" * 4
 UNIT = (
@@ -195,7 +195,7 @@ def test_install_sources(install: str, source: list[str]) -> None:
     lines = script_lines(o)
     assert lines[0] == ["set", "-eu"]
     # one installer run by the image's python3: it picks the interpreter, makes the venv
-    # without pip and removes it again on any failure (guest_agent/bootstrap.py)
+    # without pip and removes it again on any failure (guest_agent/installer/bootstrap.py)
     # first where to commit (cloud-init's semaphore directory), before anything is installed
     assert lines[1] == [f"imex_sem={SEM_DIR}"]
     run = lines[3]
@@ -210,7 +210,7 @@ def test_install_sources(install: str, source: list[str]) -> None:
     # the installer is written by write_files, verbatim from the package
     doc = yaml.safe_load(ci.render_user_data(o, UNIT))
     (inst,) = [f for f in doc["write_files"] if f["path"] == ci.INSTALLER_PATH]
-    from guest_agent import bootstrap
+    from guest_agent.installer import bootstrap
 
     assert inst["content"] == Path(bootstrap.__file__).read_text()
     # Installed, enabled, committed to disk, then started; IMEX restarts last.
@@ -483,8 +483,8 @@ def _auth_args(*extra: str) -> list[str]:
 
 
 def test_auth_encryption_writes_the_imex_tls_keys_and_the_pin() -> None:
-    from guest_agent import cloudinit as ci
-    from guest_agent.tlsconfig import imex_tls_settings
+    from guest_agent.installer import userdata as ci
+    from guest_agent.tls.imex_config import imex_tls_settings
 
     opts = cli.options_from_args(cli.build_parser().parse_args(_auth_args()))
     imex = ci.render_imex_config(opts)
@@ -505,7 +505,7 @@ def test_auth_encryption_writes_the_imex_tls_keys_and_the_pin() -> None:
 ])
 def test_auth_encryption_refuses_what_cannot_work(drop: str | None, add: tuple[str, ...],
                                                   words: str) -> None:
-    from guest_agent import cloudinit as ci
+    from guest_agent.installer import userdata as ci
 
     argv = _auth_args(*add)
     if drop is not None:
@@ -516,7 +516,7 @@ def test_auth_encryption_refuses_what_cannot_work(drop: str | None, add: tuple[s
 
 
 def test_a_pin_without_auth_or_not_hex_is_refused() -> None:
-    from guest_agent import cloudinit as ci
+    from guest_agent.installer import userdata as ci
 
     argv = _auth_args()
     argv.remove("--auth-encryption")

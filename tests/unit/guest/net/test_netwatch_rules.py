@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from guest_agent import netwatch
+from guest_agent.net import netwatch
 
 
 def test_pick_route_address_rules() -> None:

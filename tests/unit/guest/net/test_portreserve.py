@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent.portreserve import ReservedPortsError, parse_reserved, reserve_port, with_port
+from guest_agent.net.portreserve import ReservedPortsError, parse_reserved, reserve_port, with_port
 
 
 def test_parse_ports_and_ranges() -> None:

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def run(code: str) -> dict[str, object]:
@@ -22,9 +22,9 @@ def run(code: str) -> dict[str, object]:
 def test_lean_import_skips_the_package_init_and_still_dumps_addresses() -> None:
     r = run("""
         import asyncio, json, sys
-        from guest_agent import rtnl_import
+        from guest_agent.net import rtnl_import
         rtnl_import.enable_lean()
-        from guest_agent import netwatch
+        from guest_agent.net import netwatch
         addrs = asyncio.run(netwatch.local_addresses())
         print(json.dumps({"lean": rtnl_import.is_lean(), "sqlite3": "sqlite3" in sys.modules,
                           "ndb": "pyroute2.ndb.main" in sys.modules,
@@ -36,7 +36,7 @@ def test_lean_import_skips_the_package_init_and_still_dumps_addresses() -> None:
 def test_ordinary_import_without_lean_mode() -> None:
     r = run("""
         import json, sys
-        from guest_agent import netwatch, rtnl_import
+        from guest_agent.net import netwatch, rtnl_import
         print(json.dumps({"lean": rtnl_import.is_lean(),
                           "ndb": "pyroute2.ndb.main" in sys.modules}))
     """)
@@ -47,7 +47,7 @@ def test_pyroute2_already_imported_is_not_replaced() -> None:
     r = run("""
         import json
         import pyroute2
-        from guest_agent import rtnl_import
+        from guest_agent.net import rtnl_import
         rtnl_import.enable_lean()
         AsyncIPRoute, rtnl = rtnl_import.load()
         print(json.dumps({"lean": rtnl_import.is_lean(),
@@ -59,7 +59,7 @@ def test_pyroute2_already_imported_is_not_replaced() -> None:
 def test_a_failing_lean_import_is_undone_and_falls_back() -> None:
     r = run("""
         import importlib, json
-        from guest_agent import rtnl_import
+        from guest_agent.net import rtnl_import
         real = importlib.import_module
         def broken(name, *a):
             if name == "pyroute2.iproute.linux":

@@ -9,14 +9,14 @@ import dns.rdatatype
 import dns.rrset
 import pytest
 
-from guest_agent.dnsquery import (
+from guest_agent.peers.dns import (
     DnsObservation,
     DnsTracker,
     interpret_address,
     interpret_srv,
     nameservers_from_resolv_conf,
 )
-from guest_agent.model import EnsembleId
+from imex_shared.model import EnsembleId
 
 ENS = EnsembleId("team-a", "rack1")
 ZONE = "cluster.local"
@@ -284,7 +284,7 @@ def test_resolv_conf_reread_when_it_changes(tmp_path: object) -> None:
     from pathlib import Path
 
     from guest_agent.config import Settings
-    from guest_agent.dnsquery import DnsClient
+    from guest_agent.peers.dns import DnsClient
 
     p = Path(str(tmp_path)) / "resolv.conf"
     p.write_text("nameserver 10.96.0.10\n")

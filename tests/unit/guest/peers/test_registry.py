@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from guest_agent.model import EnsembleId, Member
-from guest_agent.registry_client import RegistryBadResponse, parse_ensemble
+from guest_agent.peers.registry_io import RegistryBadResponse, parse_ensemble
+from imex_shared.model import EnsembleId, Member
 
 ENS = EnsembleId("team-a", "rack1")
 

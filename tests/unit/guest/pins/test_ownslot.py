@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from guest_agent.config import Settings
-from guest_agent.model import Member
-from guest_agent.ownslot import resolve_own
+from guest_agent.pins.ownslot import resolve_own
+from imex_shared.model import Member
 
 BASE = Settings(ensemble="rack1", namespace="team-a", max_members=4)
 

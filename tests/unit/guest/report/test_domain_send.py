@@ -6,7 +6,7 @@ import copy
 import itertools
 
 from guest_agent.config import Settings
-from guest_agent.reporter import (
+from guest_agent.report.report_io import (
     DOMAIN_REFRESH,
     DomainAccepted,
     Report,
@@ -15,7 +15,7 @@ from guest_agent.reporter import (
     domain_refresh,
     send_domain,
 )
-from tests.unit.guest.test_domain import domain_doc
+from tests.unit.shared.test_imex_domain import domain_doc
 
 
 def test_key_ignores_the_timestamp_but_not_a_link_or_its_changed_stamp() -> None:

@@ -10,9 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent.status import Status, StatusError, format_table, load_status, write_status
+from guest_agent.report.status_file import (
+    Status,
+    StatusError,
+    format_table,
+    load_status,
+    write_status,
+)
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def _status(**kw: object) -> Status:

@@ -1,4 +1,4 @@
-"""host_agent.ca: the CA profile, rotation's cross-signature, and the Secret round trip.
+"""host_agent.ca.authority: the CA profile, rotation's cross-signature, and the Secret round trip.
 
 A Secret edited into anything else must give an error naming what is wrong, never a
 new CA (that would split the domain).
@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from guest_agent.model import EnsembleId
-from host_agent import ca
+from host_agent.ca import authority as ca
+from imex_shared.model import EnsembleId
 
 ENS = EnsembleId("gpu", "gb200")
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)

@@ -15,18 +15,18 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from guest_agent import ensemble_crd
 from guest_agent.config import ConfigError, settings_from_mapping
-from guest_agent.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, MAX_MEMBERS_LIMIT, MODES
-from host_agent import crd
-from host_agent.crd_generate import REPO, render_all, stale
-from host_agent.services import parse_ensemble_service
+from host_agent.crd import imexensemble as crd
+from host_agent.ensembles.service_spec import parse_ensemble_service
+from imex_shared import ensemble_crd
+from imex_shared.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, MAX_MEMBERS_LIMIT, MODES
+from tools.crd_generate import REPO, render_all, stale
 
 Schema = dict[str, Any]
 
 
 def test_generated_files_are_current() -> None:
-    assert stale() == [], "run: python -m host_agent.crd_generate"
+    assert stale() == [], "run: python -m tools.crd_generate"
 
 
 def test_drift_check_names_a_hand_edited_file(tmp_path: Path) -> None:

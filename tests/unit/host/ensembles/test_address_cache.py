@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guest_agent.model import ModelError, parse_ip, unusable_reason
-from host_agent.endpoints import _family
-from host_agent.members import classify_address, pick_address, vmi_addresses
+from host_agent.ensembles.members import classify_address, pick_address, vmi_addresses
+from host_agent.ensembles.slices import _family
+from imex_shared.model import ModelError, parse_ip, unusable_reason
 
 
 def reference(raw: str) -> tuple[str | None, str | None, bool]:

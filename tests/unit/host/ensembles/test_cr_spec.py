@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from guest_agent.model import EnsembleId
-from host_agent.ensembles import (
+from host_agent.ensembles.cr_spec import (
     Declaration,
     desired_service,
     owned_by_ensemble,
@@ -17,8 +16,9 @@ from host_agent.ensembles import (
     service_in_sync,
     spec_changed,
 )
-from host_agent.selectors import LabelSelector, Requirement
-from host_agent.services import parse_ensemble_service
+from host_agent.ensembles.service_spec import parse_ensemble_service
+from host_agent.kube.selectors import LabelSelector, Requirement
+from imex_shared.model import EnsembleId
 from tests.host_support.ensembles import CR_UID, imex_ensemble
 from tests.host_support.kubevirt import service
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from guest_agent.model import EnsembleId
-from host_agent.endpoints import desired_slices
-from host_agent.members import derive_members, examine_vmi
-from host_agent.services import parse_ensemble_service
-from host_agent.state import EnsembleSpec, State
+from host_agent.ensembles.members import derive_members, examine_vmi
+from host_agent.ensembles.service_spec import parse_ensemble_service
+from host_agent.ensembles.slices import desired_slices
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, validate_vmi, vmi
 
 ENS = EnsembleId("rack1", "gb200")
@@ -448,7 +448,7 @@ def test_members_from_service_spec_roundtrip() -> None:
 
 
 def test_vmi_addresses_collects_every_usable_address_of_every_interface() -> None:
-    from host_agent.members import vmi_addresses
+    from host_agent.ensembles.members import vmi_addresses
 
     vmi = {
         "metadata": {"name": "gb200-1"},
@@ -473,7 +473,7 @@ def test_vmi_addresses_collects_every_usable_address_of_every_interface() -> Non
 def test_examine_memo_reuses_a_verdict_only_for_the_same_object_and_spec() -> None:
     from dataclasses import replace as dc_replace
 
-    from host_agent.members import ExamineMemo, examine_vmi
+    from host_agent.ensembles.members import ExamineMemo, examine_vmi
 
     spec = EnsembleSpec(EnsembleId("rack1", "gb200"), 18, 50000)
     memo = ExamineMemo()

@@ -8,10 +8,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guest_agent.model import EnsembleId, unusable_reason
-from host_agent.members import derive_members
-from host_agent.services import parse_ensemble_service
-from host_agent.state import EnsembleSpec
+from host_agent.ensembles.members import derive_members
+from host_agent.ensembles.service_spec import parse_ensemble_service
+from host_agent.state.store import EnsembleSpec
+from imex_shared.model import EnsembleId, unusable_reason
 
 SPEC = EnsembleSpec(EnsembleId("rack1", "gb200"), max_members=8, port=50000)
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from guest_agent.model import EnsembleId
-from host_agent.services import parse_ensemble_service, service_annotations
+from host_agent.ensembles.service_spec import parse_ensemble_service, service_annotations
+from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service
 
 TOKEN = "ab" * 32

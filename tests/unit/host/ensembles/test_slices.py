@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.endpoints import (
+from host_agent.ensembles.slices import (
     SliceApplier,
     Written,
     contains,
@@ -15,7 +14,8 @@ from host_agent.endpoints import (
     needs_write,
     slice_name,
 )
-from host_agent.state import EnsembleSpec, State
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 
 ENS = EnsembleId("rack1", "gb200")
 SPEC = EnsembleSpec(ENS, max_members=18, port=50001, uid="u-1")
@@ -209,7 +209,7 @@ def test_write_memory_keeps_compact_json_not_the_body() -> None:
     import copy
     import json
 
-    from host_agent.endpoints import encode_body
+    from host_agent.ensembles.slices import encode_body
 
     w = Written.of(BODY, "5", "6")
     assert isinstance(w.encoded, bytes) and json.loads(w.encoded) == BODY

@@ -7,12 +7,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from guest_agent.model import EnsembleId
-from host_agent.members import derive_members
-from host_agent.state import EnsembleSpec
-from host_agent.vmi_watch import Store, cache_view
+from host_agent.ensembles.members import derive_members
+from host_agent.kube.informer import Store, cache_view
+from host_agent.state.store import EnsembleSpec
+from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, vmi
-from tests.unit.host.test_vmi_watch import Script, drive
+from tests.unit.host.kube.test_informer import Script, drive
 
 MANAGED = [{"manager": "virt-controller", "operation": "Update", "fieldsType": "FieldsV1",
             "fieldsV1": {"f:status": {"f:phase": {}}}}]

@@ -1,4 +1,4 @@
-"""host_agent.kube must import beside other lightkube users in one process."""
+"""host_agent.kube.client must import beside other lightkube users in one process."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_kube_imports_after_another_generic_core_service() -> None:
     code = (
         "from lightkube.generic_resource import create_namespaced_resource;"
         "create_namespaced_resource('', 'v1', 'Service', 'services');"
-        "import host_agent.kube as k;"
+        "import host_agent.kube.client as k;"
         "print(k.Service.__module__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -22,7 +22,7 @@ def test_kube_imports_after_another_generic_core_service() -> None:
 
 def test_bookmark_objects_parse_for_every_watched_kind() -> None:
     """A BOOKMARK carries only kind, apiVersion and metadata.resourceVersion."""
-    from host_agent.kube import EndpointSlice, Service, VirtualMachineInstance, _plain
+    from host_agent.kube.client import EndpointSlice, Service, VirtualMachineInstance, _plain
 
     for res, api in (
         (Service, "v1"),
@@ -38,7 +38,7 @@ def test_typed_objects_become_plain_json() -> None:
     from lightkube.models.meta_v1 import ObjectMeta
     from lightkube.resources.core_v1 import Service
 
-    from host_agent.kube import _plain
+    from host_agent.kube.client import _plain
 
     svc = Service(metadata=ObjectMeta(name="gb200", namespace="gpu", labels={"a": "b"}))
     assert _plain(svc) == {

@@ -1,4 +1,4 @@
-"""Leader election decisions (host_agent/election.py) and the lease loop (lease_io.py),
+"""Leader election decisions (host_agent/kube/election.py) and the lease loop (lease_io.py),
 on injected clocks and an in-memory Lease with the apiserver's optimistic concurrency."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from host_agent.election import ElectionConfig, Elector, LeaseRecord, jittered
-from host_agent.kube import KubeError
-from host_agent.lease_io import LeaseElection, lease_body, record_of
+from host_agent.kube.client import KubeError
+from host_agent.kube.election import ElectionConfig, Elector, LeaseRecord, jittered
+from host_agent.kube.election_io import LeaseElection, lease_body, record_of
 
 CFG = ElectionConfig(15.0, 10.0, 2.0)
 

@@ -9,10 +9,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from host_agent.kube import Gone, KubeError
+from host_agent.kube.client import Gone, KubeError
+from host_agent.kube.informer import Informer, Store, backoff_delay
 from host_agent.metrics import HostMetrics
 from host_agent.settings import HostSettings
-from host_agent.vmi_watch import Informer, Store, backoff_delay
 
 SETTINGS = HostSettings(backoff_initial=0.001, backoff_max=0.01)
 
@@ -263,7 +263,7 @@ async def test_a_resumed_watch_refused_403_is_retried_from_its_version(caplog: A
 async def test_a_resumed_watch_refused_for_good_lists_afresh_then_lists_without_watching(
         caplog: Any, monkeypatch: Any) -> None:
     """If the 403 persists, a fresh list decides: allowed list + refused watch = list-only."""
-    monkeypatch.setattr("host_agent.vmi_watch.RESUMED_403_GRACE_S", 0.0)
+    monkeypatch.setattr("host_agent.kube.informer.RESUMED_403_GRACE_S", 0.0)
     script = Script(
         lists=[([obj("a", "5")], "10"), ([obj("a", "5")], "20"), ([obj("d", "25")], "30")],
         watches=resumed_then_refused(obj("c", "31")),

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from host_agent.selectors import (
+from host_agent.kube.selectors import (
     LabelSelector,
     Requirement,
     SelectorError,

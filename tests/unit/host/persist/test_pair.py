@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.ensembles import Declaration, parse_ensemble_cr
-from host_agent.leadership import ALWAYS
-from host_agent.membership import (
+from host_agent.ensembles.cr_spec import Declaration, parse_ensemble_cr
+from host_agent.kube.leadership import ALWAYS
+from host_agent.persist.pair import (
     MEMBERSHIP_ANNOTATION,
     PersistedView,
     ServiceAnnotationSource,
@@ -19,9 +18,10 @@ from host_agent.membership import (
     encode,
     next_pair,
 )
-from host_agent.membership_cr import StatusPairSource, pair_from_status
-from host_agent.state import CaPublished, EnsembleSnapshot, GuestView, State
-from host_agent.status import desired_status
+from host_agent.persist.pair_status import StatusPairSource, pair_from_status
+from host_agent.state.store import CaPublished, EnsembleSnapshot, GuestView, State
+from host_agent.status.status import desired_status
+from imex_shared.model import EnsembleId, Member
 from tests.host_support.ensembles import CR_UID, imex_ensemble
 
 ENS = EnsembleId("rack1", "gb200")

@@ -1,4 +1,4 @@
-"""Which guest reports a replica writes into the API, and when (host_agent/reports.py).
+"""Which guest reports a replica writes into the API, and when (host_agent/persist/reports.py).
 
 The decision (``persist_reason``, ``riders``) is pure and tested case by case; the
 ``ReportPersister`` is the real one with its ``_write`` recording the merge patches
@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from guest_agent.model import EnsembleId
-from host_agent.reports import (
+from host_agent.persist.reports import (
     REFRESH_FRACTION,
     ReportPersister,
     decode_report,
@@ -24,7 +23,8 @@ from host_agent.reports import (
     riders,
     supersedes,
 )
-from host_agent.state import GuestReport
+from host_agent.state.store import GuestReport
+from imex_shared.model import EnsembleId
 
 ENS = EnsembleId("gpu", "gb200")
 FIELDS: dict[str, Any] = {"imex_state": "READY", "generation_applied": 3, "signals": 0,

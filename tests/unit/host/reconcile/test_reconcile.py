@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guest_agent.model import EnsembleId
-from host_agent.endpoints import SliceApplier
+from host_agent.ensembles.slices import SliceApplier
 from host_agent.metrics import HostMetrics
-from host_agent.reconcile import Reconciler, new_stores
+from host_agent.reconcile.reconcile_io import Reconciler, new_stores
 from host_agent.settings import HostSettings
-from host_agent.state import State
+from host_agent.state.store import State
+from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, vmi
 
 SETTINGS = HostSettings(settle_seconds=0.01, backoff_initial=0.01, backoff_max=0.05)

@@ -14,18 +14,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from guest_agent.model import EnsembleId
-from host_agent.endpoints import SliceApplier
-from host_agent.ensembles import Declaration
-from host_agent.kube import AlreadyExists
+from host_agent.ensembles.cr_spec import Declaration
+from host_agent.ensembles.owned_service_io import ServiceApplier
+from host_agent.ensembles.slices import SliceApplier
+from host_agent.kube.client import AlreadyExists
+from host_agent.kube.informer import Store
 from host_agent.metrics import HostMetrics
-from host_agent.owned_services import ServiceApplier
-from host_agent.reconcile import Reconciler, new_stores
-from host_agent.state import State
-from host_agent.vmi_watch import Store
+from host_agent.reconcile.reconcile_io import Reconciler, new_stores
+from host_agent.state.store import State
+from imex_shared.model import EnsembleId
 from tests.host_support.ensembles import CR_UID, imex_ensemble
 from tests.host_support.kubevirt import service, vmi
-from tests.unit.host.test_reconcile import SETTINGS, FakeClient, _idle, cancel, put
+from tests.unit.host.reconcile.test_reconcile import SETTINGS, FakeClient, _idle, cancel, put
 
 ENS = EnsembleId("rack1", "gb200")
 

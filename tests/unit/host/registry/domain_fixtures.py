@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.state import EnsembleSnapshot, EnsembleSpec, GuestReport, PublishedMember
+from host_agent.state.store import EnsembleSnapshot, EnsembleSpec, GuestReport, PublishedMember
+from imex_shared.model import EnsembleId, Member
 
 ENS = EnsembleId("rack-a", "gb200")
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z; every slot got its address then

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.registry import StatusReport, guest_report
-from host_agent.reports import persist_reason
-from host_agent.state import EnsembleSnapshot, EnsembleSpec, State
-from tests.unit.guest.test_domain import domain_doc
+from host_agent.persist.reports import persist_reason
+from host_agent.registry.app import StatusReport, guest_report
+from host_agent.state.store import EnsembleSnapshot, EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
+from tests.unit.shared.test_imex_domain import domain_doc
 
 ENS = EnsembleId("gpu", "hb")
 

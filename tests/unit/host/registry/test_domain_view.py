@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from host_agent.domain_view import aggregate, domain_json, matrix_text
-from host_agent.views import rfc3339
-from tests.unit.host.domain_fixtures import (
+from host_agent.registry.domain_view import aggregate, domain_json, matrix_text
+from host_agent.registry.views import rfc3339
+from tests.unit.host.registry.domain_fixtures import (
     CLIQUE_A,
     CLIQUE_B,
     NOW,
@@ -18,7 +18,7 @@ from tests.unit.host.domain_fixtures import (
     snapshot,
 )
 
-GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "domain"
+GOLDEN = Path(__file__).resolve().parents[3] / "golden" / "domain"
 
 
 def test_all_connected_and_ready_is_up() -> None:
@@ -170,7 +170,7 @@ def test_domain_json_has_the_issues_fields() -> None:
 
 
 def test_the_cr_status_fields() -> None:
-    from host_agent.domain_view import cr_status
+    from host_agent.registry.domain_view import cr_status
 
     assert cr_status(aggregate(full(4), NOW, 120)) == ("UP", {
         "type": "DomainUp", "status": "True", "reason": "AllLinksConnected",

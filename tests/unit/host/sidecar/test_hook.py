@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from host_agent import hook_proto as hp
-from host_agent.hook_sidecar import HOOK_NAME, info_result
+from host_agent.sidecar import hook as hp
+from host_agent.sidecar.hook_io import HOOK_NAME, info_result
 from tests.host_support.hook_oracle import message
 
 InfoResultPB = message("kubevirt.hooks.info.InfoResult")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from guest_agent.hostsfile import read_block
-from guest_agent.model import EnsembleId, Member
-from host_agent import views
-from host_agent.state import EnsembleSpec, GuestReport, State
+from host_agent.registry import views
+from host_agent.state.store import EnsembleSpec, GuestReport, State
+from imex_shared.hostsfile import read_block
+from imex_shared.model import EnsembleId, Member
 
 ENS = EnsembleId("rack-a", "gb200")
 SPEC = EnsembleSpec(ENS, 18, 50000)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.state import EnsembleSpec, State
+from host_agent.state.store import EnsembleSpec, State
+from imex_shared.model import EnsembleId, Member
 
 A = EnsembleSpec(EnsembleId("gpu", "a"), 4, 50000)
 B = EnsembleSpec(EnsembleId("gpu", "b"), 4, 50000)

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.ensembles import Declaration, parse_ensemble_cr
-from host_agent.event_writer import EventRecorder
-from host_agent.events import (
+from host_agent.ensembles.cr_spec import Declaration, parse_ensemble_cr
+from host_agent.metrics import HostMetrics
+from host_agent.state.store import Absent, GuestReport, State
+from host_agent.status.events import (
     Facts,
     Intent,
     Regarding,
@@ -25,10 +25,10 @@ from host_agent.events import (
     series_patch,
     service_intent,
 )
-from host_agent.metrics import HostMetrics
-from host_agent.state import Absent, GuestReport, State
-from host_agent.status import desired_status
-from host_agent.status_writer import Evaluation
+from host_agent.status.events_io import EventRecorder
+from host_agent.status.status import desired_status
+from host_agent.status.status_io import Evaluation
+from imex_shared.model import EnsembleId, Member
 from tests.host_support.ensembles import CR_UID, imex_ensemble
 
 ENS = EnsembleId("rack1", "gb200")

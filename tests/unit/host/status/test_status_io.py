@@ -12,14 +12,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from guest_agent.model import EnsembleId, Member
-from host_agent.ensembles import Declaration, parse_ensemble_cr
-from host_agent.kube import KubeError
-from host_agent.leadership import NotLeader
+from host_agent.ensembles.cr_spec import Declaration, parse_ensemble_cr
+from host_agent.kube.client import KubeError
+from host_agent.kube.informer import Store
+from host_agent.kube.leadership import NotLeader
 from host_agent.metrics import HostMetrics
-from host_agent.state import GuestReport, GuestView, State
-from host_agent.status_writer import StatusWriter
-from host_agent.vmi_watch import Store
+from host_agent.state.store import GuestReport, GuestView, State
+from host_agent.status.status_io import StatusWriter
+from imex_shared.model import EnsembleId, Member
 from tests.host_support.ensembles import CR_UID, imex_ensemble
 
 ENS = EnsembleId("rack1", "gb200")
