@@ -22,6 +22,7 @@ from imex_shared.model import (
     MAX_MEMBERS_LIMIT,
     ModelError,
     check_dns_label,
+    is_sha256_hex,
 )
 
 DEFAULT_CONFIG_PATH = "/etc/imex-guest-agent/config.toml"
@@ -158,7 +159,7 @@ def _bool(key: str, v: object) -> bool:
 
 def _sha256(key: str, v: object) -> str:
     s = _str(key, v).strip().lower()
-    if len(s) != 64 or any(c not in "0123456789abcdef" for c in s):
+    if not is_sha256_hex(s):
         raise ConfigError(f"{key}: must be 64 hex digits (a sha256 fingerprint), not {s!r}")
     return s
 

@@ -42,6 +42,12 @@ GUEST_INTERNAL: Final = frozenset(
     {ipaddress.ip_address("10.0.2.2"), ipaddress.ip_address("fd10:0:2::2")}
 )
 
+#: A sha256 digest as both agents write it (token hashes, CA fingerprints, file digests):
+#: 64 lowercase hex digits. The CRD's schema, the registry's models and the checks below
+#: all use this one pattern.
+SHA256_HEX_PATTERN: Final = "^[0-9a-f]{64}$"
+_SHA256_HEX = re.compile(SHA256_HEX_PATTERN)
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TRAILING_INDEX = re.compile(r"-(\d+)$")
 
@@ -271,3 +277,8 @@ def members_from_json(data: object, max_members: int) -> list[Member]:
 def pins_of(members: list[Member] | tuple[Member, ...]) -> dict[int, str]:
     """index -> IP map of members (the input of every renderer)."""
     return {m.index: m.ip for m in members}
+
+
+def is_sha256_hex(text: str) -> bool:
+    """``text`` is a sha256 digest in the form ``SHA256_HEX_PATTERN`` describes."""
+    return bool(_SHA256_HEX.match(text))

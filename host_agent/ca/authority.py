@@ -43,7 +43,6 @@ import base64
 import binascii
 import datetime as dt
 import hashlib
-import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -74,7 +73,6 @@ OVERLAP_ANNOTATION: Final = "imex-ensemble.io/ca-overlap-until"
 SWITCH_ANNOTATION: Final = "imex-ensemble.io/ca-switch-at"
 ENSEMBLE_ANNOTATION: Final = "imex-ensemble.io/ensemble"
 
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
@@ -577,6 +575,3 @@ def parse_secret(obj: Mapping[str, object], now: dt.datetime) -> CaState:
     return CaState(CaKeyPair(key, cert), previous, cross, rotation, overlap_until,
                    previous_key, switch_at)
 
-
-def is_sha256_hex(text: str) -> bool:
-    return bool(_SHA256_HEX.match(text))

@@ -31,6 +31,7 @@ from imex_shared.model import (
     DEFAULT_PORT,
     MAX_MEMBERS_LIMIT,
     MODES,
+    SHA256_HEX_PATTERN,
 )
 
 GROUP: Final = "imex-ensemble.io"
@@ -60,7 +61,7 @@ MAX_PROBLEM_LENGTH: Final = 1024
 MAX_CONDITION_MESSAGE: Final = 32768
 MAX_SELECTOR_TERMS: Final = 32
 
-SHA256_HEX: Final = "^[0-9a-f]{64}$"
+SHA256_HEX: Final = SHA256_HEX_PATTERN
 DOMAIN_ID_HEX: Final = "^[0-9a-f]{8}$"
 #: KubeVirt network names (spec.networks[].name), as the Service annotation accepts them.
 NETWORK_NAME: Final = "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?$"

@@ -35,6 +35,7 @@ from imex_shared.model import (
     MAX_MEMBERS_LIMIT,
     EnsembleId,
     ModelError,
+    is_sha256_hex,
 )
 from imex_shared.render import MODES, Mode
 
@@ -52,7 +53,6 @@ CA_ROTATION_ANNOTATION: Final = PREFIX + "ca-rotation"
 #: a Service and an ImexEnsemble accept the same values.
 CA_ROTATION_MAX: Final[int] = SPEC_FIELDS["caRotation"]["max_length"]
 
-_SHA256_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 # KubeVirt network names (spec.networks[].name) are DNS-label-like; be a bit
 # more lenient (upper case, dots) but refuse blanks and control characters.
 _NETWORK_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?$")
@@ -171,7 +171,7 @@ def parse_ensemble_service(service: Mapping[str, object]) -> tuple[EnsembleSpec 
     token: str | None = None
     raw = annotations.get(TOKEN_ANNOTATION)
     if raw is not None:
-        if _SHA256_HEX.match(raw.strip()):
+        if is_sha256_hex(raw.strip().lower()):  # hand-written: upper case is accepted
             token = raw.strip().lower()
         else:
             problems.append(

@@ -13,16 +13,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import re
 from typing import Any
 
 from host_agent.state.store import EnsembleSnapshot, EnsembleSpec, PublishedMember
-from imex_shared.model import EnsembleId
+from imex_shared.model import EnsembleId, is_sha256_hex
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 class RegistryError(Exception):
@@ -89,7 +87,7 @@ def check_token(spec: EnsembleSpec, authorization: str | None) -> str | None:
     expected = (spec.token_sha256 or "").strip().lower()
     if not expected:
         return "no_token_configured"
-    if not _SHA256_HEX.match(expected):
+    if not is_sha256_hex(expected):
         return "bad_token_annotation"
     scheme, _, token = (authorization or "").strip().partition(" ")
     token = token.strip()

@@ -12,8 +12,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from host_agent.registry.domain_models import FabricIn, ImexDomainIn
+from imex_shared.model import SHA256_HEX_PATTERN
 
-_Sha = Annotated[str | None, Field(default=None, pattern=r"^[0-9a-f]{64}$")]
+_Sha = Annotated[str | None, Field(default=None, pattern=SHA256_HEX_PATTERN)]
 _Count = Annotated[int, Field(default=0, ge=0, le=2**63 - 1)]
 
 
