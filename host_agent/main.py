@@ -48,6 +48,7 @@ from host_agent.ensembles.cr_spec import Declaration
 from host_agent.ensembles.owned_service_io import ServiceApplier
 from host_agent.ensembles.service_spec import ENSEMBLE_LABEL
 from host_agent.ensembles.slices import SliceApplier
+from host_agent.kube.cache import Store
 from host_agent.kube.client import (
     ALL_NAMESPACES,
     EndpointSlice,
@@ -65,7 +66,7 @@ from host_agent.kube.client import (
 )
 from host_agent.kube.election import ElectionConfig
 from host_agent.kube.election_io import KubeLeaseApi, LeaseElection
-from host_agent.kube.informer import Informer, Store
+from host_agent.kube.informer import Informer
 from host_agent.kube.leadership import ALWAYS, LeaseGate, WriteGate
 from host_agent.metrics import HostMetrics
 from host_agent.persist.pair import ServiceAnnotationSource

@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from host_agent.kube.leadership import WriteGate
+from host_agent.kube.objects import Obj
 from host_agent.registry.cert_routes import CaUnavailable
 from host_agent.state.store import CaPublished, EnsembleSpec
 from imex_shared.model import EnsembleId
@@ -48,7 +49,6 @@ def _ca() -> ModuleType:
 
     return host_agent.ca.authority
 
-Obj = dict[str, Any]
 
 #: Where a Service-only ensemble publishes its CA's fingerprint (an ImexEnsemble: status).
 CA_SHA256_ANNOTATION = "imex-ensemble.io/ca-sha256"

@@ -26,12 +26,9 @@ from host_agent.ensembles.cr_spec import (
     plan_service,
     service_in_sync,
 )
-from host_agent.ensembles.slices import resource_version
 from host_agent.kube.client import AlreadyExists
+from host_agent.kube.objects import Key, Obj, resource_version
 from host_agent.state.store import EnsembleSpec
-
-Obj = dict[str, Any]
-Key = tuple[str, str]
 
 
 class ServiceClient(Protocol):

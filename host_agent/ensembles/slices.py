@@ -34,6 +34,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
+from host_agent.kube.objects import resource_version
 from host_agent.state.store import EnsembleSnapshot
 
 FIELD_MANAGER: Final = "imex-host-agent"
@@ -140,13 +141,6 @@ def contains(desired: object, observed: object) -> bool:
             return False
         return all(contains(d, o) for d, o in zip(desired, observed, strict=True))
     return desired == observed
-
-
-def resource_version(obj: Mapping[str, Any] | None) -> str | None:
-    if obj is None:
-        return None
-    rv = obj.get("metadata", {}).get("resourceVersion")
-    return rv if isinstance(rv, str) else None
 
 
 def encode_body(body: Body | None) -> bytes | None:

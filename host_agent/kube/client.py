@@ -41,6 +41,7 @@ from host_agent.crd.imexensemble import KIND as CRD_KIND
 from host_agent.crd.imexensemble import PLURAL as CRD_PLURAL
 from host_agent.crd.imexensemble import VERSION as CRD_VERSION
 from host_agent.kube.leadership import WriteGate
+from host_agent.kube.objects import Obj
 from host_agent.settings import HostSettings
 
 # Service uses lightkube's typed model: a *generic* core-group class can be
@@ -60,7 +61,6 @@ EndpointSlice = create_namespaced_resource(
 ImexEnsemble = create_namespaced_resource(CRD_GROUP, CRD_VERSION, CRD_KIND, CRD_PLURAL)
 Event = create_namespaced_resource("events.k8s.io", "v1", "Event", "events")
 
-Obj = dict[str, Any]
 ALL_NAMESPACES: Final = ALL_NS
 #: Objects per list call (client-go's reflector uses the same page size).
 LIST_PAGE: Final = 500

@@ -51,6 +51,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Final, Protocol
 
 from host_agent.kube.leadership import WriteGate
+from host_agent.kube.objects import Key
 from host_agent.state.store import EnsembleSnapshot, GuestView
 
 log = logging.getLogger("imex.host.membership")
@@ -61,7 +62,6 @@ MEMBERSHIP_ANNOTATION: Final = "imex-ensemble.io/membership"
 FIELD_MANAGER: Final = "imex-host-agent-membership"
 FORMAT_VERSION: Final = 1
 
-Key = tuple[str, str]
 
 
 class MembershipError(ValueError):

@@ -29,9 +29,9 @@ from typing import Any
 
 from host_agent.kube.client import KubeError
 from host_agent.kube.leadership import WriteGate
+from host_agent.kube.objects import Key
 from host_agent.metrics import HostMetrics
 from host_agent.persist.pair import (
-    Key,
     PairSource,
     PersistedView,
     ServiceAnnotationSource,

@@ -36,7 +36,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from host_agent.persist.pair import Key, PersistedView, ServiceAnnotationSource
+from host_agent.kube.objects import Key
+from host_agent.persist.pair import PersistedView, ServiceAnnotationSource
 from host_agent.state.store import EnsembleSnapshot, GuestView
 
 

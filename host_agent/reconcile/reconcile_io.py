@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from host_agent.backoff import backoff_delay
 from host_agent.ca.secret_io import CaManager
 from host_agent.ensembles.cr_spec import (
     SERVICE_CONFLICT,
@@ -58,8 +59,9 @@ from host_agent.ensembles.slices import (
     SliceApplier,
     desired_slices,
 )
-from host_agent.kube.informer import Key, Obj, Store, backoff_delay, object_key
+from host_agent.kube.cache import Store
 from host_agent.kube.leadership import ALWAYS, NotLeader, WriteGate
+from host_agent.kube.objects import Key, Obj, object_key
 from host_agent.metrics import HostMetrics
 from host_agent.persist.pair_io import Pairs
 from host_agent.persist.reports import report_applies

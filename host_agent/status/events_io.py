@@ -34,12 +34,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from host_agent.ensembles.cr_spec import Declaration
 from host_agent.kube.client import KubeError
-from host_agent.kube.informer import Key
 from host_agent.kube.leadership import NotLeader
+from host_agent.kube.objects import Key, Obj
 from host_agent.metrics import HostMetrics
 from host_agent.status.events import (
     Facts,
@@ -57,7 +57,6 @@ from host_agent.status.status_io import Evaluation
 
 log = logging.getLogger("imex.host.events")
 
-Obj = dict[str, Any]
 SeriesKey = tuple[str, str, str, str, str]
 
 

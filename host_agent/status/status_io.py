@@ -51,11 +51,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from host_agent.backoff import backoff_delay
 from host_agent.ensembles.cr_spec import Declaration
-from host_agent.ensembles.slices import resource_version
+from host_agent.kube.cache import Store
 from host_agent.kube.client import KubeError
-from host_agent.kube.informer import Key, Store, backoff_delay
 from host_agent.kube.leadership import NotLeader
+from host_agent.kube.objects import Key, Obj, resource_version
 from host_agent.metrics import HostMetrics
 from host_agent.state.store import EnsembleSnapshot, State
 from host_agent.status.status import desired_status, next_change, status_in_sync
@@ -63,7 +64,6 @@ from imex_shared.model import EnsembleId, ModelError
 
 log = logging.getLogger("imex.host.status")
 
-Obj = dict[str, Any]
 
 
 class StatusClient(Protocol):

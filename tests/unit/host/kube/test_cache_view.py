@@ -8,7 +8,7 @@ import copy
 from typing import Any
 
 from host_agent.ensembles.members import derive_members
-from host_agent.kube.informer import Store, cache_view
+from host_agent.kube.cache import Store, cache_view
 from host_agent.state.store import EnsembleSpec
 from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, vmi

@@ -9,8 +9,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from host_agent.backoff import backoff_delay
+from host_agent.kube.cache import Store
 from host_agent.kube.client import Gone, KubeError
-from host_agent.kube.informer import Informer, Store, backoff_delay
+from host_agent.kube.informer import Informer
 from host_agent.metrics import HostMetrics
 from host_agent.settings import HostSettings
 

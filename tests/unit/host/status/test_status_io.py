@@ -13,8 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from host_agent.ensembles.cr_spec import Declaration, parse_ensemble_cr
+from host_agent.kube.cache import Store
 from host_agent.kube.client import KubeError
-from host_agent.kube.informer import Store
 from host_agent.kube.leadership import NotLeader
 from host_agent.metrics import HostMetrics
 from host_agent.state.store import GuestReport, GuestView, State
