@@ -67,11 +67,40 @@ LIST_PAGE: Final = 500
 
 
 class KubeError(Exception):
-    """A failed call to the Kubernetes API; ``status`` is the HTTP code (0: no answer)."""
+    """A failed call to the Kubernetes API.
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    ``status`` is the HTTP code (0: no answer). ``api_status`` is the API's own
+    ``metav1.Status`` as it sent it (None: no answer, or a body that is not a Status),
+    so a caller can tell a 409 ``AlreadyExists`` from a 409 ``Conflict`` by ``reason``
+    and read ``details`` without parsing the message.
+    """
+
+    def __init__(self, message: str, status: int = 0,
+                 api_status: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.api_status: Obj | None = dict(api_status) if api_status else None
+
+    def _field(self, name: str) -> Any:
+        return self.api_status.get(name) if self.api_status is not None else None
+
+    @property
+    def reason(self) -> str | None:
+        """The Status's machine-readable reason (``NotFound``, ``Conflict``, ...)."""
+        value = self._field("reason")
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def api_message(self) -> str | None:
+        """The Status's human-readable message."""
+        value = self._field("message")
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def details(self) -> Mapping[str, Any] | None:
+        """The Status's details (name, group, kind, causes)."""
+        value = self._field("details")
+        return value if isinstance(value, Mapping) else None
 
 
 class Gone(KubeError):
@@ -94,15 +123,34 @@ def _status_of(exc: BaseException) -> int:
     return 0
 
 
+def _as_status(body: object) -> Obj | None:
+    """``body`` if it is a ``metav1.Status`` (``kind: Status``), else None."""
+    if isinstance(body, Mapping) and body.get("kind") == "Status":
+        return dict(body)
+    return None
+
+
+def _api_status_of(exc: BaseException) -> Obj | None:
+    if isinstance(exc, ApiError) and exc.status is not None:
+        return _as_status({"kind": "Status", **_plain(exc.status)})
+    if isinstance(exc, httpx2.HTTPStatusError):
+        try:
+            return _as_status(exc.response.json())
+        except ValueError:
+            return None
+    return None
+
+
 def translate(exc: BaseException, what: str) -> KubeError:
     """Our error for a client exception (call as ``raise translate(e, ...) from e``)."""
     status = _status_of(exc)
+    api_status = _api_status_of(exc)
     detail = str(exc) or type(exc).__name__
     if status == 410:
-        return Gone(f"{what}: 410 Gone ({detail})", status)
+        return Gone(f"{what}: 410 Gone ({detail})", status, api_status)
     if status == 409:
-        return AlreadyExists(f"{what}: 409 Conflict ({detail})", status)
-    return KubeError(f"{what}: {status or type(exc).__name__}: {detail}", status)
+        return AlreadyExists(f"{what}: 409 Conflict ({detail})", status, api_status)
+    return KubeError(f"{what}: {status or type(exc).__name__}: {detail}", status, api_status)
 
 
 def load_config(kubeconfig: str | None) -> KubeConfig:
@@ -369,14 +417,15 @@ class ServiceWriter:
         except Exception as exc:
             raise translate(exc, f"apply Service {meta['namespace']}/{meta['name']}") from exc
         return _plain(result)
-def _status_message(resp: Any) -> str:
+def _status_message(resp: Any) -> tuple[str, Obj | None]:
+    """The text a failed raw call is reported with, and the Status it sent (if any)."""
     try:
         body = resp.json()
     except ValueError:
-        return str(resp.text)[:200]
+        return str(resp.text)[:200], None
     if isinstance(body, Mapping) and isinstance(body.get("message"), str):
-        return str(body["message"])
-    return str(body)[:200]
+        return str(body["message"]), _as_status(body)
+    return str(body)[:200], _as_status(body)
 
 
 async def api_call(
@@ -418,7 +467,8 @@ async def api_call(
     if resp.status_code >= 300:
         code = resp.status_code
         cls = Gone if code == 410 else KubeError
-        raise cls(f"{what}: {code}: {_status_message(resp)}", code)
+        text, api_status = _status_message(resp)
+        raise cls(f"{what}: {code}: {text}", code, api_status)
     try:
         out = resp.json()
     except ValueError:
