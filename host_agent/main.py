@@ -34,7 +34,6 @@ import ipaddress
 import logging
 import signal
 import socket
-import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -199,7 +198,7 @@ class HostAgent:
             self.status = StatusWriter(
                 EnsembleStatusWriter(client, s.field_manager, self.gate), self.crs, self.state,
                 self.metrics, stale_after=s.report_stale_after,
-                backoff=(s.backoff_initial, s.backoff_max), on_evaluated=self.events.observe)
+                backoff=(s.backoff_initial, s.backoff_max), events=self.events)
             self.state.subscribe(self.status.on_state)
         pairs: Pairs | None = None
         if s.persists_membership:
@@ -266,14 +265,9 @@ class HostAgent:
         self.state.report(ens, index, report)
 
     def _declared(self, key: tuple[str, str], declaration: Declaration | None) -> None:
-        """A reconcile pass's conclusion: to the status writer (and so to the Events)."""
+        """A reconcile pass's conclusion: to the status writer, the Events' one source."""
         if self.status is not None:
             self.status.declare(key, declaration)
-        if self.events is not None:
-            if declaration is None:
-                self.events.forget(key)
-            else:
-                self.events.declared(declaration, time.time())
 
     def _registry_app(self) -> object:
         config = registry_mod.RegistryConfig(
@@ -345,6 +339,8 @@ class HostAgent:
                     loops.append(tg.create_task(self.status.run(), name="status writer"))
                 if self.events is not None:
                     loops.append(tg.create_task(self.events.run(), name="event recorder"))
+                if self.reports is not None:
+                    loops.append(tg.create_task(self.reports.run(), name="report writers"))
                 serve = tg.create_task(server.serve(sockets=[sock]), name="http")
                 self.serving.set()
                 stopped = tg.create_task(stop.wait(), name="stop")

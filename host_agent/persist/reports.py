@@ -226,7 +226,8 @@ class ReportPersister:
         self._held: dict[EnsembleId, dict[int, GuestReport]] = {}
         self._last_write: dict[EnsembleId, float] = {}
         self._writing: set[EnsembleId] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: ensembles whose writer task ``run`` is to start
+        self._starts: asyncio.Queue[EnsembleId] = asyncio.Queue()
         self.writes = 0
         self.reports = 0
         #: reports answered without a write of their own, and why the others were written
@@ -258,11 +259,23 @@ class ReportPersister:
         assert batch.done is not None
         done = batch.done
         if ens not in self._writing:
-            self._writing.add(ens)
-            task = loop.create_task(self._drain(ens), name=f"reports {ens.key}")
-            self._tasks.add(task)  # held until done: one writer task per ensemble at a time
-            task.add_done_callback(self._tasks.discard)
+            self._writing.add(ens)  # one writer task per ensemble at a time
+            self._starts.put_nowait(ens)
         await asyncio.shield(done)
+
+    async def run(self) -> None:
+        """Own every ensemble's writer task (one TaskGroup): ``persist`` hands an ensemble
+        over and its task runs until nothing waits to be written for it."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                while True:
+                    ens = await self._starts.get()
+                    tg.create_task(self._drain(ens), name=f"reports {ens.key}")
+        finally:  # stopping: whoever still waits is answered (503; the guest retries)
+            for batch in self._pending.values():
+                if batch.done is not None and not batch.done.done():
+                    batch.done.set_exception(ReportsNotPersisted("the agent is stopping"))
+                    batch.done.exception()
 
     async def _drain(self, ens: EnsembleId) -> None:
         try:
@@ -272,12 +285,12 @@ class ReportPersister:
                     await asyncio.sleep(wait)  # reports arriving meanwhile join the batch
                 batch = self._pending.pop(ens)
                 self._last_write[ens] = self._clock()
-                held = self._held.pop(ens, None)
-                if held:
-                    for i, report in riders(held, self._persisted(ens)).items():
-                        batch.data.setdefault(str(i), encode_report(report))
                 assert batch.done is not None
                 try:
+                    held = self._held.pop(ens, None)
+                    if held:
+                        for i, report in riders(held, self._persisted(ens)).items():
+                            batch.data.setdefault(str(i), encode_report(report))
                     await self._write(ens, batch.data)
                 except Exception as exc:  # the waiters answer 503; guests retry
                     if not batch.done.done():

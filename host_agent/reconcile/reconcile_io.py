@@ -67,6 +67,7 @@ from host_agent.persist.pair_io import Pairs
 from host_agent.persist.reports import report_applies
 from host_agent.settings import HostSettings
 from host_agent.state.store import CaPublished, EnsembleSnapshot, EnsembleSpec, GuestReport, State
+from host_agent.workqueue import WorkQueue
 from imex_shared.model import EnsembleId, ModelError
 
 log = logging.getLogger("imex.host.reconcile")
@@ -147,8 +148,9 @@ class Reconciler:
         self._crs = crs if crs is not None else Store("imexensemble")
         self._owned = owned
         self._on_declared = on_declared
-        #: keys to look at again after their pass (a CR whose name a Service we cannot
-        #: see holds: nothing we watch tells us when it goes)
+        #: keys to look at again, this many seconds after their pass: a CR whose name a
+        #: Service we cannot see holds, and a CA whose overlap ends or whose Secret is due
+        #: a look (nothing we watch tells us about either)
         self._recheck: dict[Key, float] = {}
         #: every API write waits for this gate (only the leader writes)
         self._gate = gate
@@ -163,11 +165,9 @@ class Reconciler:
         self._slices = slices
         self._applier = applier
         self._metrics = metrics
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
-        self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
-        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._queue: WorkQueue[Key] = WorkQueue()
+        #: keys that arrived before every informer had listed (queued at start)
+        self._held: set[Key] = set()
         self._failures: dict[Key, int] = {}
         self._last_good: dict[Key, EnsembleSpec] = {}
         self._last_problems: dict[Key, tuple[str, ...]] = {}
@@ -225,30 +225,25 @@ class Reconciler:
                 self.enqueue(key)
 
     def enqueue(self, key: Key, delay: float | None = None) -> None:
-        """Queue ``key`` (once) after ``delay`` (default: the settle time)."""
+        """Queue ``key`` (once) after ``delay`` (default: the settle time).
+
+        A key that already waits (queued, or on a timer: a backoff after an error) keeps
+        its place; one being reconciled is marked dirty and passed again afterwards."""
         self.idle.clear()
-        if key in self._active:
-            self._dirty.add(key)
+        q = self._queue
+        if q.is_active(key):
+            q.mark_dirty(key)
             return
-        if key in self._queued or key in self._timers:
+        if q.is_queued(key) or q.has_timer(key) or key in self._held:
             return
         if not self._started:
-            self._queued.add(key)  # held until the informers have synced
+            self._held.add(key)  # held until the informers have synced
             return
         wait = self._settings.settle_seconds if delay is None else delay
         if wait <= 0:
-            self._put(key)
+            q.add(key)
         else:
-            self._timers[key] = asyncio.get_running_loop().call_later(wait, self._put, key)
-
-    def _put(self, key: Key) -> None:
-        self._timers.pop(key, None)
-        if key in self._active:
-            self._dirty.add(key)
-            return
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+            q.add_after(key, wait)
 
     # -- running -------------------------------------------------------------
 
@@ -256,14 +251,14 @@ class Reconciler:
         """Wait for every informer's first list, then reconcile forever."""
         for event in synced:
             await event.wait()
-        held = set(self._queued) | set(self._services.all_keys()) | set(self._crs.all_keys())
-        self._queued.clear()
+        held = self._held | set(self._services.all_keys()) | set(self._crs.all_keys())
+        self._held = set()
         self._initial = set(held)
         self._started = True
         log.info("caches synced: %d ImexEnsembles, %d Services, %d VMIs; reconciling %d "
                  "ensembles", len(self._crs), len(self._services), len(self._vmis), len(held))
         for key in sorted(held):
-            self._put(key)
+            self._queue.add(key)
         if not held:
             self._mark_synced()
         try:
@@ -271,9 +266,7 @@ class Reconciler:
                 for _ in range(max(1, self._settings.workers)):
                     tg.create_task(self._worker())
         finally:
-            for handle in self._timers.values():
-                handle.cancel()
-            self._timers.clear()
+            self._queue.close()
 
     def _mark_synced(self) -> None:
         if not self._state.synced:
@@ -283,8 +276,6 @@ class Reconciler:
     async def _worker(self) -> None:
         while True:
             key = await self._queue.get()
-            self._queued.discard(key)
-            self._active.add(key)
             started = time.perf_counter()
             try:
                 await self.reconcile(key)
@@ -294,8 +285,7 @@ class Reconciler:
                 # lost leadership between deciding and writing: not an error; whoever
                 # leads now reconciles everything when it takes over
                 self._metrics.reconciles.labels("not_leader").inc()
-                self._dirty.discard(key)
-                self._active.discard(key)
+                self._queue.done(key)
             except Exception as exc:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
@@ -307,28 +297,25 @@ class Reconciler:
                     "reconcile of %s/%s failed (%s); retrying in %.2f s",
                     key[0], key[1], exc, delay, extra={"ensemble": f"{key[0]}/{key[1]}"},
                 )
-                self._dirty.discard(key)
-                self._active.discard(key)
+                self._queue.done(key)
                 self.enqueue(key, delay)
             else:
                 self._failures.pop(key, None)
                 self._metrics.reconciles.labels("ok").inc()
-                self._active.discard(key)
-                if key in self._dirty:
-                    self._dirty.discard(key)
+                if self._queue.done(key):
                     self.enqueue(key)
                 elif key in self._recheck:
                     self.enqueue(key, self._recheck.pop(key))
             finally:
                 self.passes += 1
                 self._metrics.reconcile_seconds.observe(time.perf_counter() - started)
-                self._active.discard(key)
+                self._queue.done(key)
                 if self._initial is not None:
                     self._initial.discard(key)
                     if not self._initial:
                         self._initial = None
                         self._mark_synced()
-                if not self._queued and not self._active and not self._timers:
+                if self._queue.pending() == 0:
                     self.idle.set()
 
     # -- one pass --------------------------------------------------------------
@@ -354,6 +341,10 @@ class Reconciler:
             self._metrics.problems.labels(namespace, name).set(len(problems))
             return
         await self._publish(key, spec, problems)
+
+    def _recheck_after(self, key: Key, delay: float) -> None:
+        """Pass ``key`` again ``delay`` seconds after this pass (the sooner of two asks)."""
+        self._recheck[key] = min(delay, self._recheck.get(key, delay))
 
     def _declare_service(self, key: Key, service: Obj | None,
                          spec: EnsembleSpec | None) -> None:
@@ -425,7 +416,7 @@ class Reconciler:
             refusals.append((SERVICE_CONFLICT, outcome.plan.message))
             problems.append(outcome.plan.message)
             if action == "foreign":
-                self._recheck[key] = self._settings.conflict_recheck
+                self._recheck_after(key, self._settings.conflict_recheck)
             fallback, more = self._from_service(key, service) if action == "conflict" \
                 else (None, [])
             declare(fallback, action)
@@ -497,7 +488,7 @@ class Reconciler:
                     "certificates (started without CA support)"], None
         outcome = await self._cas.reconcile(spec)
         if outcome.recheck_after is not None:
-            asyncio.get_running_loop().call_later(outcome.recheck_after, self.enqueue, key)
+            self._recheck_after(key, outcome.recheck_after)
         if outcome.published is not None:  # an ImexEnsemble has it in status.caSHA256
             await self._cas.publish_on_service(spec, self._services.get(*key),
                                                outcome.published.sha256)
@@ -571,7 +562,7 @@ class Reconciler:
     # -- for tests and diagnostics -------------------------------------------
 
     def pending(self) -> int:
-        return len(self._queued) + len(self._active) + len(self._timers)
+        return self._queue.pending() + len(self._held)
 
 
 def managed_slice_labels() -> dict[str, str]:

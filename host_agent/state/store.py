@@ -269,6 +269,8 @@ class State:
         self._entries: dict[EnsembleId, _Entry] = {}
         #: deadline bucket -> entries with waiters in that bucket (one timer each)
         self._deadlines: dict[int, list[_Entry]] = {}
+        #: one timer per deadline bucket, cancelled by ``close``
+        self._deadline_timers: dict[int, asyncio.TimerHandle] = {}
         #: the largest generation served per ensemble (kept after a drop): never go below
         self._floor: dict[EnsembleId, int] = {}
         self.synced = False
@@ -510,6 +512,9 @@ class State:
         for entry in self._entries.values():
             entry.wake()
         self._deadlines.clear()
+        for handle in self._deadline_timers.values():
+            handle.cancel()
+        self._deadline_timers.clear()
 
     # -- reading (publisher, registry) ---------------------------------------
 
@@ -549,13 +554,15 @@ class State:
                 due = self._deadlines.get(bucket)
                 if due is None:
                     self._deadlines[bucket] = due = []
-                    loop.call_at(bucket * _BUCKET_S, self._expire, bucket)
+                    self._deadline_timers[bucket] = loop.call_at(
+                        bucket * _BUCKET_S, self._expire, bucket)
                 due.append(entry)
             await asyncio.shield(fut)
             if loop.time() >= bucket * _BUCKET_S - 1e-3:
                 return self.get(ens)  # the deadline's own wake-up
 
     def _expire(self, bucket: int) -> None:
+        self._deadline_timers.pop(bucket, None)
         for entry in self._deadlines.pop(bucket, ()):
             fut = entry.waits.pop(bucket, None)
             if fut is not None and not fut.done():

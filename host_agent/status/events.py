@@ -42,7 +42,7 @@ from host_agent.crd.imexensemble import CONDITION_READY
 from host_agent.crd.imexensemble import KIND as CR_KIND
 from host_agent.ensembles.cr_spec import Declaration
 from host_agent.ensembles.members import MEMBER_NOT_RUNNING
-from host_agent.status.status_io import Evaluation
+from host_agent.status.status import Evaluation
 
 REPORTING_CONTROLLER: Final = "imex-ensemble.io/host-agent"
 NOTE_LIMIT: Final = 1024

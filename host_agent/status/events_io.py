@@ -1,10 +1,12 @@
 """Records the Events ``events.decide`` names: new ones created, repeats as a series.
 
-``observe`` is called with every status evaluation (status_writer.py's
-``on_evaluated``, at most once a second per ensemble); it reduces it to
-``Facts``, decides against the previous evaluation's and queues the result.
-It never blocks. ``run`` writes, one Event at a time, through the write gate
-(a follower records nothing; NotLeader drops the Event quietly).
+The status writer (status_io.py) is the one source of what this records: it
+calls ``declared`` with every reconcile pass's conclusion (a created or adopted
+Service), ``forget`` when an ensemble is gone, and ``observe`` with every status
+evaluation (at most once a second per ensemble), which is reduced to ``Facts``
+and decided against the previous evaluation's. None of them blocks. ``run``
+writes, one Event at a time, through the write gate (a follower records nothing;
+NotLeader drops the Event quietly).
 
 Repeats (events.k8s.io/v1): an Event with the same regarding object, type,
 reason, action and note as one recorded within ``series_window`` is not a
@@ -53,7 +55,7 @@ from host_agent.status.events import (
     series_patch,
     service_intent,
 )
-from host_agent.status.status_io import Evaluation
+from host_agent.status.status import Evaluation
 
 log = logging.getLogger("imex.host.events")
 
@@ -122,6 +124,8 @@ class EventRecorder:
         self._series: dict[SeriesKey, _Series] = {}
         self._buckets: dict[str, tuple[float, float]] = {}
         self._queue: asyncio.Queue[_Record | _Flush] = asyncio.Queue()
+        #: the series flushes waiting for their spacing (cancelled when ``run`` ends)
+        self._flushes: dict[SeriesKey, asyncio.TimerHandle] = {}
         self._names = itertools.count()
         self.created = 0
         self.patched = 0
@@ -158,6 +162,14 @@ class EventRecorder:
     # -- writing ---------------------------------------------------------------
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            for handle in self._flushes.values():
+                handle.cancel()
+            self._flushes.clear()
+
+    async def _run(self) -> None:
         while True:
             item = await self._queue.get()
             try:
@@ -204,7 +216,8 @@ class EventRecorder:
                 await self._write_series(skey)
             elif not series.flush_due:
                 series.flush_due = True
-                asyncio.get_running_loop().call_later(wait, self._queue.put_nowait, _Flush(skey))
+                self._flushes[skey] = asyncio.get_running_loop().call_later(
+                    wait, self._flush_due, skey)
             return
         if not self._take_token(regarding.uid):
             self._metrics.events.labels("dropped").inc()
@@ -224,6 +237,10 @@ class EventRecorder:
         self._metrics.events.labels("created").inc()
         self._series[skey] = _Series(regarding.namespace, name, 1, when, 1, self._now())
         self._prune(when)
+
+    def _flush_due(self, skey: SeriesKey) -> None:
+        self._flushes.pop(skey, None)
+        self._queue.put_nowait(_Flush(skey))
 
     async def _write_series(self, skey: SeriesKey) -> None:
         series = self._series.get(skey)

@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from host_agent.crd.imexensemble import (
@@ -76,6 +77,7 @@ from host_agent.ensembles.members import (
     NO_INDEX,
 )
 from host_agent.ensembles.slices import slice_name
+from host_agent.kube.objects import Obj
 from host_agent.registry.domain_view import aggregate, cr_status
 from host_agent.registry.views import all_problems, rfc3339
 from host_agent.state.store import EnsembleSnapshot, GuestReport, served_cliques
@@ -101,6 +103,18 @@ ABSENT_ORDER: Final = (DUPLICATE_INDEX, INDEX_OUT_OF_RANGE, NO_INDEX, INVALID_NA
                        MEMBER_NOT_RUNNING)
 
 Status = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """One evaluation's inputs and result (Events read the same)."""
+
+    decl: Declaration
+    snap: EnsembleSnapshot | None
+    status: Obj
+    now: float
+    #: The status the API held before (None: a CR never written, or a Service-only one).
+    previous: Mapping[str, Any] | None = None
 
 
 def rfc3339_seconds(ts: float) -> str:

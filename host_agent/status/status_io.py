@@ -7,8 +7,10 @@ Intake, on the event loop thread and never blocking: ``declare`` (after every
 reconcile pass: what the pass concluded about the ensemble, or None when it is
 not published), ``on_state`` (State calls it after every membership change and
 every guest report). Each only *requests* an evaluation of that ensemble.
-Service-only ensembles are evaluated the same way (their Events come from the
-evaluation, ``on_evaluated``), but have no status to write.
+Service-only ensembles are evaluated the same way, but have no status to write.
+
+Events have this writer as their one source (``events``, events_io.py's
+recorder): every declaration and every evaluation is handed over as it happens.
 
 Coalescing, per ensemble: a request is served after ``settle`` seconds (so a
 burst arriving together is one evaluation), and never sooner than
@@ -17,7 +19,8 @@ one already scheduled. So 18 guests reporting within a second cost at most
 two writes: the first report's, and one a second later with everything
 else. An evaluation that finds the status already right writes nothing.
 While an ensemble is being evaluated, new requests mark it dirty and it is
-evaluated again afterwards: one ensemble is never written twice at once.
+evaluated again afterwards: one ensemble is never written twice at once (the
+work queue's rules, host_agent/workqueue.py).
 
 Level-triggered: an evaluation computes the whole desired status from the
 current snapshot and compares it with what the API holds (the CR as the
@@ -33,11 +36,13 @@ evaluated again after a jittered backoff. Nothing here raises out of
 Leadership and persistence (issue 16): the gate is checked by the client
 immediately before each write, and every write carries the CR's
 resourceVersion as it was observed (a deposed leader's late write is refused
-with 409). The persisted membership (``membership_cr.py``) is part of the
+with 409). The persisted membership (persist/pair_io.py) is part of the
 status: the reconciler hands a new pair over as the snapshot it makes
-(``write_pair``), and that one write carries it with everything else, under the
+(``write_pair``) and waits; the write is queued and done by a worker like every
+other status write, so it carries the pair with everything else, under the
 same budget (it waits for the one-second interval like any write) and never
-beside an evaluation of the same ensemble. An evaluation whose snapshot is
+beside an evaluation of the same ensemble. This writer is the only one of the
+ImexEnsemble status. An evaluation whose snapshot is
 behind the generation the CR already holds (this replica has not served the
 newer pair yet) writes nothing: the pass that observes it comes next.
 """
@@ -59,7 +64,8 @@ from host_agent.kube.leadership import NotLeader
 from host_agent.kube.objects import Key, Obj, resource_version
 from host_agent.metrics import HostMetrics
 from host_agent.state.store import EnsembleSnapshot, State
-from host_agent.status.status import desired_status, next_change, status_in_sync
+from host_agent.status.status import Evaluation, desired_status, next_change, status_in_sync
+from host_agent.workqueue import WorkQueue
 from imex_shared.model import EnsembleId, ModelError
 
 log = logging.getLogger("imex.host.status")
@@ -82,23 +88,15 @@ class _Written:
     rv_after: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Evaluation:
-    """One evaluation's inputs and result (Events read the same)."""
+class EventFeed(Protocol):
+    """Where the Events start (events_io.py's ``EventRecorder``): this writer is its one
+    source, of declarations and of evaluations alike."""
 
-    decl: Declaration
-    snap: EnsembleSnapshot | None
-    status: Obj
-    now: float
-    #: The status the API held before (None: a CR never written, or a Service-only one).
-    previous: Mapping[str, Any] | None = None
+    def declared(self, decl: Declaration, when: float) -> None: ...
 
+    def observe(self, evaluation: Evaluation) -> None: ...
 
-Listener = Callable[[Evaluation], None]
-
-
-def _ignore(evaluation: Evaluation) -> None:
-    return None
+    def forget(self, key: Key) -> None: ...
 
 
 class StatusWriter:
@@ -115,7 +113,7 @@ class StatusWriter:
         workers: int = 2,
         backoff: tuple[float, float] = (0.5, 30.0),
         wall: Callable[[], float] = time.time,
-        on_evaluated: Listener = _ignore,
+        events: EventFeed | None = None,
     ) -> None:
         self._client = client
         self._crs = crs
@@ -127,39 +125,37 @@ class StatusWriter:
         self._workers = workers
         self._backoff = backoff
         self._wall = wall
-        self._on_evaluated = on_evaluated
+        self._events = events
         self._decls: dict[Key, Declaration] = {}
         self._written: dict[Key, _Written] = {}
         #: Service-only ensembles: the last evaluated status (none is written)
         self._shadow: dict[Key, Obj] = {}
         self._last_write: dict[Key, float] = {}
         self._failures: dict[Key, int] = {}
-        self._timers: dict[Key, asyncio.TimerHandle] = {}
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
-        self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
-        #: one evaluation or pair write of an ensemble at a time
-        self._locks: dict[Key, asyncio.Lock] = {}
+        self._queue: WorkQueue[Key] = WorkQueue()
+        #: pair writes the reconciler waits for: the snapshot to write, and its waiters
+        self._pairs: dict[Key, tuple[EnsembleSnapshot, list[asyncio.Future[Obj]]]] = {}
         self.writes = 0
         self.evaluations = 0
 
     # -- intake ----------------------------------------------------------------
 
     def declare(self, key: Key, decl: Declaration | None) -> None:
-        """The reconciler's conclusion about ``key`` (None: no ImexEnsemble of that name)."""
+        """The reconciler's conclusion about ``key`` (None: no ensemble of that name)."""
         if decl is None:
             if self._decls.pop(key, None) is not None:
                 self._written.pop(key, None)
                 self._shadow.pop(key, None)
                 self._last_write.pop(key, None)
                 self._failures.pop(key, None)
-                handle = self._timers.pop(key, None)
-                if handle is not None:
-                    handle.cancel()
+                self._queue.cancel_timer(key)
+            if self._events is not None:
+                self._events.forget(key)
             return
         self._decls[key] = decl
         self.request(key)
+        if self._events is not None:
+            self._events.declared(decl, self._wall())
 
     def on_state(self, ens: EnsembleId) -> None:
         key = (ens.namespace, ens.name)
@@ -169,25 +165,29 @@ class StatusWriter:
     def request(self, key: Key, at: float | None = None) -> None:
         """Evaluate ``key`` soon (or at loop time ``at``), within the write rate limit."""
         loop = asyncio.get_running_loop()
-        if key in self._active and at is None:
-            self._dirty.add(key)
+        if at is None and self._queue.is_active(key):
+            self._queue.mark_dirty(key)
             return
         earliest = self._last_write.get(key, float("-inf")) + self._min_interval
         due = max(loop.time() + self._settle if at is None else at, earliest)
-        handle = self._timers.get(key)
-        if handle is not None:
-            if handle.when() <= due:
-                return
-            handle.cancel()
-        self._timers[key] = loop.call_at(due, self._put, key)
+        self._queue.add_at(key, due, earliest=True)
 
-    def _put(self, key: Key) -> None:
-        self._timers.pop(key, None)
-        if key in self._active:
-            self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+    async def write_pair(self, key: Key, snap: EnsembleSnapshot) -> Mapping[str, Any]:
+        """Have the status ``snap`` makes (a new persisted pair with everything else)
+        written, as soon as the budget allows; returns the status the API then holds.
+
+        The write itself is this writer's, like every status write: it is queued for the
+        ensemble (after an evaluation in progress, never beside one) and a worker does
+        it. Raises what the write raises (``NotLeader``, ``KubeError``: the reconciler's
+        pass fails and is retried), and ``KubeError`` when the CR is not (yet) declared
+        here.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Obj] = loop.create_future()
+        waiting = self._pairs.get(key)
+        self._pairs[key] = (snap, [*(waiting[1] if waiting else ()), done])
+        self.request(key, loop.time())
+        return await done
 
     # -- running ---------------------------------------------------------------
 
@@ -197,28 +197,19 @@ class StatusWriter:
                 for _ in range(max(1, self._workers)):
                     tg.create_task(self._worker())
         finally:
-            for handle in self._timers.values():
-                handle.cancel()
-            self._timers.clear()
-
-    def _lock(self, key: Key) -> asyncio.Lock:
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
-
-    def _unlock(self, key: Key, lock: asyncio.Lock) -> None:
-        if not lock.locked() and self._locks.get(key) is lock:
-            del self._locks[key]  # nobody waits: 1,000 idle ensembles hold no lock
+            self._queue.close()
+            for _, waiters in self._pairs.values():
+                for done in waiters:
+                    done.cancel()
 
     async def _worker(self) -> None:
         while True:
             key = await self._queue.get()
-            self._queued.discard(key)
-            self._active.add(key)
-            lock = self._lock(key)
             try:
-                async with lock:
+                pair = self._pairs.pop(key, None)
+                if pair is not None:
+                    await self._write_pair(key, *pair)
+                else:
                     await self.sync(key)
             except asyncio.CancelledError:
                 raise
@@ -229,16 +220,12 @@ class StatusWriter:
                 self._metrics.status_writes.labels("error").inc()
                 log.warning("status of ImexEnsemble %s/%s: %s; retrying in %.2f s", key[0],
                             key[1], exc, delay, extra={"ensemble": f"{key[0]}/{key[1]}"})
-                self._active.discard(key)
-                self._dirty.discard(key)
+                self._queue.done(key)
                 self.request(key, asyncio.get_running_loop().time() + delay)
             else:
                 self._failures.pop(key, None)
             finally:
-                self._unlock(key, lock)
-                self._active.discard(key)
-                if key in self._dirty:
-                    self._dirty.discard(key)
+                if self._queue.done(key):
                     self.request(key)
 
     def _observed(self, key: Key, cr: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -275,43 +262,45 @@ class StatusWriter:
         return written is not None and written.rv_after is not None and \
             resource_version(cr) == written.rv_after
 
-    async def write_pair(self, key: Key, snap: EnsembleSnapshot) -> Mapping[str, Any]:
-        """Write the status ``snap`` makes (a new persisted pair with everything else) now,
-        or as soon as the budget allows; returns the status the API then holds.
+    async def _write_pair(self, key: Key, snap: EnsembleSnapshot,
+                          waiters: list[asyncio.Future[Obj]]) -> None:
+        """A worker's pair write (``write_pair``): the outcome goes to its waiters."""
+        try:
+            result = await self._pair_status(key, snap)
+        except asyncio.CancelledError:
+            for done in waiters:
+                done.cancel()
+            raise
+        except Exception as exc:
+            for done in waiters:
+                if not done.done():
+                    done.set_exception(exc)
+        else:
+            for done in waiters:
+                if not done.done():
+                    done.set_result(result)
 
-        Raises what the write raises (``NotLeader``, ``KubeError``: the reconciler's pass
-        fails and is retried), and ``KubeError`` when the CR is not (yet) declared here.
-        """
-        lock = self._lock(key)
-        async with lock:
-            self._active.add(key)
-            try:
-                loop = asyncio.get_running_loop()
-                wait = self._last_write.get(key, float("-inf")) + self._min_interval - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)  # the budget: one write a second per ensemble
-                decl = self._decls.get(key)
-                cr = self._crs.get(*key)
-                if decl is None or decl.kind != "ImexEnsemble" or cr is None or \
-                        (cr.get("metadata") or {}).get("uid") != decl.uid:
-                    raise KubeError(f"ImexEnsemble {key[0]}/{key[1]} is not declared in this "
-                                    "replica yet; its membership is written by a later pass")
-                desired, observed = self._desired(key, decl, cr, snap)
-                # an evaluation like any other: the Events follow what it finds
-                self.evaluations += 1
-                self._on_evaluated(Evaluation(decl, snap, desired, self._wall(), observed))
-                if status_in_sync(desired, observed):
-                    self._metrics.status_writes.labels("unchanged").inc()
-                    assert observed is not None
-                    return observed
-                await self._apply(key, cr, desired)
-                return desired
-            finally:
-                self._unlock(key, lock)
-                self._active.discard(key)
-                if key in self._dirty:
-                    self._dirty.discard(key)
-                    self.request(key)
+    async def _pair_status(self, key: Key, snap: EnsembleSnapshot) -> Obj:
+        decl = self._decls.get(key)
+        cr = self._crs.get(*key)
+        if decl is None or decl.kind != "ImexEnsemble" or cr is None or \
+                (cr.get("metadata") or {}).get("uid") != decl.uid:
+            raise KubeError(f"ImexEnsemble {key[0]}/{key[1]} is not declared in this "
+                            "replica yet; its membership is written by a later pass")
+        desired, observed = self._desired(key, decl, cr, snap)
+        # an evaluation like any other: the Events follow what it finds
+        self._evaluated(Evaluation(decl, snap, desired, self._wall(), observed))
+        if status_in_sync(desired, observed):
+            self._metrics.status_writes.labels("unchanged").inc()
+            assert observed is not None
+            return dict(observed)
+        await self._apply(key, cr, desired)
+        return desired
+
+    def _evaluated(self, evaluation: Evaluation) -> None:
+        self.evaluations += 1
+        if self._events is not None:
+            self._events.observe(evaluation)
 
     def _desired(self, key: Key, decl: Declaration, cr: Mapping[str, Any],
                  snap: EnsembleSnapshot | None) -> tuple[Obj, Mapping[str, Any] | None]:
@@ -350,8 +339,7 @@ class StatusWriter:
                 snap = None
         now = self._wall()
         desired, observed = self._desired(key, decl, cr, snap)
-        self.evaluations += 1
-        self._on_evaluated(Evaluation(decl, snap, desired, now, observed))
+        self._evaluated(Evaluation(decl, snap, desired, now, observed))
         due = next_change(snap, now, self._stale_after)
         if due is not None:
             loop = asyncio.get_running_loop()
@@ -385,8 +373,7 @@ class StatusWriter:
         now = self._wall()
         previous = self._shadow.get(key)
         desired = desired_status(decl, snap, now, self._stale_after, previous)
-        self.evaluations += 1
-        self._on_evaluated(Evaluation(decl, snap, desired, now))
+        self._evaluated(Evaluation(decl, snap, desired, now))
         due = next_change(snap, now, self._stale_after)
         loop = asyncio.get_running_loop()
         if due is not None:
@@ -397,7 +384,7 @@ class StatusWriter:
         return False
 
     def pending(self) -> int:
-        return len(self._queued) + len(self._active) + len(self._timers)
+        return self._queue.pending() + len(self._pairs)
 
 
 def _behind(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:

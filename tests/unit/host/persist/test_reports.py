@@ -9,6 +9,8 @@ tests/integration/host/test_report_heartbeats.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -121,48 +123,60 @@ class Recording(ReportPersister):
         self.writes += 1
 
 
+@contextlib.asynccontextmanager
+async def running(persister: Recording) -> AsyncIterator[Recording]:
+    """The persister with its writer tasks running (``run``, as the agent runs it)."""
+    task = asyncio.create_task(persister.run())
+    try:
+        yield persister
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def test_heartbeats_cost_the_first_write_and_the_refreshes_only() -> None:
-    p = Recording(refresh_after=40.0)
-    for t in range(0, 100, 10):  # 10 heartbeats, 10 s apart, no news
-        await p.persist(ENS, 0, rep(1000 + t))
-    # written: at 1000 (new), at 1040 and 1080 (the copy was 40 s old)
-    assert [decode_report(x["0"]).received_at for x in p.patches] == [1000, 1040, 1080]  # type: ignore[union-attr]
-    assert (p.writes, p.held, p.reasons) == (3, 7, {"new": 1, "refresh": 2})
+    async with running(Recording(refresh_after=40.0)) as p:
+        for t in range(0, 100, 10):  # 10 heartbeats, 10 s apart, no news
+            await p.persist(ENS, 0, rep(1000 + t))
+        # written: at 1000 (new), at 1040 and 1080 (the copy was 40 s old)
+        assert [decode_report(x["0"]).received_at for x in p.patches] == [1000, 1040, 1080]  # type: ignore[union-attr]
+        assert (p.writes, p.held, p.reasons) == (3, 7, {"new": 1, "refresh": 2})
 
 
 async def test_news_is_in_the_api_when_persist_returns() -> None:
-    p = Recording()
-    await p.persist(ENS, 0, rep(1000))
-    await p.persist(ENS, 0, rep(1010))
-    assert p.writes == 1
-    await p.persist(ENS, 0, rep(1011, imex_state="DOWN"))
-    assert p.writes == 2 and p.api[0].fields["imex_state"] == "DOWN"
+    async with running(Recording()) as p:
+        await p.persist(ENS, 0, rep(1000))
+        await p.persist(ENS, 0, rep(1010))
+        assert p.writes == 1
+        await p.persist(ENS, 0, rep(1011, imex_state="DOWN"))
+        assert p.writes == 2 and p.api[0].fields["imex_state"] == "DOWN"
 
 
 async def test_held_heartbeats_ride_along_their_ensembles_next_write() -> None:
-    p = Recording()
-    for i in range(3):
-        await p.persist(ENS, i, rep(1000, ip=f"10.0.0.{i}"))
-    assert p.writes == 3
-    await p.persist(ENS, 1, rep(1010, ip="10.0.0.1"))  # heartbeats: held
-    await p.persist(ENS, 2, rep(1012, ip="10.0.0.2"))
-    assert p.writes == 3
-    await p.persist(ENS, 0, rep(1015, ip="10.0.0.0", imex_state="DOWN"))
-    assert p.writes == 4 and sorted(p.patches[-1]) == ["0", "1", "2"]
-    assert [p.api[i].received_at for i in range(3)] == [1015, 1010, 1012]
-    # ridden once: the next write carries only its own member
-    await p.persist(ENS, 0, rep(1016, ip="10.0.0.0", imex_state="READY"))
-    assert sorted(p.patches[-1]) == ["0"]
+    async with running(Recording()) as p:
+        for i in range(3):
+            await p.persist(ENS, i, rep(1000, ip=f"10.0.0.{i}"))
+        assert p.writes == 3
+        await p.persist(ENS, 1, rep(1010, ip="10.0.0.1"))  # heartbeats: held
+        await p.persist(ENS, 2, rep(1012, ip="10.0.0.2"))
+        assert p.writes == 3
+        await p.persist(ENS, 0, rep(1015, ip="10.0.0.0", imex_state="DOWN"))
+        assert p.writes == 4 and sorted(p.patches[-1]) == ["0", "1", "2"]
+        assert [p.api[i].received_at for i in range(3)] == [1015, 1010, 1012]
+        # ridden once: the next write carries only its own member
+        await p.persist(ENS, 0, rep(1016, ip="10.0.0.0", imex_state="READY"))
+        assert sorted(p.patches[-1]) == ["0"]
 
 
 async def test_a_forgotten_ensemble_holds_nothing() -> None:
-    p = Recording()
-    await p.persist(ENS, 0, rep(1000))
-    await p.persist(ENS, 1, rep(1000, ip="10.0.0.2"))
-    await p.persist(ENS, 1, rep(1010, ip="10.0.0.2"))
-    p.forget(ENS)
-    await p.persist(ENS, 0, rep(1011, imex_state="DOWN"))
-    assert sorted(p.patches[-1]) == ["0"]
+    async with running(Recording()) as p:
+        await p.persist(ENS, 0, rep(1000))
+        await p.persist(ENS, 1, rep(1000, ip="10.0.0.2"))
+        await p.persist(ENS, 1, rep(1010, ip="10.0.0.2"))
+        p.forget(ENS)
+        await p.persist(ENS, 0, rep(1011, imex_state="DOWN"))
+        assert sorted(p.patches[-1]) == ["0"]
 
 
 def test_the_refresh_stays_well_inside_staleness() -> None:

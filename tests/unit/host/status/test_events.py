@@ -26,8 +26,7 @@ from host_agent.status.events import (
     service_intent,
 )
 from host_agent.status.events_io import EventRecorder
-from host_agent.status.status import desired_status
-from host_agent.status.status_io import Evaluation
+from host_agent.status.status import Evaluation, desired_status
 from imex_shared.model import EnsembleId, Member
 from tests.host_support.ensembles import CR_UID, imex_ensemble
 

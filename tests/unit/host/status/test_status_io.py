@@ -18,6 +18,7 @@ from host_agent.kube.client import KubeError
 from host_agent.kube.leadership import NotLeader
 from host_agent.metrics import HostMetrics
 from host_agent.state.store import GuestReport, GuestView, State
+from host_agent.status.status import Evaluation
 from host_agent.status.status_io import StatusWriter
 from imex_shared.model import EnsembleId, Member
 from tests.host_support.ensembles import CR_UID, imex_ensemble
@@ -52,6 +53,22 @@ class FakeStatusApi:
         return cr
 
 
+class Feed:
+    """What the Events recorder is told (the writer is its one source)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def declared(self, decl: Declaration, when: float) -> None:
+        self.calls.append(("declared", decl.service_action))
+
+    def observe(self, evaluation: Evaluation) -> None:
+        self.calls.append(("observe", evaluation.status.get("membersPublished")))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self.calls.append(("forget", key))
+
+
 class World:
     def __init__(self, *, min_interval: float = 1.0, stale_after: float = 120.0,
                  deliver: bool = True) -> None:
@@ -59,10 +76,11 @@ class World:
         self.crs.put(imex_ensemble(maxMembers=18, resource_version="1"))
         self.state = State()
         self.api = FakeStatusApi(self.crs, deliver)
+        self.feed = Feed()
         self.metrics = HostMetrics(CollectorRegistry())
         self.writer = StatusWriter(self.api, self.crs, self.state, self.metrics,
                                    stale_after=stale_after, min_interval=min_interval,
-                                   settle=0.01, backoff=(0.01, 0.02))
+                                   settle=0.01, backoff=(0.01, 0.02), events=self.feed)
         self.state.subscribe(self.writer.on_state)
         spec = parse_ensemble_cr(imex_ensemble(maxMembers=18)).spec
         assert spec is not None
@@ -95,10 +113,11 @@ class World:
     async def quiet(self, timeout: float = 5.0, horizon: float = 1.5) -> None:
         """Until nothing is queued, running or due within ``horizon`` seconds (the timer
         of a report going stale stays scheduled)."""
+        queue = self.writer._queue
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout(timeout):
-            while self.writer._queued or self.writer._active or any(  # noqa: ASYNC110
-                    h.when() < asyncio.get_running_loop().time() + horizon
-                    for h in self.writer._timers.values()):
+            while queue.busy() or self.writer._pairs or (  # noqa: ASYNC110
+                    (due := queue.next_timer()) is not None and due < loop.time() + horizon):
                 await asyncio.sleep(0.01)
 
     def last(self) -> dict[str, Any]:
@@ -294,3 +313,19 @@ async def test_an_evaluation_behind_the_persisted_generation_writes_nothing() ->
         await w.quiet()
         assert len(w.api.calls) == writes
         assert w.metrics.status_writes.labels("behind")._value.get() >= 1  # type: ignore[attr-defined]
+
+
+async def test_the_events_hear_every_declaration_and_evaluation_from_the_writer_alone() -> None:
+    async with World(min_interval=0.01) as w:
+        w.publish(2)
+        await w.quiet()
+        w.writer.declare(KEY, Declaration("rack1", "gb200", CR_UID, 1, w.spec,
+                                          service_action="create", service_wrote="apply"))
+        await w.quiet()
+        w.writer.declare(KEY, None)
+        kinds = [k for k, _ in w.feed.calls]
+        assert kinds[0] == "declared" and "observe" in kinds
+        assert ("declared", "create") in w.feed.calls
+        assert w.feed.calls[-1] == ("forget", KEY)
+        # one evaluation, one observation: the writer counts what it hands over
+        assert kinds.count("observe") == w.writer.evaluations
