@@ -68,17 +68,15 @@ from host_agent.kube.election_io import KubeLeaseApi, LeaseElection
 from host_agent.kube.informer import Informer
 from host_agent.kube.leadership import ALWAYS, LeaseGate, WriteGate
 from host_agent.metrics import HostMetrics
-from host_agent.persist.pair import ServiceAnnotationSource
-from host_agent.persist.pair_io import Pairs
-from host_agent.persist.pair_status import StatusPairSource
+from host_agent.persist.pair_io import Pairs, ServiceAnnotationSource, StatusPairSource
 from host_agent.persist.reports import (
     REFRESH_FRACTION,
     REPORTS_LABEL,
     PersistedReports,
-    ReportPersister,
     report_applies,
     supersedes,
 )
+from host_agent.persist.reports_io import ReportPersister
 from host_agent.reconcile.reconcile_io import Reconciler, managed_slice_labels, new_stores
 from host_agent.registry import app as registry_mod
 from host_agent.registry.cert_routes import CertConfig

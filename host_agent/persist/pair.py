@@ -12,10 +12,10 @@ Where the pair lives:
   deleted when empty and split per address family, so it cannot hold it);
 - an ImexEnsemble: its status (``membershipGeneration`` with ``members[]``
   and the rest of the GuestView), written by the status writer in the same
-  write as the rest of the status (``membership_cr.py``). When a CR adopts a
-  Service that carries an annotation pair, the pair moves into the status
-  under the same generation and the annotation is then removed, so neither
-  kind of source can later hand out an older number (``pairs.py``).
+  write as the rest of the status (``pair_from_status`` reads it back). When a
+  CR adopts a Service that carries an annotation pair, the pair moves into the
+  status under the same generation and the annotation is then removed, so
+  neither kind of source can later hand out an older number (pair_io.py).
 
 The annotation's value is compact JSON, versioned::
 
@@ -36,25 +36,29 @@ deleted by hand) it is the leader's wall clock in milliseconds, and never
 below anything this process served plus one. Guests holding numbers from a
 start-time-based agent therefore always see a larger number.
 
-Writes carry the Service's resourceVersion (a JSON merge patch with
-``metadata.resourceVersion``), so a deposed leader's late write is refused
-with 409, never merged.
+The ImexEnsemble's status fields (host_agent/crd/imexensemble.py):
+``membershipGeneration``; ``members[]``, whose ``index`` and ``ip`` are the pins
+and ``since`` (RFC 3339 with milliseconds, the leader's clock) when the slot got
+its IP; ``caBundleSHA256``, the CA bundle digest guests follow (authEncryption);
+``cliquesSplit``: when true, ``members[].clique`` is the split guests pin by
+(``GuestView.cliques``), when false any ``clique`` there is only what reports
+say. status/status.py renders them from the snapshot. A field added to
+``GuestView`` needs a status field and a line in both
+(tests/unit/host/persist/test_pair.py round-trips every GuestView field).
+
+The sources that read and write the pair are pair_io.py's.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-from host_agent.kube.leadership import WriteGate
-from host_agent.kube.objects import Key
-from host_agent.state.store import EnsembleSnapshot, GuestView
-
-log = logging.getLogger("imex.host.membership")
+from host_agent.state.store import GuestView
 
 MEMBERSHIP_ANNOTATION: Final = "imex-ensemble.io/membership"
 #: Its own field manager: the owned Service's server-side apply (``imex-host-agent``)
@@ -188,114 +192,57 @@ def _since(view: GuestView, since: Mapping[int, float]) -> tuple[tuple[int, int]
     return tuple((i, int(since[i] * 1000)) for i, _ in view.pins if i in since)
 
 
-class PairSource(Protocol):
-    """Where one kind of ensemble keeps its pair (Service annotation, CR status)."""
-
-    def observed(self, key: Key) -> PersistedView | None:
-        """The pair to serve, as this replica observed it in the API (None: none yet)."""
-        ...
-
-    def misplaced(self, key: Key) -> bool:
-        """The observed pair is not (only) where it must live: the leader writes it there."""
-        ...
-
-    async def write(self, key: Key, pair: PersistedView,
-                    preview: EnsembleSnapshot) -> PersistedView:
-        """Persist ``pair`` (``preview``: the snapshot it makes, for a writer that persists
-        more than the pair); returns the pair as the API now holds it."""
-        ...
-
-
-class ServiceAnnotationSource:
-    """The pair of a Service-only ensemble, read from the Service informer's cache and
-    written with a preconditioned merge patch through the write gate."""
-
-    def __init__(
-        self,
-        client: Any,
-        services: Callable[[str, str], Mapping[str, Any] | None],
-        gate: WriteGate,
-    ) -> None:
-        self._client = client
-        self._services = services
-        self._gate = gate
-        #: our last write per Service: (rv observed before, rv returned, the pair it left;
-        #: None: the annotation removed)
-        self._last: dict[Key, tuple[str, str, PersistedView | None]] = {}
-        self.writes = 0
-
-    def _rv(self, key: Key) -> str | None:
-        obj = self._services(*key)
-        meta = obj.get("metadata") if obj is not None else None
-        rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
-        return rv if isinstance(rv, str) else None
-
-    def observed(self, key: Key) -> PersistedView | None:
-        rv = self._rv(key)
-        last = self._last.get(key)
-        if last is not None and rv == last[0]:
-            return last[2]  # our write is accepted, its echo not yet seen
-        pair, _ = from_service(self._services(*key))
-        return pair
-
-    def is_echo(self, key: Key, service: Mapping[str, Any] | None) -> bool:
-        last = self._last.get(key)
-        if last is None or service is None:
-            return False
-        meta = service.get("metadata")
-        return isinstance(meta, Mapping) and meta.get("resourceVersion") == last[1]
-
-    def misplaced(self, key: Key) -> bool:
-        return False
-
-    async def write(self, key: Key, pair: PersistedView,
-                    preview: EnsembleSnapshot | None = None) -> PersistedView:
-        written = await self._patch(key, {MEMBERSHIP_ANNOTATION: encode(pair)})
-        pair_back, _ = from_service(written)
-        return pair_back if pair_back is not None else pair
-
-    def holds(self, key: Key) -> bool:
-        """The Service (as last observed, or as our last write left it) carries the
-        annotation, readable or not."""
-        last = self._last.get(key)
-        if last is not None and self._rv(key) == last[0]:
-            return last[2] is not None
-        obj = self._services(*key)
-        meta = obj.get("metadata") if obj is not None else None
-        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-        return isinstance(annotations, Mapping) and MEMBERSHIP_ANNOTATION in annotations
-
-    async def clear(self, key: Key) -> None:
-        """Remove the annotation (its pair moved into the ImexEnsemble's status), with the
-        same precondition as a write."""
-        await self._patch(key, {MEMBERSHIP_ANNOTATION: None})
-
-    async def _patch(self, key: Key, annotations: Mapping[str, str | None]
-                     ) -> Mapping[str, Any] | None:
-        from host_agent.kube.client import api_call
-
-        informer_rv = rv = self._rv(key)
-        last = self._last.get(key)
-        if last is not None and rv == last[0]:
-            rv = last[1]
-        if rv is None:
-            raise MembershipError(f"Service {key[0]}/{key[1]} is not in the cache")
-        self._gate.ensure()  # immediately before the write
-        out = await api_call(
-            self._client, "PATCH", f"/api/v1/namespaces/{key[0]}/services/{key[1]}",
-            body={"metadata": {"resourceVersion": rv, "annotations": dict(annotations)}},
-            content_type="application/merge-patch+json", params={"fieldManager": FIELD_MANAGER},
-        )
-        self.writes += 1
-        new_rv = ((out or {}).get("metadata") or {}).get("resourceVersion")
-        written, _ = from_service(out)
-        if isinstance(new_rv, str):
-            self._last[key] = (informer_rv or rv, new_rv, written)
-        return out
-
-    def forget(self, key: Key) -> None:
-        self._last.pop(key, None)
-
-
 def wall_ms(clock: Callable[[], float] = time.time) -> int:
     return int(clock() * 1000)
+
+
+def _epoch_ms(text: object) -> int | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return round(moment.timestamp() * 1000)
+
+
+def pair_from_status(status: Mapping[str, Any] | None
+                     ) -> tuple[PersistedView | None, str | None]:
+    """The pair an ImexEnsemble's status holds, and a problem when it is unreadable.
+
+    (None, None): the status holds no pair (a new CR, or one never published).
+    """
+    if not isinstance(status, Mapping) or "membershipGeneration" not in status:
+        return None, None
+    generation = status.get("membershipGeneration")
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        return None, (f"status.membershipGeneration {generation!r} is not a non-negative "
+                      "integer; the leader writes a new generation")
+    members = status.get("members") or []
+    if not isinstance(members, list):
+        return None, "status.members is not a list; the leader writes a new generation"
+    pins: list[tuple[int, str]] = []
+    since: list[tuple[int, int]] = []
+    cliques: list[tuple[int, str]] = []
+    split = status.get("cliquesSplit") is True
+    for m in members:
+        index = m.get("index") if isinstance(m, Mapping) else None
+        ip = m.get("ip") if isinstance(m, Mapping) else None
+        if isinstance(index, bool) or not isinstance(index, int) or not isinstance(ip, str):
+            return None, ("status.members holds an entry without an integer index and an ip; "
+                          "the leader writes a new generation")
+        assert isinstance(m, Mapping)
+        pins.append((index, ip))
+        at = _epoch_ms(m.get("since"))
+        if at is not None:
+            since.append((index, at))
+        clique = m.get("clique")
+        if split and isinstance(clique, str) and clique:
+            cliques.append((index, clique))
+    bundle = status.get("caBundleSHA256")
+    view = GuestView(pins=tuple(sorted(pins)),
+                     ca_bundle_sha256=bundle if isinstance(bundle, str) and bundle else None,
+                     cliques=tuple(sorted(cliques)))
+    return PersistedView(generation, view, tuple(sorted(since))), None

@@ -24,7 +24,8 @@ import selectors
 from collections.abc import Coroutine
 from typing import Any
 
-from host_agent.persist.reports import REFRESH_FRACTION, ReportPersister, decode_report
+from host_agent.persist.reports import REFRESH_FRACTION, decode_report
+from host_agent.persist.reports_io import ReportPersister
 from host_agent.state.store import GuestReport
 from imex_shared.model import EnsembleId
 from tests.bench.common import Results

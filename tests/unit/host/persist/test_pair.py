@@ -13,12 +13,12 @@ from host_agent.kube.leadership import ALWAYS
 from host_agent.persist.pair import (
     MEMBERSHIP_ANNOTATION,
     PersistedView,
-    ServiceAnnotationSource,
     decode,
     encode,
     next_pair,
+    pair_from_status,
 )
-from host_agent.persist.pair_status import StatusPairSource, pair_from_status
+from host_agent.persist.pair_io import ServiceAnnotationSource, StatusPairSource
 from host_agent.state.store import CaPublished, EnsembleSnapshot, GuestView, State
 from host_agent.status.status import desired_status
 from imex_shared.model import EnsembleId, Member

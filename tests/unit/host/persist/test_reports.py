@@ -17,7 +17,6 @@ import pytest
 
 from host_agent.persist.reports import (
     REFRESH_FRACTION,
-    ReportPersister,
     decode_report,
     encode_report,
     persist_reason,
@@ -25,6 +24,7 @@ from host_agent.persist.reports import (
     riders,
     supersedes,
 )
+from host_agent.persist.reports_io import ReportPersister
 from host_agent.state.store import GuestReport
 from imex_shared.model import EnsembleId
 
