@@ -46,7 +46,7 @@ from host_agent.ca.secret_io import CaManager
 from host_agent.ensembles.cr_spec import Declaration
 from host_agent.ensembles.owned_service_io import ServiceApplier
 from host_agent.ensembles.service_spec import ENSEMBLE_LABEL
-from host_agent.ensembles.slices import SliceApplier
+from host_agent.ensembles.slices_io import SliceApplier
 from host_agent.kube.cache import Store
 from host_agent.kube.client import (
     ALL_NAMESPACES,
@@ -77,7 +77,8 @@ from host_agent.persist.reports import (
     supersedes,
 )
 from host_agent.persist.reports_io import ReportPersister
-from host_agent.reconcile.reconcile_io import Reconciler, managed_slice_labels, new_stores
+from host_agent.reconcile.reconcile import managed_slice_labels, new_stores
+from host_agent.reconcile.reconcile_io import Reconciler
 from host_agent.registry import app as registry_mod
 from host_agent.registry.cert_routes import CertConfig
 from host_agent.settings import HostSettings

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from host_agent.ensembles.cr_spec import (
+from host_agent.ensembles.owned_service import (
     ServicePlan,
     desired_service,
     foreign_message,

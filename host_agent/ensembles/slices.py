@@ -1,4 +1,4 @@
-"""An ensemble's EndpointSlices: the desired objects (pure) and the applier.
+"""An ensemble's EndpointSlices: the desired objects, and when to write them (pure).
 
 Desired state (DESIGN.md "Names"): one slice per address family,
 ``<service>-imex`` (IPv4) and ``<service>-imex-v6`` (IPv6), because a slice
@@ -14,7 +14,7 @@ In sidecar scope (one VMI per agent) each agent owns a slice of its own,
 atomic under server-side apply and agents would otherwise overwrite each
 other; cluster DNS merges all slices of a Service.
 
-Writing (``SliceApplier``): server-side apply, field manager
+Writing (``SliceApplier``, slices_io.py): server-side apply, field manager
 ``imex-host-agent``, force. A write happens only when the desired object
 differs from what the slice informer last observed, and not when the same
 body was already written and the informer simply has not caught up (the
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import msgspec
 
@@ -202,7 +202,7 @@ def needs_write(
     return True
 
 
-def _is_our_write(observed: Mapping[str, Any] | None, last: Written | None) -> bool:
+def is_our_write(observed: Mapping[str, Any] | None, last: Written | None) -> bool:
     """``observed`` carries the resourceVersion our last (non-delete) write returned."""
     if observed is None or last is None or last.deleted or last.rv_after is None:
         return False
@@ -219,93 +219,3 @@ def current_version(observed: Mapping[str, Any] | None, last: Written | None) ->
     ):
         return last.rv_after
     return rv
-
-
-class SliceClient(Protocol):
-    """The two writes the applier needs (implemented over lightkube in kube.py)."""
-
-    async def apply_slice(self, body: Body, resource_version: str | None = None) -> str | None:
-        """Server-side apply (precondition: ``resource_version``); returns the new one."""
-
-    async def delete_slice(
-        self, namespace: str, name: str, resource_version: str | None = None
-    ) -> None:
-        """Delete (precondition: ``resource_version``); already gone is not an error."""
-
-
-class SliceApplier:
-    """Brings one ensemble's slices to the desired bodies, writing only differences.
-
-    Calls for one ensemble must be serialized by the caller (the reconciler
-    does); different ensembles touch different slices and may run in parallel.
-    """
-
-    def __init__(
-        self,
-        client: SliceClient,
-        observed: Callable[[str, str], Mapping[str, Any] | None],
-    ) -> None:
-        self._client = client
-        self._observed = observed
-        self._last: dict[tuple[str, str], Written] = {}
-
-    async def sync(self, namespace: str, desired: Mapping[str, Body | None]) -> list[str]:
-        """Write what differs; returns the names written ("apply:NAME"/"delete:NAME")."""
-        done: list[str] = []
-        for name, body in sorted(desired.items()):
-            key = (namespace, name)
-            observed = self._observed(namespace, name)
-            last = self._last.get(key)
-            encoded = encode_body(body)
-            if _is_our_write(observed, last):
-                # The observation is our last write itself: compare with what we wrote
-                # (C-speed encode and ==) instead of walking the observed object
-                # (``contains``).
-                synced = last is not None and last.wrote(encoded)
-            else:
-                synced = in_sync(body, observed)
-            if synced:
-                # Observed as wanted: from now on only a newer observation counts.
-                rv = resource_version(observed)
-                self._last[key] = Written(encoded, rv, rv)
-                continue
-            if not needs_write(body, observed, last):
-                continue
-            rv_before = resource_version(observed)
-            precondition = current_version(observed, last)
-            if body is None:
-                await self._client.delete_slice(namespace, name, precondition)
-                self._last[key] = Written(None, rv_before, None)
-                done.append(f"delete:{name}")
-            else:
-                rv_after = await self._client.apply_slice(body, precondition)
-                self._last[key] = Written(encoded, rv_before, rv_after)
-                done.append(f"apply:{name}")
-        return done
-
-    def is_echo(self, namespace: str, name: str, observed: Mapping[str, Any] | None) -> bool:
-        """``observed`` (a slice event) is exactly our last write of it coming back.
-
-        The reconciler then skips the pass the event would cost: the slice is
-        what that pass would want unless the inputs changed since, and a change
-        of inputs queues its own pass. The write memory is refreshed as
-        ``sync`` would (see ``needs_write``), so a later edit or deletion by
-        someone else is still repaired. Anything else (another manager's
-        write, a resourceVersion we did not produce) is not an echo.
-        """
-        key = (namespace, name)
-        last = self._last.get(key)
-        if last is None:
-            return False
-        if observed is None:
-            return last.deleted
-        rv = resource_version(observed)
-        if last.deleted or rv is None or rv != last.rv_after:
-            return False
-        self._last[key] = Written(last.encoded, rv, rv)
-        return True
-
-    def forget(self, namespace: str, names: list[str]) -> None:
-        """Drop write memory for slices of an ensemble that is gone."""
-        for name in names:
-            self._last.pop((namespace, name), None)

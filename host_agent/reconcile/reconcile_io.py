@@ -1,6 +1,6 @@
 """Per-ensemble reconcile: cache -> members -> state -> EndpointSlices.
 
-Concurrency (the client-go work-queue rules): an ensemble is queued at most
+Concurrency (the work queue's rules): an ensemble is queued at most
 once; while it is being reconciled, new events only mark it dirty and it is
 queued again when the pass ends. So passes for one ensemble are serialized,
 different ensembles run in parallel on ``settings.workers`` workers, and a
@@ -18,100 +18,47 @@ Nothing is reconciled before every informer has listed once: publishing from
 half a picture could drop members. ``state.mark_synced()`` follows the first
 pass over every ensemble known at that point.
 
-Two sources, one path. A key (namespace, name) is an ensemble when an
-ImexEnsemble or a labelled Service of that name exists. With a CR, the pass
-parses it (ensembles.py), brings its own Service into being (create, adopt,
-or find it in conflict: owned_services.py) and publishes the CR's spec; when
-the CR cannot take over (refused, or its name is held by a Service it cannot
-adopt) a labelled Service keeps working as a Service-only ensemble, exactly
-as before the CR came, and the CR's ``Declaration`` says why. Without a CR,
-the Service is parsed as it always was. From the spec on, everything is one
-code path. Each pass hands its ``Declaration`` (None: no CR) to
-``on_declared``, which is where the status and the Events start.
+Two sources, one path: which spec is in force (an ImexEnsemble's, or a labelled
+Service's) is spec_io.py's; from the spec on, everything is one code path. Each
+pass hands its ``Declaration`` (None: nothing declared) to ``on_declared``, which
+is where the status and the Events start (the status writer).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from host_agent.backoff import backoff_delay
 from host_agent.ca.secret_io import CaManager
 from host_agent.ensembles.cr_spec import (
-    SERVICE_CONFLICT,
     Declaration,
-    cr_identity,
-    parse_ensemble_cr,
     spec_changed,
 )
 from host_agent.ensembles.members import ExamineMemo, derive, vmi_addresses, vmi_name
 from host_agent.ensembles.owned_service_io import ServiceApplier
-from host_agent.ensembles.service_spec import ENSEMBLE_LABEL, parse_ensemble_service
+from host_agent.ensembles.service_spec import ENSEMBLE_LABEL
 from host_agent.ensembles.slices import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    SERVICE_NAME_LABEL,
-    SliceApplier,
     desired_slices,
 )
+from host_agent.ensembles.slices_io import SliceApplier
 from host_agent.kube.cache import Store
 from host_agent.kube.leadership import ALWAYS, NotLeader, WriteGate
 from host_agent.kube.objects import Key, Obj, object_key
 from host_agent.metrics import HostMetrics
 from host_agent.persist.pair_io import Pairs
 from host_agent.persist.reports import report_applies
+from host_agent.reconcile.reconcile import slice_ensemble, vmi_ensemble
+from host_agent.reconcile.spec_io import Specs
 from host_agent.settings import HostSettings
 from host_agent.state.store import CaPublished, EnsembleSnapshot, EnsembleSpec, GuestReport, State
 from host_agent.workqueue import WorkQueue
 from imex_shared.model import EnsembleId, ModelError
 
 log = logging.getLogger("imex.host.reconcile")
-
-
-def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    return labels if isinstance(labels, Mapping) else {}
-
-
-def vmi_ensemble(obj: Obj) -> Key | None:
-    """The (namespace, service) a VMI says it belongs to."""
-    value = _labels(obj).get(ENSEMBLE_LABEL)
-    if not isinstance(value, str) or not value:
-        return None
-    return (object_key(obj)[0], value)
-
-
-def slice_ensemble(obj: Obj) -> Key | None:
-    """The (namespace, service) one of our EndpointSlices belongs to."""
-    value = _labels(obj).get(SERVICE_NAME_LABEL)
-    if not isinstance(value, str) or not value:
-        return None
-    return (object_key(obj)[0], value)
-
-
-def keep_auth_encryption(previous: EnsembleSpec | None, spec: EnsembleSpec,
-                         problems: list[str]) -> tuple[EnsembleSpec, list[str]]:
-    """authEncryption is immutable: IMEX reads its config only at start, so flipping a
-    live ensemble would partition it. A change keeps the old value, with a problem."""
-    if previous is None or previous.auth_encryption == spec.auth_encryption:
-        return spec, problems
-    return dataclasses.replace(spec, auth_encryption=previous.auth_encryption), [
-        *problems,
-        f"{spec.ens.key}: authEncryption cannot change on a live ensemble (IMEX reads its "
-        f"config only at start); keeping {str(previous.auth_encryption).lower()}; recreate "
-        "the ensemble to change it",
-    ]
-
-
-def new_stores() -> tuple[Store, Store, Store]:
-    """(vmis indexed by ensemble, services, slices)."""
-    return Store("vmi", vmi_ensemble), Store("service"), Store("endpointslice")
 
 
 Declared = Callable[[Key, Declaration | None], None]
@@ -169,7 +116,7 @@ class Reconciler:
         #: keys that arrived before every informer had listed (queued at start)
         self._held: set[Key] = set()
         self._failures: dict[Key, int] = {}
-        self._last_good: dict[Key, EnsembleSpec] = {}
+        self._specs = Specs(owned, metrics, settings.conflict_recheck)
         self._last_problems: dict[Key, tuple[str, ...]] = {}
         self._orphans: set[Key] = set()
         self._examine = ExamineMemo()
@@ -331,11 +278,11 @@ class Reconciler:
             self._note_orphans(key)
             return
         self._orphans.discard(key)
-        if cr is not None:
-            spec, problems = await self._from_cr(key, cr, service)
-        else:
-            spec, problems = self._from_service(key, service)
-            self._declare_service(key, service, spec)
+        found = await self._specs.resolve(key, cr, service)
+        self._on_declared(key, found.declaration)
+        if found.recheck is not None:
+            self._recheck_after(key, found.recheck)
+        spec, problems = found.spec, found.problems
         if spec is None:
             self._report_problems(key, problems)
             self._metrics.problems.labels(namespace, name).set(len(problems))
@@ -345,91 +292,6 @@ class Reconciler:
     def _recheck_after(self, key: Key, delay: float) -> None:
         """Pass ``key`` again ``delay`` seconds after this pass (the sooner of two asks)."""
         self._recheck[key] = min(delay, self._recheck.get(key, delay))
-
-    def _declare_service(self, key: Key, service: Obj | None,
-                         spec: EnsembleSpec | None) -> None:
-        """A Service-only ensemble's Declaration (its Events regard the Service)."""
-        uid = ((service or {}).get("metadata") or {}).get("uid")
-        if spec is None or not isinstance(uid, str) or not uid:
-            self._on_declared(key, None)
-            return
-        self._on_declared(key, Declaration(key[0], key[1], uid, 0, spec, kind="Service"))
-
-    def _from_service(
-        self, key: Key, service: Obj | None
-    ) -> tuple[EnsembleSpec | None, list[str]]:
-        """The spec a Service declares (or its last valid one), and its problems."""
-        if service is None:
-            return None, []
-        ident = f"{key[0]}/{key[1]}"
-        spec, problems = parse_ensemble_service(service)
-        if spec is None:
-            previous = self._last_good.get(key)
-            if previous is None or previous.source != "service":
-                return None, problems
-            return previous, [*problems, f"Service {ident}: still using its last valid "
-                              f"settings (max-members {previous.max_members})"]
-        spec, problems = keep_auth_encryption(self._last_good.get(key), spec, problems)
-        self._last_good[key] = spec
-        return spec, problems
-
-    async def _from_cr(
-        self, key: Key, cr: Obj, service: Obj | None
-    ) -> tuple[EnsembleSpec | None, list[str]]:
-        """The spec an ImexEnsemble puts in force, after bringing its Service into being.
-
-        When the CR cannot take over, a labelled Service of its name keeps working as a
-        Service-only ensemble (its problems then come first in the list).
-        """
-        ident = f"{key[0]}/{key[1]}"
-        uid, generation = cr_identity(cr)
-        parsed = parse_ensemble_cr(cr)
-        refusals: list[tuple[str, str]] = []
-        problems: list[str] = []
-        spec = parsed.spec
-        if spec is not None:
-            spec, problems = keep_auth_encryption(self._last_good.get(key), spec, problems)
-            self._last_good[key] = spec
-        else:
-            assert parsed.reason is not None and parsed.message is not None
-            refusals.append((parsed.reason, parsed.message))
-            problems.append(parsed.message)
-            previous = self._last_good.get(key)
-            if previous is not None and previous.source == "cr" and previous.owner_uid == uid:
-                spec = previous
-                problems.append(f"ImexEnsemble {ident}: still using its last valid settings "
-                                f"(maxMembers {previous.max_members})")
-
-        def declare(in_force: EnsembleSpec | None, action: Any = None,
-                    wrote: str | None = None) -> None:
-            self._on_declared(key, Declaration(key[0], key[1], uid, generation, in_force,
-                                               tuple(refusals), action, wrote))
-
-        if spec is None or self._owned is None:
-            fallback, more = self._from_service(key, service)
-            declare(fallback)
-            return fallback, [*problems, *more]
-        outcome = await self._owned.ensure(spec)
-        action = outcome.plan.action
-        if action in ("conflict", "foreign"):
-            assert outcome.plan.message is not None
-            refusals.append((SERVICE_CONFLICT, outcome.plan.message))
-            problems.append(outcome.plan.message)
-            if action == "foreign":
-                self._recheck_after(key, self._settings.conflict_recheck)
-            fallback, more = self._from_service(key, service) if action == "conflict" \
-                else (None, [])
-            declare(fallback, action)
-            return fallback, [*problems, *more]
-        if outcome.wrote is not None:
-            self._metrics.service_writes.labels(
-                "adopt" if action == "adopt" else outcome.wrote).inc()
-            what = {"create": "created", "adopt": "adopted (ownerReference added; domain id "
-                    f"{spec.ens.domain_id} unchanged)", "own": "updated"}[action]
-            log.info("%s: Service %s %s", ident, ident, what, extra={"ensemble": ident})
-        spec = replace(spec, uid=outcome.uid)
-        declare(spec, action, outcome.wrote)
-        return spec, problems
 
     async def _publish(self, key: Key, spec: EnsembleSpec, problems: list[str]) -> None:
         """One code path from the spec on: members, state, registry, slices."""
@@ -546,7 +408,7 @@ class Reconciler:
         namespace, name = key
         if self._pairs is not None:
             self._pairs.forget(key)
-        self._last_good.pop(key, None)
+        self._specs.forget(key)
         self._last_problems.pop(key, None)
         self._metrics.drop_ensemble(namespace, name)
         try:
@@ -563,8 +425,3 @@ class Reconciler:
 
     def pending(self) -> int:
         return self._queue.pending() + len(self._held)
-
-
-def managed_slice_labels() -> dict[str, str]:
-    """The label selector of the slice informer: only slices we manage."""
-    return {MANAGED_BY_LABEL: MANAGED_BY}

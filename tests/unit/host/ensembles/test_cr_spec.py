@@ -7,14 +7,13 @@ from typing import Any
 
 import pytest
 
-from host_agent.ensembles.cr_spec import (
-    Declaration,
+from host_agent.crd.imexensemble import API_VERSION, KIND
+from host_agent.ensembles.cr_spec import Declaration, parse_ensemble_cr, spec_changed
+from host_agent.ensembles.owned_service import (
+    controller_of,
     desired_service,
-    owned_by_ensemble,
-    parse_ensemble_cr,
     plan_service,
     service_in_sync,
-    spec_changed,
 )
 from host_agent.ensembles.service_spec import parse_ensemble_service
 from host_agent.kube.selectors import LabelSelector, Requirement
@@ -23,6 +22,13 @@ from tests.host_support.ensembles import CR_UID, imex_ensemble
 from tests.host_support.kubevirt import service
 
 TOKEN = "ab" * 32
+
+
+def owned_by_ensemble(obj: dict[str, Any]) -> bool:
+    """The object's controller is an ImexEnsemble (whatever its uid)."""
+    ref = controller_of(obj)
+    return ref is not None and ref.get("kind") == KIND and \
+        str(ref.get("apiVersion", "")).split("/")[0] == API_VERSION.split("/")[0]
 
 
 def test_defaults_are_the_crds() -> None:

@@ -6,14 +6,8 @@ from typing import Any
 
 import pytest
 
-from host_agent.ensembles.slices import (
-    SliceApplier,
-    Written,
-    contains,
-    desired_slices,
-    needs_write,
-    slice_name,
-)
+from host_agent.ensembles.slices import Written, contains, desired_slices, needs_write, slice_name
+from host_agent.ensembles.slices_io import SliceApplier
 from host_agent.state.store import EnsembleSpec, State
 from imex_shared.model import EnsembleId, Member
 

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from host_agent.ensembles.slices import SliceApplier
+from host_agent.ensembles.slices_io import SliceApplier
 from host_agent.metrics import HostMetrics
-from host_agent.reconcile.reconcile_io import Reconciler, new_stores
+from host_agent.reconcile.reconcile import new_stores
+from host_agent.reconcile.reconcile_io import Reconciler
 from host_agent.settings import HostSettings
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId

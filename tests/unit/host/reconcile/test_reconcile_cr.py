@@ -16,11 +16,12 @@ from prometheus_client import CollectorRegistry
 
 from host_agent.ensembles.cr_spec import Declaration
 from host_agent.ensembles.owned_service_io import ServiceApplier
-from host_agent.ensembles.slices import SliceApplier
+from host_agent.ensembles.slices_io import SliceApplier
 from host_agent.kube.cache import Store
 from host_agent.kube.client import AlreadyExists
 from host_agent.metrics import HostMetrics
-from host_agent.reconcile.reconcile_io import Reconciler, new_stores
+from host_agent.reconcile.reconcile import new_stores
+from host_agent.reconcile.reconcile_io import Reconciler
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId
 from tests.host_support.ensembles import CR_UID, imex_ensemble

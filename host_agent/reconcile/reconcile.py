@@ -1,0 +1,65 @@
+"""The reconciler's decisions that need no API: which ensemble an object belongs to, the
+caches it reads, and the rule that keeps authEncryption fixed on a live ensemble (pure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from host_agent.ensembles.service_spec import ENSEMBLE_LABEL
+from host_agent.ensembles.slices import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SERVICE_NAME_LABEL,
+)
+from host_agent.kube.cache import Store
+from host_agent.kube.objects import Key, Obj, object_key
+from host_agent.state.store import EnsembleSpec
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def vmi_ensemble(obj: Obj) -> Key | None:
+    """The (namespace, service) a VMI says it belongs to."""
+    value = _labels(obj).get(ENSEMBLE_LABEL)
+    if not isinstance(value, str) or not value:
+        return None
+    return (object_key(obj)[0], value)
+
+
+def slice_ensemble(obj: Obj) -> Key | None:
+    """The (namespace, service) one of our EndpointSlices belongs to."""
+    value = _labels(obj).get(SERVICE_NAME_LABEL)
+    if not isinstance(value, str) or not value:
+        return None
+    return (object_key(obj)[0], value)
+
+
+def keep_auth_encryption(previous: EnsembleSpec | None, spec: EnsembleSpec,
+                         problems: list[str]) -> tuple[EnsembleSpec, list[str]]:
+    """authEncryption is immutable: IMEX reads its config only at start, so flipping a
+    live ensemble would partition it. A change keeps the old value, with a problem."""
+    if previous is None or previous.auth_encryption == spec.auth_encryption:
+        return spec, problems
+    return dataclasses.replace(spec, auth_encryption=previous.auth_encryption), [
+        *problems,
+        f"{spec.ens.key}: authEncryption cannot change on a live ensemble (IMEX reads its "
+        f"config only at start); keeping {str(previous.auth_encryption).lower()}; recreate "
+        "the ensemble to change it",
+    ]
+
+
+def new_stores() -> tuple[Store, Store, Store]:
+    """(vmis indexed by ensemble, services, slices)."""
+    return Store("vmi", vmi_ensemble), Store("service"), Store("endpointslice")
+
+
+def managed_slice_labels() -> dict[str, str]:
+    """The label selector of the slice informer: only slices we manage."""
+    return {MANAGED_BY_LABEL: MANAGED_BY}
