@@ -81,8 +81,10 @@ from host_agent.reconcile.reconcile import managed_slice_labels, new_stores
 from host_agent.reconcile.reconcile_io import Reconciler
 from host_agent.registry import app as registry_mod
 from host_agent.registry.cert_routes import CertConfig
+from host_agent.registry.config import RegistryConfig
 from host_agent.settings import HostSettings
-from host_agent.state.store import GuestReport, State
+from host_agent.state.snapshot import GuestReport
+from host_agent.state.store import State
 from host_agent.status.events_io import EventRecorder
 from host_agent.status.status_io import StatusWriter
 from imex_shared.model import EnsembleId
@@ -269,7 +271,7 @@ class HostAgent:
             self.status.declare(key, declaration)
 
     def _registry_app(self) -> object:
-        config = registry_mod.RegistryConfig(
+        config = RegistryConfig(
             trusted_proxies=tuple(
                 ipaddress.ip_network(c, strict=False) for c in self.settings.trusted_proxies
             ),

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from host_agent.kube.leadership import WriteGate
 from host_agent.kube.objects import Obj
 from host_agent.registry.cert_routes import CaUnavailable
-from host_agent.state.store import CaPublished, EnsembleSpec
+from host_agent.state.snapshot import CaPublished, EnsembleSpec
 from imex_shared.model import EnsembleId
 
 if TYPE_CHECKING:

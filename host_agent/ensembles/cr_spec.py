@@ -33,7 +33,7 @@ from host_agent.kube.selectors import (
     contradiction,
     parse_label_selector,
 )
-from host_agent.state.store import EnsembleSpec
+from host_agent.state.snapshot import EnsembleSpec
 from imex_shared.ensemble_crd import SPEC_FIELDS
 from imex_shared.model import EnsembleId, ModelError
 

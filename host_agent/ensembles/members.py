@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from host_agent.ensembles.service_spec import INDEX_LABEL
-from host_agent.state.store import Absent, EnsembleSpec
+from host_agent.state.snapshot import Absent, EnsembleSpec
 from imex_shared.model import (
     GUEST_INTERNAL,
     InvalidIndex,

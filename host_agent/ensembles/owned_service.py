@@ -31,7 +31,7 @@ from typing import Any, Literal
 from host_agent.crd.imexensemble import API_VERSION, KIND
 from host_agent.ensembles.service_spec import ENSEMBLE_LABEL, service_annotations
 from host_agent.ensembles.slices import PORT_NAME
-from host_agent.state.store import EnsembleSpec
+from host_agent.state.snapshot import EnsembleSpec
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

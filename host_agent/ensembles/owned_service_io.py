@@ -28,7 +28,7 @@ from host_agent.ensembles.owned_service import (
 )
 from host_agent.kube.client import AlreadyExists
 from host_agent.kube.objects import Key, Obj, resource_version
-from host_agent.state.store import EnsembleSpec
+from host_agent.state.snapshot import EnsembleSpec
 
 
 class ServiceClient(Protocol):

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from host_agent.state.store import EnsembleSpec
+from host_agent.state.snapshot import EnsembleSpec
 from imex_shared.ensemble_crd import SPEC_FIELDS
 from imex_shared.model import (
     DEFAULT_MAX_MEMBERS,

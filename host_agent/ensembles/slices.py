@@ -35,7 +35,7 @@ from typing import Any, Final
 import msgspec
 
 from host_agent.kube.objects import resource_version
-from host_agent.state.store import EnsembleSnapshot
+from host_agent.state.snapshot import EnsembleSnapshot
 
 FIELD_MANAGER: Final = "imex-host-agent"
 #: DESIGN.md wrote "imex-ensemble.io/host-agent", but a label *value* may not hold

@@ -58,7 +58,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-from host_agent.state.store import GuestView
+from host_agent.state.snapshot import GuestView
 
 MEMBERSHIP_ANNOTATION: Final = "imex-ensemble.io/membership"
 #: Its own field manager: the owned Service's server-side apply (``imex-host-agent``)

@@ -61,7 +61,8 @@ from host_agent.persist.pair import (
     pair_from_status,
     wall_ms,
 )
-from host_agent.state.store import Absent, CaPublished, EnsembleSnapshot, EnsembleSpec, State
+from host_agent.state.snapshot import Absent, CaPublished, EnsembleSnapshot, EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import Member
 
 

@@ -57,7 +57,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from host_agent.state.store import GuestReport
+from host_agent.state.snapshot import GuestReport
 from imex_shared.model import EnsembleId
 
 REPORTS_LABEL: Final = "imex-ensemble.io/reports"

@@ -27,7 +27,7 @@ from host_agent.persist.reports import (
     persist_reason,
     riders,
 )
-from host_agent.state.store import GuestReport
+from host_agent.state.snapshot import GuestReport
 from imex_shared.model import EnsembleId
 
 log = logging.getLogger("imex.host.reports")

@@ -16,7 +16,7 @@ from host_agent.ensembles.slices import (
 )
 from host_agent.kube.cache import Store
 from host_agent.kube.objects import Key, Obj, object_key
-from host_agent.state.store import EnsembleSpec
+from host_agent.state.snapshot import EnsembleSpec
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:

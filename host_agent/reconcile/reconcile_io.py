@@ -54,7 +54,8 @@ from host_agent.persist.reports import report_applies
 from host_agent.reconcile.reconcile import slice_ensemble, vmi_ensemble
 from host_agent.reconcile.spec_io import Specs
 from host_agent.settings import HostSettings
-from host_agent.state.store import CaPublished, EnsembleSnapshot, EnsembleSpec, GuestReport, State
+from host_agent.state.snapshot import CaPublished, EnsembleSnapshot, EnsembleSpec, GuestReport
+from host_agent.state.store import State
 from host_agent.workqueue import WorkQueue
 from imex_shared.model import EnsembleId, ModelError
 

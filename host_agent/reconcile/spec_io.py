@@ -32,7 +32,7 @@ from host_agent.ensembles.service_spec import parse_ensemble_service
 from host_agent.kube.objects import Key, Obj
 from host_agent.metrics import HostMetrics
 from host_agent.reconcile.reconcile import keep_auth_encryption
-from host_agent.state.store import EnsembleSpec
+from host_agent.state.snapshot import EnsembleSpec
 
 log = logging.getLogger("imex.host.reconcile")
 

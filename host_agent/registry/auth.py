@@ -15,7 +15,7 @@ import hmac
 import ipaddress
 from typing import Any
 
-from host_agent.state.store import EnsembleSnapshot, EnsembleSpec, PublishedMember
+from host_agent.state.snapshot import EnsembleSnapshot, EnsembleSpec, PublishedMember
 from imex_shared.model import EnsembleId, is_sha256_hex
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -50,7 +50,8 @@ from host_agent.registry.auth import (
     authenticate_member,
     validation_message,
 )
-from host_agent.state.store import EnsembleSnapshot, State
+from host_agent.state.snapshot import EnsembleSnapshot
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId
 
 if TYPE_CHECKING:

@@ -31,7 +31,8 @@ from host_agent.registry.domain_view import (
     matrix_text,
 )
 from host_agent.registry.params import Name, Namespace, error_responses
-from host_agent.state.store import EnsembleSnapshot, State
+from host_agent.state.snapshot import EnsembleSnapshot
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId
 
 Lookup = Callable[[EnsembleId], EnsembleSnapshot]

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from host_agent.state.store import EnsembleSnapshot, GuestReport, report_counts, served_cliques
+from host_agent.state.snapshot import EnsembleSnapshot, GuestReport, report_counts, served_cliques
 from imex_shared.cliques import same_group, split
 from imex_shared.imex_domain import (
     CONNECTED,

@@ -133,3 +133,14 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
 
     resolved: dict[str, Any] = resolve(schema)
     return resolved
+
+
+def json_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """Error answers: always JSON, also on routes whose success is text/plain."""
+    content = {"application/json": {"schema": ErrorOut.model_json_schema()}}
+    return {code: {"content": content} for code in codes}
+
+
+TEXT_200: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/plain": {"schema": {"type": "string"}}}}
+}

@@ -19,7 +19,7 @@ from typing import Final
 from host_agent.registry.domain_view import DomainView
 from host_agent.registry.page_assets import CSS, SCRIPT
 from host_agent.registry.views import all_problems, format_age, is_stale, report_age
-from host_agent.state.store import EnsembleSnapshot
+from host_agent.state.snapshot import EnsembleSnapshot
 from imex_shared.imex_domain import OTHER_CLIQUE_CELL, SELF_CELL, UNKNOWN_CELL
 
 MATRIX_MAX: Final = 64

@@ -18,7 +18,7 @@ import datetime as dt
 from typing import Any
 
 from host_agent.registry.domain_view import aggregate, membership_problems
-from host_agent.state.store import EnsembleSnapshot, GuestReport, PublishedMember, served_cliques
+from host_agent.state.snapshot import EnsembleSnapshot, GuestReport, PublishedMember, served_cliques
 from imex_shared.cliques import pins_for
 from imex_shared.hostsfile import merge_hosts
 from imex_shared.model import ABSENT_IP

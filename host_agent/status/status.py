@@ -80,7 +80,7 @@ from host_agent.ensembles.slices import slice_name
 from host_agent.kube.objects import Obj
 from host_agent.registry.domain_view import aggregate, cr_status
 from host_agent.registry.views import all_problems, rfc3339
-from host_agent.state.store import EnsembleSnapshot, GuestReport, served_cliques
+from host_agent.state.snapshot import EnsembleSnapshot, GuestReport, served_cliques
 from imex_shared.model import EnsembleId, ModelError
 
 READY_STATE: Final = "READY"

@@ -63,7 +63,8 @@ from host_agent.kube.client import KubeError
 from host_agent.kube.leadership import NotLeader
 from host_agent.kube.objects import Key, Obj, resource_version
 from host_agent.metrics import HostMetrics
-from host_agent.state.store import EnsembleSnapshot, State
+from host_agent.state.snapshot import EnsembleSnapshot
+from host_agent.state.store import State
 from host_agent.status.status import Evaluation, desired_status, next_change, status_in_sync
 from host_agent.workqueue import WorkQueue
 from imex_shared.model import EnsembleId, ModelError

@@ -70,9 +70,11 @@ def domain_doc(n: int, own: int) -> dict[str, Any]:
 
 def aggregation(results: Results, quick: bool) -> None:
     from guest_agent.report.report_io import domain_refresh
-    from host_agent.registry.app import StatusReport, guest_report
     from host_agent.registry.domain_routes import DomainCache, DomainCollector
-    from host_agent.state.store import EnsembleSpec, State
+    from host_agent.registry.models import StatusReport
+    from host_agent.registry.report_routes import guest_report
+    from host_agent.state.snapshot import EnsembleSpec
+    from host_agent.state.store import State
     from imex_shared.model import EnsembleId, Member
 
     ensembles = 50 if quick else 1000

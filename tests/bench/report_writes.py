@@ -26,7 +26,7 @@ from typing import Any
 
 from host_agent.persist.reports import REFRESH_FRACTION, decode_report
 from host_agent.persist.reports_io import ReportPersister
-from host_agent.state.store import GuestReport
+from host_agent.state.snapshot import GuestReport
 from imex_shared.model import EnsembleId
 from tests.bench.common import Results
 

@@ -22,7 +22,8 @@ from guest_agent.tls.imex_config import merge_imex_config
 from guest_agent.tls.keeper_io import CertFacts, KeeperError
 from host_agent.ca import authority as ca_mod
 from host_agent.registry.cert_routes import CaUnavailable
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import SPEC, TOKEN, serve
 

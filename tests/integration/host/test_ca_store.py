@@ -21,7 +21,7 @@ from host_agent.ca.secret_io import CaManager
 from host_agent.kube.client import KubeError, SecretWriter
 from host_agent.kube.leadership import ALWAYS, NotLeader
 from host_agent.registry.cert_routes import CaUnavailable
-from host_agent.state.store import EnsembleSpec
+from host_agent.state.snapshot import EnsembleSpec
 from imex_shared.model import EnsembleId
 from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401
 

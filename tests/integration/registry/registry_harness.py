@@ -19,8 +19,10 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from host_agent.registry.app import RegistryConfig, RegistryServer, create_app, server_config
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.registry.app import RegistryServer, create_app, server_config
+from host_agent.registry.config import RegistryConfig
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 
 TOKEN = "correct horse battery staple"

@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from host_agent.registry.app import RegistryConfig
-from host_agent.state.store import EnsembleSpec, GuestReport, State
+from host_agent.registry.config import RegistryConfig
+from host_agent.state.snapshot import EnsembleSpec, GuestReport
+from host_agent.state.store import State
 from imex_shared.hostsfile import merge_hosts
 from imex_shared.model import EnsembleId, Member
 from imex_shared.render import render_nodes_config

@@ -23,7 +23,8 @@ from cryptography.x509.oid import NameOID
 
 from host_agent.ca import authority as ca_mod
 from host_agent.registry.cert_routes import CaUnavailable, CertConfig
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import SPEC, TOKEN, Running, serve
 

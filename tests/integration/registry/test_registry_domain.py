@@ -7,8 +7,9 @@ from typing import Any
 
 import httpx
 
-from host_agent.registry.app import RegistryConfig
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.registry.config import RegistryConfig
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import SPEC, TOKEN, serve
 from tests.unit.shared.test_imex_domain import domain_doc

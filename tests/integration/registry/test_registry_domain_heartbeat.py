@@ -16,8 +16,9 @@ import pytest
 from guest_agent import http
 from guest_agent.config import Settings
 from guest_agent.report.report_io import DOMAIN_REFRESH, Report, Reporter
-from host_agent.registry.app import RegistryConfig
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.registry.config import RegistryConfig
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import TOKEN, serve
 from tests.unit.shared.test_imex_domain import domain_doc

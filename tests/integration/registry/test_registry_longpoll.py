@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from host_agent.registry.app import RegistryConfig
+from host_agent.registry.config import RegistryConfig
 from imex_shared.model import Member
 from tests.integration.registry.registry_harness import (
     ENS,

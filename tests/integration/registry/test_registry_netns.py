@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import serve
 

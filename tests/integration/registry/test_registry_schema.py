@@ -18,8 +18,10 @@ import prometheus_client
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from host_agent.registry.app import RegistryConfig, create_app
-from host_agent.state.store import EnsembleSpec, GuestReport, State
+from host_agent.registry.app import create_app
+from host_agent.registry.config import RegistryConfig
+from host_agent.state.snapshot import EnsembleSpec, GuestReport
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 
 TOKEN = "schema token"

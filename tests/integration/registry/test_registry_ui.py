@@ -8,7 +8,8 @@ import re
 
 import httpx
 
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 from tests.integration.registry.registry_harness import SPEC, serve
 from tests.integration.registry.test_registry_domain import TRUSTED, put, state_of, view_of

@@ -17,7 +17,8 @@ import pytest
 from host_agent.ensembles.members import derive_members, examine_vmi
 from host_agent.ensembles.service_spec import parse_ensemble_service
 from host_agent.ensembles.slices import desired_slices
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, validate_vmi, vmi
 

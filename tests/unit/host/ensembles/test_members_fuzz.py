@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from host_agent.ensembles.members import derive_members
 from host_agent.ensembles.service_spec import parse_ensemble_service
-from host_agent.state.store import EnsembleSpec
+from host_agent.state.snapshot import EnsembleSpec
 from imex_shared.model import EnsembleId, unusable_reason
 
 SPEC = EnsembleSpec(EnsembleId("rack1", "gb200"), max_members=8, port=50000)

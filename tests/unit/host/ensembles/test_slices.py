@@ -8,7 +8,8 @@ import pytest
 
 from host_agent.ensembles.slices import Written, contains, desired_slices, needs_write, slice_name
 from host_agent.ensembles.slices_io import SliceApplier
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 
 ENS = EnsembleId("rack1", "gb200")

@@ -9,7 +9,7 @@ from typing import Any
 
 from host_agent.ensembles.members import derive_members
 from host_agent.kube.cache import Store, cache_view
-from host_agent.state.store import EnsembleSpec
+from host_agent.state.snapshot import EnsembleSpec
 from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, vmi
 from tests.unit.host.kube.test_informer import Script, drive

@@ -19,7 +19,8 @@ from host_agent.persist.pair import (
     pair_from_status,
 )
 from host_agent.persist.pair_io import ServiceAnnotationSource, StatusPairSource
-from host_agent.state.store import CaPublished, EnsembleSnapshot, GuestView, State
+from host_agent.state.snapshot import CaPublished, EnsembleSnapshot, GuestView
+from host_agent.state.store import State
 from host_agent.status.status import desired_status
 from imex_shared.model import EnsembleId, Member
 from tests.host_support.ensembles import CR_UID, imex_ensemble

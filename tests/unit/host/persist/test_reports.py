@@ -25,7 +25,7 @@ from host_agent.persist.reports import (
     supersedes,
 )
 from host_agent.persist.reports_io import ReportPersister
-from host_agent.state.store import GuestReport
+from host_agent.state.snapshot import GuestReport
 from imex_shared.model import EnsembleId
 
 ENS = EnsembleId("gpu", "gb200")

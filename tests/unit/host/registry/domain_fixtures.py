@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from host_agent.state.store import EnsembleSnapshot, EnsembleSpec, GuestReport, PublishedMember
+from host_agent.state.snapshot import EnsembleSnapshot, EnsembleSpec, GuestReport, PublishedMember
 from imex_shared.model import EnsembleId, Member
 
 ENS = EnsembleId("rack-a", "gb200")

@@ -8,8 +8,9 @@ import ipaddress
 import pytest
 from pydantic import ValidationError
 
-from host_agent.registry.app import RegistryError, StatusReport, caller_address, check_token
-from host_agent.state.store import EnsembleSpec
+from host_agent.registry.auth import RegistryError, caller_address, check_token
+from host_agent.registry.models import StatusReport
+from host_agent.state.snapshot import EnsembleSpec
 from imex_shared.model import EnsembleId
 
 PROXIES = (ipaddress.ip_network("10.96.0.0/12"), ipaddress.ip_network("fd00:96::/64"))

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 from host_agent.persist.reports import persist_reason
-from host_agent.registry.app import StatusReport, guest_report
-from host_agent.state.store import EnsembleSnapshot, EnsembleSpec, State
+from host_agent.registry.models import StatusReport
+from host_agent.registry.report_routes import guest_report
+from host_agent.state.snapshot import EnsembleSnapshot, EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 from tests.unit.shared.test_imex_domain import domain_doc
 

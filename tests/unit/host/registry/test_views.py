@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from host_agent.registry import views
-from host_agent.state.store import EnsembleSnapshot, EnsembleSpec, GuestReport, PublishedMember
+from host_agent.state.snapshot import EnsembleSnapshot, EnsembleSpec, GuestReport, PublishedMember
 from imex_shared.hostsfile import merge_hosts, read_block
 from imex_shared.model import EnsembleId, InvalidIndex, Member
 from imex_shared.render import render_hosts_block, render_nodes_config
@@ -191,7 +191,7 @@ def test_rendered_json_is_the_json_response_body_made_once_per_snapshot_and_tick
 
     from fastapi.responses import JSONResponse
 
-    from host_agent.registry.app import RenderedJson
+    from host_agent.registry.ensemble_routes import RenderedJson
 
     report = GuestReport(T0, "10.0.0.10", {"imex_state": "READY"})
     snap = snapshot([M0, M2], {0: report})

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from host_agent.registry import views
-from host_agent.state.store import EnsembleSpec, GuestReport, State
+from host_agent.state.snapshot import EnsembleSpec, GuestReport
+from host_agent.state.store import State
 from imex_shared.hostsfile import read_block
 from imex_shared.model import EnsembleId, Member
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from host_agent.state.store import EnsembleSpec, State
+from host_agent.state.snapshot import EnsembleSpec
+from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
 
 A = EnsembleSpec(EnsembleId("gpu", "a"), 4, 50000)

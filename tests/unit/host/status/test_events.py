@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from host_agent.ensembles.cr_spec import Declaration, parse_ensemble_cr
 from host_agent.metrics import HostMetrics
-from host_agent.state.store import Absent, GuestReport, State
+from host_agent.state.snapshot import Absent, GuestReport
+from host_agent.state.store import State
 from host_agent.status.events import (
     Facts,
     Intent,

@@ -8,7 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 from host_agent.ensembles.cr_spec import Declaration, parse_ensemble_cr
-from host_agent.state.store import Absent, CaPublished, GuestReport, State
+from host_agent.state.snapshot import Absent, CaPublished, GuestReport
+from host_agent.state.store import State
 from host_agent.status.status import desired_status, next_change, status_in_sync
 from imex_shared.model import EnsembleId, Member
 from tests.host_support.ensembles import CR_UID, imex_ensemble
@@ -240,7 +241,7 @@ def test_in_sync_ignores_what_others_write_but_not_ours() -> None:
 
 
 def test_domain_up_and_domain_status_follow_the_domain_view() -> None:
-    from host_agent.state.store import GuestReport
+    from host_agent.state.snapshot import GuestReport
 
     snap = snapshot(reports=ready_all())
     state_links = {i: tuple(None if j == i else "CONNECTED" for j in range(3)) for i in range(3)}

@@ -17,7 +17,8 @@ from host_agent.kube.cache import Store
 from host_agent.kube.client import KubeError
 from host_agent.kube.leadership import NotLeader
 from host_agent.metrics import HostMetrics
-from host_agent.state.store import GuestReport, GuestView, State
+from host_agent.state.snapshot import GuestReport, GuestView
+from host_agent.state.store import State
 from host_agent.status.status import Evaluation
 from host_agent.status.status_io import StatusWriter
 from imex_shared.model import EnsembleId, Member

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from host_agent.state.store import GuestReport
+from host_agent.state.snapshot import GuestReport
 from host_agent.status.status import cert_expiring, desired_status, next_change
 from tests.unit.host.status.test_status import ENS, STALE, T0, conditions, decl, ready_all, snapshot
 

@@ -1,0 +1,35 @@
+"""The registry's own Prometheus metrics (the domain's are domain_routes.py's)."""
+
+from __future__ import annotations
+
+import prometheus_client
+from prometheus_client import Counter, Gauge
+
+
+class RegistryMetrics:
+    """The registry's Prometheus metrics, registered on the agent's registry."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self.requests = Counter(
+            "imex_registry_requests",
+            "Registry HTTP requests by route template, method and status code.",
+            ("route", "method", "code"),
+            registry=registry,
+        )
+        self.waiters = Gauge(
+            "imex_registry_longpoll_waiters",
+            "Long-poll requests currently parked waiting for a generation change.",
+            registry=registry,
+        )
+        self.reports = Counter(
+            "imex_registry_reports",
+            "Guest status reports accepted, by ensemble.",
+            ("namespace", "ensemble"),
+            registry=registry,
+        )
+        self.auth_failures = Counter(
+            "imex_registry_auth_failures",
+            "Guest status reports refused by authentication or address checks, by reason.",
+            ("reason",),
+            registry=registry,
+        )
