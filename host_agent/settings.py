@@ -111,10 +111,6 @@ class HostSettings:
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         return f"{host}:{self.listen_port}"
 
-    @property
-    def all_namespaces(self) -> bool:
-        return not self.namespaces
-
 
 def default_agent_namespace(
     environ: Mapping[str, str], sa_file: Path = SA_NAMESPACE_FILE

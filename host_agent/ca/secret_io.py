@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from host_agent.kube.leadership import WriteGate
 from host_agent.kube.objects import Obj
-from host_agent.registry.cert_routes import CaUnavailable
 from host_agent.state.snapshot import CaPublished, EnsembleSpec
 from imex_shared.model import EnsembleId
 
@@ -40,6 +39,17 @@ if TYPE_CHECKING:
     from host_agent.ca import authority as ca_mod
 
 log = logging.getLogger("imex.host.ca")
+
+
+class CaUnavailable(Exception):
+    """No usable CA for the ensemble right now (not created yet, or its Secret is bad)."""
+
+
+def _secret() -> ModuleType:
+    """host_agent.ca.secret, imported on first use (``cryptography``, as ``_ca``)."""
+    import host_agent.ca.secret
+
+    return host_agent.ca.secret
 
 
 def _ca() -> ModuleType:
@@ -94,16 +104,16 @@ def published(state: ca_mod.CaState) -> CaPublished:
 def secret_body(state: ca_mod.CaState, ens: EnsembleId, namespace: str,
                 resource_version: str | None = None) -> Obj:
     meta: Obj = {
-        "name": _ca().secret_name(ens),
+        "name": _secret().secret_name(ens),
         "namespace": namespace,
         "labels": {"app.kubernetes.io/managed-by": "imex-host-agent",
                    "imex-ensemble.io/ca": "true"},
-        "annotations": _ca().secret_annotations(state, ens),
+        "annotations": _secret().secret_annotations(state, ens),
     }
     if resource_version is not None:
         meta["resourceVersion"] = resource_version
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
-            "data": _ca().secret_data(state)}
+            "data": _secret().secret_data(state)}
 
 
 def _rv(obj: Obj) -> str | None:
@@ -138,13 +148,13 @@ class CaManager:
         self._cache: dict[EnsembleId, tuple[float, ca_mod.CaState]] = {}
 
     def _where(self, ens: EnsembleId) -> str:
-        return f"Secret {self.namespace}/{_ca().secret_name(ens)}"
+        return f"Secret {self.namespace}/{_secret().secret_name(ens)}"
 
     async def _read(self, ens: EnsembleId) -> tuple[ca_mod.CaState | None, str | None]:
-        obj = await self.api.get_secret(self.namespace, _ca().secret_name(ens))
+        obj = await self.api.get_secret(self.namespace, _secret().secret_name(ens))
         if obj is None:
             return None, None
-        state: ca_mod.CaState = _ca().parse_secret(obj, self.clock())  # errors propagate
+        state: ca_mod.CaState = _secret().parse_secret(obj, self.clock())  # errors propagate
         self._cache[ens] = (self.monotonic(), state)
         return state, _rv(obj)
 
@@ -155,7 +165,7 @@ class CaManager:
             return hit[1]
         try:
             state, _ = await self._read(ens)
-        except _ca().CaSecretError as exc:
+        except _secret().CaSecretError as exc:
             raise CaUnavailable(str(exc)) from exc
         except Exception as exc:  # the API is unreachable: the caller retries
             raise CaUnavailable(f"cannot read {self._where(ens)}: {exc}") from exc
@@ -187,7 +197,7 @@ class CaManager:
         where = self._where(ens)
         try:
             state, rv = await self._read(ens)
-        except _ca().CaSecretError as exc:
+        except _secret().CaSecretError as exc:
             self.forget(ens)
             return CaOutcome(None, (
                 f"{exc}; not minting a new CA (that would split the domain): fix the Secret, "

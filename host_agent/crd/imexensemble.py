@@ -41,15 +41,12 @@ KIND: Final = "ImexEnsemble"
 PLURAL: Final = "imexensembles"
 SINGULAR: Final = "imexensemble"
 SHORT_NAME: Final = "imexens"
-CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 
 #: Condition types the host agent writes (metav1.Condition, list-map keyed by type).
 CONDITION_READY: Final = "Ready"
 CONDITION_DEGRADED: Final = "Degraded"
 CONDITION_PUBLISHED: Final = "Published"
 CONDITION_DOMAIN_UP: Final = "DomainUp"
-CONDITION_TYPES: Final = (CONDITION_READY, CONDITION_DEGRADED, CONDITION_PUBLISHED,
-                          CONDITION_DOMAIN_UP)
 #: ``status.domainStatus``: ``nvidia-imex-ctl -N -j``'s domain status, or UNKNOWN.
 DOMAIN_STATUSES: Final = ("UP", "DEGRADED", "DOWN", "UNKNOWN")
 

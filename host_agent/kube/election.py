@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 JITTER: Final = 1.2
@@ -245,7 +245,3 @@ class Elector:
 def jittered(period: float, rng: Callable[[], float] = random.random) -> float:
     """client-go's ``wait.Jitter(period, 1.2)``: period + up to 1.2 x period."""
     return period + rng() * JITTER * period
-
-
-def with_rv(lease: LeaseRecord, rv: str) -> LeaseRecord:
-    return replace(lease, resource_version=rv)

@@ -43,6 +43,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from host_agent.ca.secret_io import CaUnavailable
 from host_agent.registry.auth import (
     AuthFailure,
     IPNetwork,
@@ -70,10 +71,6 @@ def _ca() -> ModuleType:
 #: The certificate POST's body limit (a CSR is about 500 bytes; RSA 4096 about 2 KiB).
 CERT_BODY_LIMIT: Final = 16 * 1024
 CERT_PATH_PATTERN: Final = r"^/v1/ensembles/[^/]+/[^/]+/members/[^/]+/certificate$"
-
-
-class CaUnavailable(Exception):
-    """No usable CA for the ensemble right now (not created yet, or its Secret is bad)."""
 
 
 class CaSource(Protocol):

@@ -28,6 +28,7 @@ from lightkube.types import PatchType
 
 from guest_agent.tls.imex_config import imex_tls_settings, merge_imex_config
 from host_agent.ca import authority as ca_mod
+from host_agent.ca import secret as ca_secret
 from tests.sandbox.ensemble import (
     AGENT_NAMESPACE,
     EnsembleSpec,
@@ -60,11 +61,11 @@ class TlsRack:
 
     def secret(self) -> dict[str, Any]:
         assert self.sbx.api is not None
-        return self.sbx.api.get("v1", "Secret", ca_mod.secret_name(self.spec.id),
+        return self.sbx.api.get("v1", "Secret", ca_secret.secret_name(self.spec.id),
                                 AGENT_NAMESPACE)
 
     def ca(self) -> ca_mod.CaState:
-        return ca_mod.parse_secret(self.secret(), dt.datetime.now(dt.UTC))
+        return ca_secret.parse_secret(self.secret(), dt.datetime.now(dt.UTC))
 
     def annotate(self, key: str, value: str) -> None:
         self.ctl.client.patch(Service, self.spec.name,
@@ -172,8 +173,8 @@ def test_an_intruder_on_a_deleted_members_address_is_refused_both_ways(rack: Tls
     other = rack.ctl.create_ensemble("tenant-x", "other", max_members=8, auth_encryption=True)
     other_ca_sha = sbx.ca_sha256(other)
     assert other_ca_sha != rack.ca().sha256
-    other_ca = ca_mod.parse_secret(
-        sbx.api.get("v1", "Secret", ca_mod.secret_name(other.id), AGENT_NAMESPACE),  # type: ignore[union-attr]
+    other_ca = ca_secret.parse_secret(
+        sbx.api.get("v1", "Secret", ca_secret.secret_name(other.id), AGENT_NAMESPACE),  # type: ignore[union-attr]
         dt.datetime.now(dt.UTC))
     # peers keep pinning the old address: their registry and DNS are cut off first
     sbx.block_registry()

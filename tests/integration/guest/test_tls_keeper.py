@@ -21,10 +21,11 @@ from guest_agent.tls import keeper_io as certkeeper
 from guest_agent.tls.imex_config import merge_imex_config
 from guest_agent.tls.keeper_io import CertFacts, KeeperError
 from host_agent.ca import authority as ca_mod
-from host_agent.registry.cert_routes import CaUnavailable
+from host_agent.ca.secret_io import CaUnavailable
 from host_agent.state.snapshot import EnsembleSpec
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
+from tests.host_support.ca import end_overlap
 from tests.integration.registry.registry_harness import SPEC, TOKEN, serve
 
 ENS = EnsembleId("gpu", "tls")
@@ -106,7 +107,7 @@ async def test_first_certificate_files_modes_and_rotation(tmp_path: Path) -> Non
             # a rotation: the registry publishes a new bundle digest, the guest renews at once
             trust = ca_mod.rotate(first, ENS, "r1", now, dt.timedelta(hours=1))
             steps = [trust, ca_mod.advance(trust, now + dt.timedelta(minutes=30)),
-                     ca_mod.end_overlap(trust, now + dt.timedelta(hours=2))]
+                     end_overlap(trust, now + dt.timedelta(hours=2))]
             signers = [first.current.cert, trust.current.cert, trust.current.cert]
             held = [[first, trust], [trust, first], [trust]]
             for n, (state, signer, cas) in enumerate(zip(steps, signers, held, strict=True)):

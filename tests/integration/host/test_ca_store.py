@@ -17,10 +17,9 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Namespace
 
 from host_agent.ca import authority as ca_mod
-from host_agent.ca.secret_io import CaManager
+from host_agent.ca.secret_io import CaManager, CaUnavailable
 from host_agent.kube.client import KubeError, SecretWriter
 from host_agent.kube.leadership import ALWAYS, NotLeader
-from host_agent.registry.cert_routes import CaUnavailable
 from host_agent.state.snapshot import EnsembleSpec
 from imex_shared.model import EnsembleId
 from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401

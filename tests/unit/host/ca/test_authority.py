@@ -16,17 +16,19 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from host_agent.ca import authority as ca
+from host_agent.ca import secret as ca_secret
 from imex_shared.model import EnsembleId
+from tests.host_support.ca import end_overlap
 
 ENS = EnsembleId("gpu", "gb200")
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 
 
 def secret(state: ca.CaState, **data: str) -> dict[str, object]:
-    body = ca.secret_data(state)
+    body = ca_secret.secret_data(state)
     body.update(data)
-    return {"metadata": {"namespace": "imex-system", "name": ca.secret_name(ENS),
-                         "annotations": ca.secret_annotations(state, ENS)}, "data": body}
+    return {"metadata": {"namespace": "imex-system", "name": ca_secret.secret_name(ENS),
+                         "annotations": ca_secret.secret_annotations(state, ENS)}, "data": body}
 
 
 def b64(text: str | bytes) -> str:
@@ -34,7 +36,7 @@ def b64(text: str | bytes) -> str:
 
 
 def test_secret_name_is_namespace_dot_name() -> None:
-    assert ca.secret_name(ENS) == "imex-ca-gpu.gb200"
+    assert ca_secret.secret_name(ENS) == "imex-ca-gpu.gb200"
 
 
 def test_ca_profile() -> None:
@@ -53,10 +55,10 @@ def test_ca_profile() -> None:
 
 def test_secret_round_trip_keeps_the_same_ca() -> None:
     state = ca.first_state(ENS, NOW)
-    back = ca.parse_secret(secret(state), NOW)
+    back = ca_secret.parse_secret(secret(state), NOW)
     assert back.sha256 == state.sha256 and back.rotation == ""
     rotated = ca.rotate(state, ENS, "r1", NOW, dt.timedelta(hours=1))
-    back = ca.parse_secret(secret(rotated), NOW)
+    back = ca_secret.parse_secret(secret(rotated), NOW)
     assert back.sha256 == rotated.sha256 and back.previous == state.current.cert
     assert back.cross == rotated.cross and back.rotation == "r1"
     assert back.overlap_until == NOW + dt.timedelta(hours=1)
@@ -90,16 +92,16 @@ def test_rotation_cross_signs_with_the_old_key_and_the_overlap_ends() -> None:
     assert done.bundle() == (new.current.cert,) and done.previous is None
     assert done.step == "steady"
     assert len({s.bundle_sha256() for s in (old, new, switch, done)}) == 4
-    assert ca.end_overlap(new, NOW + dt.timedelta(minutes=10)) == done
+    assert end_overlap(new, NOW + dt.timedelta(minutes=10)) == done
 
 
 def test_the_trust_step_survives_the_secret_round_trip() -> None:
     new = ca.rotate(ca.first_state(ENS, NOW), ENS, "r1", NOW, dt.timedelta(hours=1))
-    back = ca.parse_secret(secret(new), NOW)
+    back = ca_secret.parse_secret(secret(new), NOW)
     assert back.step == "trust" and back.switch_at == NOW + dt.timedelta(minutes=30)
     assert back.signer.sha256 == new.signer.sha256
-    switch = ca.parse_secret(secret(ca.advance(new, NOW + dt.timedelta(minutes=30))), NOW)
-    assert switch.step == "switch" and "previous.key" not in ca.secret_data(switch)
+    switch = ca_secret.parse_secret(secret(ca.advance(new, NOW + dt.timedelta(minutes=30))), NOW)
+    assert switch.step == "switch" and "previous.key" not in ca_secret.secret_data(switch)
 
 
 def _other_key_pem() -> str:
@@ -119,8 +121,8 @@ def test_garbage_secrets_are_errors_that_say_what_is_wrong(edit: dict[str, str],
     state = ca.first_state(ENS, NOW)
     if edit.get("ca.key") == "__other__":
         edit = {"ca.key": b64(_other_key_pem())}
-    with pytest.raises(ca.CaSecretError) as err:
-        ca.parse_secret(secret(state, **edit), NOW)
+    with pytest.raises(ca_secret.CaSecretError) as err:
+        ca_secret.parse_secret(secret(state, **edit), NOW)
     assert words in str(err.value)
     assert "Secret imex-system/imex-ca-gpu.gb200" in str(err.value)
 
@@ -129,25 +131,25 @@ def test_missing_keys_and_a_non_ca_certificate_are_refused() -> None:
     state = ca.first_state(ENS, NOW)
     obj = secret(state)
     del obj["data"]["ca.key"]  # type: ignore[attr-defined]
-    with pytest.raises(ca.CaSecretError, match=r"missing ca\.key"):
-        ca.parse_secret(obj, NOW)
+    with pytest.raises(ca_secret.CaSecretError, match=r"missing ca\.key"):
+        ca_secret.parse_secret(obj, NOW)
     csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([
         x509.NameAttribute(NameOID.COMMON_NAME, ENS.slot(0))])).add_extension(
         x509.SubjectAlternativeName([x509.DNSName(ENS.slot(0))]), critical=False).sign(
         state.current.key, hashes.SHA256())
     leaf = ca.issue_leaf(state.current, csr, ENS.slot(0), NOW)  # a leaf with the CA's own key
-    with pytest.raises(ca.CaSecretError, match="not a CA certificate"):
-        ca.parse_secret(secret(state, **{"ca.crt": b64(ca.cert_pem(leaf))}), NOW)
-    with pytest.raises(ca.CaSecretError, match=r"not now; rotate"):
-        ca.parse_secret(secret(state), NOW + dt.timedelta(days=3651))
+    with pytest.raises(ca_secret.CaSecretError, match="not a CA certificate"):
+        ca_secret.parse_secret(secret(state, **{"ca.crt": b64(ca.cert_pem(leaf))}), NOW)
+    with pytest.raises(ca_secret.CaSecretError, match=r"not now; rotate"):
+        ca_secret.parse_secret(secret(state), NOW + dt.timedelta(days=3651))
 
 
 def test_a_cross_certificate_not_signed_by_previous_is_refused() -> None:
     old = ca.first_state(ENS, NOW)
     new = ca.rotate(old, ENS, "r1", NOW, dt.timedelta(hours=1))
     stranger = ca.first_state(EnsembleId("x", "y"), NOW)
-    with pytest.raises(ca.CaSecretError, match=r"cross\.crt is not"):
-        ca.parse_secret(secret(new, **{"previous.crt": b64(ca.cert_pem(
+    with pytest.raises(ca_secret.CaSecretError, match=r"cross\.crt is not"):
+        ca_secret.parse_secret(secret(new, **{"previous.crt": b64(ca.cert_pem(
             stranger.current.cert))}), NOW)
 
 
@@ -165,7 +167,7 @@ def test_a_sites_own_rsa_ca_is_accepted_and_signs() -> None:
         "ca.key": b64(key.private_bytes(serialization.Encoding.PEM,
                                         serialization.PrivateFormat.TraditionalOpenSSL,
                                         serialization.NoEncryption()))}}
-    state = ca.parse_secret(obj, NOW)
+    state = ca_secret.parse_secret(obj, NOW)
     leaf_key = ec.generate_private_key(ec.SECP256R1())
     csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([
         x509.NameAttribute(NameOID.COMMON_NAME, ENS.slot(1))])).sign(leaf_key, hashes.SHA256())
