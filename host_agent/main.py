@@ -51,14 +51,9 @@ from host_agent.kube.cache import Store
 from host_agent.kube.client import (
     ALL_NAMESPACES,
     EndpointSlice,
-    EnsembleStatusWriter,
-    EventWriter,
     ImexEnsemble,
     ListWatcher,
-    SecretWriter,
     Service,
-    ServiceWriter,
-    SliceWriter,
     VirtualMachineInstance,
     api_call,
     make_client,
@@ -67,6 +62,13 @@ from host_agent.kube.election import ElectionConfig
 from host_agent.kube.election_io import KubeLeaseApi, LeaseElection
 from host_agent.kube.informer import Informer
 from host_agent.kube.leadership import ALWAYS, LeaseGate, WriteGate
+from host_agent.kube.writers import (
+    EnsembleStatusWriter,
+    EventWriter,
+    SecretWriter,
+    ServiceWriter,
+    SliceWriter,
+)
 from host_agent.metrics import HostMetrics
 from host_agent.persist.pair_io import Pairs, ServiceAnnotationSource, StatusPairSource
 from host_agent.persist.reports import (

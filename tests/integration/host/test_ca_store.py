@@ -18,8 +18,9 @@ from lightkube.resources.core_v1 import Namespace
 
 from host_agent.ca import authority as ca_mod
 from host_agent.ca.secret_io import CaManager, CaUnavailable
-from host_agent.kube.client import KubeError, SecretWriter
+from host_agent.kube.client import KubeError
 from host_agent.kube.leadership import ALWAYS, NotLeader
+from host_agent.kube.writers import SecretWriter
 from host_agent.state.snapshot import EnsembleSpec
 from imex_shared.model import EnsembleId
 from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from host_agent.kube.client import AlreadyExists, KubeError, SecretWriter, api_call
+from host_agent.kube.client import AlreadyExists, KubeError, api_call
+from host_agent.kube.writers import SecretWriter
 from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401
 
 pytestmark = pytest.mark.timeout(30)

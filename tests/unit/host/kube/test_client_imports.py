@@ -22,7 +22,7 @@ def test_kube_imports_after_another_generic_core_service() -> None:
 
 def test_bookmark_objects_parse_for_every_watched_kind() -> None:
     """A BOOKMARK carries only kind, apiVersion and metadata.resourceVersion."""
-    from host_agent.kube.client import EndpointSlice, Service, VirtualMachineInstance, _plain
+    from host_agent.kube.client import EndpointSlice, Service, VirtualMachineInstance, plain
 
     for res, api in (
         (Service, "v1"),
@@ -31,20 +31,20 @@ def test_bookmark_objects_parse_for_every_watched_kind() -> None:
     ):
         raw = {"kind": res.__name__, "apiVersion": api, "metadata": {"resourceVersion": "42"}}
         obj = res.from_dict(raw)  # what lightkube does with each watch event
-        assert _plain(obj)["metadata"]["resourceVersion"] == "42"
+        assert plain(obj)["metadata"]["resourceVersion"] == "42"
 
 
 def test_typed_objects_become_plain_json() -> None:
     from lightkube.models.meta_v1 import ObjectMeta
     from lightkube.resources.core_v1 import Service
 
-    from host_agent.kube.client import _plain
+    from host_agent.kube.client import plain
 
     svc = Service(metadata=ObjectMeta(name="gb200", namespace="gpu", labels={"a": "b"}))
-    assert _plain(svc) == {
+    assert plain(svc) == {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "gb200", "namespace": "gpu", "labels": {"a": "b"}},
     }
-    assert _plain({"kind": "X"}) == {"kind": "X"}
-    assert _plain(42) == {}
+    assert plain({"kind": "X"}) == {"kind": "X"}
+    assert plain(42) == {}
