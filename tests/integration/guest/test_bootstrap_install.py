@@ -270,7 +270,7 @@ def test_an_install_that_does_not_import_is_removed(tmp_path: Path, wheels: Path
     root = tree(tmp_path / "w", wheels, {"linux-amd64-py3.11": ("imex_ensemble",)})
 
     def tear(src: Path) -> None:  # a module the daemon imports only lazily
-        with open(src / "guest_agent" / "netwatch.py", "a") as f:
+        with open(src / "guest_agent" / "net" / "netwatch.py", "a") as f:
             f.write("\nraise ImportError('torn module')\n")
 
     project_wheel(root / "linux-amd64-py3.11", tear)
