@@ -242,8 +242,8 @@ class RegistryClient:
             raise RegistryUnavailable(f"GET {url}: HTTP {resp.status} {resp.reason}: {snippet}")
         try:
             data = resp.json()
-        except http.HttpJsonError as exc:
-            raise RegistryBadResponse(f"GET {url}: {exc}") from exc
+        except http.HttpJsonError as exc:  # its message names the request
+            raise RegistryBadResponse(str(exc)) from exc
         snap = parse_ensemble(data, self.ens, self.settings.max_members, self._warn)
         if resp.headers.get(CLOSING_HEADER, "").strip().lower() == "closing":
             snap = RegistrySnapshot(snap.generation, snap.members, snap.max_members, snap.port,

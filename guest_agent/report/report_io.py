@@ -199,7 +199,8 @@ class Reporter:
         sent_at = self.clock()
         try:
             token = read_token(self.settings.token_file)
-            resp = await http.put_json(
+            resp = await http.json_request(
+                "PUT",
                 status_url(self.settings, report.index),
                 body,
                 token=token,

@@ -294,8 +294,9 @@ async def request(paths: TlsPaths, pins: set[str], url: str, token: str | None, 
     key = load_or_make_key(paths)
     csr = make_csr(key, slot)
     try:
-        answer = await http.post_json(url, {"csr": csr}, token=token,
-                                      connect_timeout=min(5.0, timeout), read_timeout=timeout)
+        answer = (await http.json_request("POST", url, {"csr": csr}, token=token,
+                                          connect_timeout=min(5.0, timeout),
+                                          read_timeout=timeout)).json()
     except http.HttpError as exc:
         raise TlsError(f"certificate request failed: {exc}") from exc
     if not isinstance(answer, dict) or not all(
