@@ -60,7 +60,8 @@ from typing import Any, Literal, TypeVar
 import tenacity
 
 from guest_agent.config import Settings
-from guest_agent.peers.dns import DnsClient, DnsState, DnsTracker
+from guest_agent.peers.dns import DnsState, DnsTracker
+from guest_agent.peers.dns_io import DnsClient
 from guest_agent.peers.registry_io import (
     RegistryClient,
     RegistryDropped,
