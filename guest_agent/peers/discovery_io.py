@@ -62,13 +62,13 @@ import tenacity
 from guest_agent.config import Settings
 from guest_agent.peers.dns import DnsState, DnsTracker
 from guest_agent.peers.dns_io import DnsClient
-from guest_agent.peers.registry_io import (
-    RegistryClient,
+from guest_agent.peers.registry import (
     RegistryDropped,
     RegistryError,
     RegistrySnapshot,
     RegistryUnavailable,
 )
+from guest_agent.peers.registry_io import RegistryClient
 from imex_shared.model import EnsembleId, Member
 
 log = logging.getLogger("guest_agent.discovery")  # logger name pinned
