@@ -1,8 +1,9 @@
 """Discovery: registry fast path plus DNS fallback, combined into one stream of views.
 
 Contract with the daemon (agent.py): :meth:`Discovery.run` calls ``publish(view)``
-whenever what the guest should believe changes; every :class:`View` carries only validated
-``index -> IP`` pins and the slots known to be absent, nothing else can reach a file.
+whenever what the guest should believe changes; a View (:mod:`guest_agent.peers.discovery`)
+carries only validated ``index -> IP`` pins and the slots known to be absent, nothing else
+can reach a file.
 
 Which source wins:
 
@@ -53,13 +54,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import tenacity
 
 from guest_agent.config import Settings
+from guest_agent.peers.discovery import View, dns_view, registry_view
 from guest_agent.peers.dns import DnsState, DnsTracker
 from guest_agent.peers.dns_io import DnsClient
 from guest_agent.peers.registry import (
@@ -69,7 +70,7 @@ from guest_agent.peers.registry import (
     RegistryUnavailable,
 )
 from guest_agent.peers.registry_io import RegistryClient
-from imex_shared.model import EnsembleId, Member
+from imex_shared.model import EnsembleId
 
 log = logging.getLogger("guest_agent.discovery")  # logger name pinned
 
@@ -77,48 +78,7 @@ T = TypeVar("T")
 
 #: Answers with a lower generation ignored in a row before the lower number is believed.
 MAX_BEHIND = 2
-Publish = Callable[["View"], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """What one source says about the ensemble right now."""
-
-    source: Literal["registry", "dns"]
-    #: index -> IP of slots known present (validated by the shared model)
-    pins: Mapping[int, str]
-    #: slots authoritatively absent (DNS: after two consecutive absences)
-    absent: frozenset[int]
-    #: registry generation; None for DNS
-    generation: int | None
-    #: registry: with vmi/node/phase/ready; DNS: index and ip only
-    members: tuple[Member, ...]
-    #: registry: sha256 of the ensemble's CA bundle (authEncryption), else None
-    ca_bundle_sha256: str | None = None
-
-
-def registry_view(snap: RegistrySnapshot, max_members: int) -> View:
-    """A registry answer as a view: authoritative for every slot."""
-    pins = snap.pins
-    return View(
-        source="registry",
-        pins=pins,
-        absent=frozenset(range(max_members)) - frozenset(pins),
-        generation=snap.generation,
-        members=snap.members,
-        ca_bundle_sha256=snap.ca_bundle_sha256,
-    )
-
-
-def dns_view(state: DnsState) -> View:
-    """The DNS tracker's belief as a view: only what DNS said authoritatively."""
-    return View(
-        source="dns",
-        pins=dict(state.pins),
-        absent=state.absent,
-        generation=None,
-        members=tuple(Member(i, ip) for i, ip in sorted(state.pins.items())),
-    )
+Publish = Callable[[View], Awaitable[None]]
 
 
 class Discovery:
@@ -154,14 +114,6 @@ class Discovery:
         self.last_dns_view: View | None = None
 
     # ------------------------------------------------------------------ public
-
-    @property
-    def registry_healthy(self) -> bool:
-        """The registry answered its last request, within ``poll_interval + longpoll_timeout``."""
-        if self.registry is None or self._registry_ok_at is None or self._registry_failing:
-            return False
-        age = time.monotonic() - self._registry_ok_at
-        return age <= self.settings.poll_interval + self.settings.longpoll_timeout
 
     def _registry_in_charge(self) -> bool:
         """Whether DNS views must wait: the registry has not failed and is not overdue.
