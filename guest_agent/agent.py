@@ -39,8 +39,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from guest_agent import eventloop
 from guest_agent.config import Settings
@@ -54,12 +53,14 @@ from guest_agent.daemon import (
     setup_logging,
     stop_watchdog,
 )
-from guest_agent.files.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
+from guest_agent.files.apply import Applier, ApplyError, ApplyResult
 from guest_agent.imex.control import make_controller
 from guest_agent.imex.supervisor import Policy
 from guest_agent.imex.supervisor_io import ImexStats, Supervisor
 from guest_agent.net.portreserve import reserve_port
-from guest_agent.pins.ownslot import OwnSlot, resolve_own
+from guest_agent.peers.discovery import View
+from guest_agent.pins.merge import Known, learn, plan_pins
+from guest_agent.pins.ownslot import OwnSlot
 from guest_agent.report.collect import Collected, DomainCollector
 from guest_agent.report.status_file import (
     Status,
@@ -68,9 +69,8 @@ from guest_agent.report.status_file import (
     load_status,
     write_status,
 )
-from imex_shared.cliques import pins_for
 from imex_shared.imex_domain import own_row
-from imex_shared.model import EnsembleId, Member
+from imex_shared.model import EnsembleId
 
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
     from guest_agent.peers.discovery_io import Discovery
@@ -88,29 +88,6 @@ def _version() -> str:
 
 
 AGENT_VERSION = _version()
-
-
-
-class ViewT(Protocol):
-    """A discovery View (``guest_agent.peers.discovery_io.View``)."""
-
-    @property
-    def source(self) -> str: ...
-
-    @property
-    def pins(self) -> Mapping[int, str]: ...
-
-    @property
-    def absent(self) -> frozenset[int]: ...
-
-    @property
-    def generation(self) -> int | None: ...
-
-    @property
-    def members(self) -> tuple[Member, ...]: ...
-
-    @property
-    def ca_bundle_sha256(self) -> str | None: ...
 
 
 # --- adapters to the discovery and netwatch modules -----------------------------------
@@ -167,13 +144,8 @@ class Agent:
         self.settings = settings
         self.ens = EnsembleId(settings.namespace, settings.ensemble)
         self.applier = Applier(settings)
-        self.published: dict[int, str] = {}
-        self.vmis: dict[int, str] = {}
-        #: index -> NVLink clique of the members, from the last registry view (DNS says none)
-        self.cliques: dict[int, str] = {}
-        self.learned = False
-        self.generation: int | None = None
-        self.source: str | None = None
+        #: what the Views said so far (None: nothing learned yet)
+        self.known: Known | None = None
         self.own: OwnSlot | None = None
         self.local_addrs: set[str] = set()
         self.default_route: str | None = None
@@ -310,20 +282,13 @@ class Agent:
 
     # -- the pipeline
 
-    async def publish(self, view: ViewT) -> None:
+    async def publish(self, view: View) -> None:
         """Discovery's publish callback (async by its contract; runs to completion)."""
         self.on_view(view)
 
-    def on_view(self, view: ViewT) -> None:
+    def on_view(self, view: View) -> None:
         """Discovery's publish callback: merge, then apply."""
-        self.published = merge_view(self.published, view)
-        if view.source == "registry":
-            self.vmis = {m.index: m.vmi for m in view.members if m.vmi}
-            self.cliques = {m.index: m.clique for m in view.members if m.clique}
-        self.learned = True
-        self.source = view.source
-        if view.generation is not None:
-            self.generation = view.generation
+        self.known = learn(self.known, view)
         if self.keeper is not None and view.source == "registry":
             self.keeper.set_registry_bundle(view.ca_bundle_sha256)
         log.info(
@@ -335,26 +300,19 @@ class Agent:
         )
         self.refresh()
 
-    def members(self) -> list[Member]:
-        return [Member(i, ip, vmi=self.vmis.get(i)) for i, ip in sorted(self.published.items())]
-
-    def resolve_own(self) -> OwnSlot:
-        return resolve_own(
-            self.settings, self.members(), self.local_addrs, self.hostname, self.default_route
-        )
-
     def refresh(self) -> ApplyResult | None:
         """Own slot, render, write, tell the supervisor, status; the whole pass."""
-        if not self.learned:
+        known = self.known
+        if known is None:
             return None
-        own = self.resolve_own()
+        plan = plan_pins(self.settings, known, self.local_addrs, self.hostname,
+                         self.default_route)
+        own = plan.own
         if own != self.own:
             log.info("own slot: %s", own.note)
         self.own = own
-        pins = local_pins(self.published, own.index, own.pin_ip)
-        hosts_pins = pins_for(pins, self.cliques, own.index)
         try:
-            result = self.applier.apply(pins, hosts_pins)
+            result = self.applier.apply(plan.pins, plan.hosts_pins)
         except ApplyError as exc:
             log.error("apply failed: %s", exc)
             self.record_error(f"apply: {exc}")
@@ -369,10 +327,7 @@ class Agent:
             self.keeper.set_slot(own.index, self.ens.slot(own.index)
                                  if own.index is not None else None)
             creds = self.keeper.creds_digest()
-        # names mode: IMEX resolves through the hosts block, so a clique split is news for
-        # it (SIGUSR1); ips mode: the nodes file holds the addresses and the split is not.
-        told = hosts_pins if self.settings.mode == "names" else pins
-        self.supervisor.update(told, result.nodes_sha256, own.pin_ip is not None, own.pin_ip,
+        self.supervisor.update(plan.told, result.nodes_sha256, own.pin_ip is not None, own.pin_ip,
                                creds=creds, creds_needed=self.keeper is not None)
         s = self.status
         s.applies += 1
@@ -381,12 +336,12 @@ class Agent:
         s.own_slot_how = own.how
         s.own_slot_note = own.note
         s.own_ip = own.pin_ip
-        s.source = self.source
-        s.generation_applied = self.generation
+        s.source = known.source
+        s.generation_applied = known.generation
         s.members = [
-            {"index": i, "slot": self.ens.slot(i), "ip": ip, "local_ip": hosts_pins.get(i),
-             "clique": self.cliques.get(i)}
-            for i, ip in sorted(self.published.items())
+            {"index": i, "slot": self.ens.slot(i), "ip": ip, "local_ip": plan.hosts_pins.get(i),
+             "clique": known.cliques.get(i)}
+            for i, ip in sorted(known.published.items())
         ]
         s.nodes_config_sha256 = result.nodes_sha256
         s.hosts_sha256 = result.hosts_sha256
@@ -558,24 +513,19 @@ async def run_once(settings: Settings) -> int:
             file=sys.stderr,
         )
         return EXIT_NOTHING_LEARNED
-    agent.published = merge_view({}, view)
-    agent.vmis = {m.index: m.vmi for m in view.members if m.vmi}
-    agent.cliques = {m.index: m.clique for m in view.members if m.clique}
-    agent.learned = True
-    agent.source = view.source
-    agent.generation = view.generation
-    own = agent.resolve_own()
+    known = learn(None, view)
+    plan = plan_pins(settings, known, agent.local_addrs, agent.hostname, agent.default_route)
+    own = plan.own
     log.info("view from %s: %d pinned, generation %s", view.source, len(view.pins),
              view.generation)
     log.info("own slot: %s", own.note)
-    pins = local_pins(agent.published, own.index, own.pin_ip)
     try:
-        result = agent.applier.apply(pins, pins_for(pins, agent.cliques, own.index))
+        result = agent.applier.apply(plan.pins, plan.hosts_pins)
     except ApplyError as exc:
         print(f"imex-guest-agent: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print(
-        f"applied {len(agent.published)} member(s) from {view.source} "
+        f"applied {len(known.published)} member(s) from {view.source} "
         f"(generation {view.generation}); own slot: {own.note}; "
         f"nodes_config {'written' if result.nodes_written else 'unchanged'}, "
         f"hosts {'written' if result.hosts_written else 'unchanged'}"
