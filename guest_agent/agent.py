@@ -61,7 +61,14 @@ from guest_agent.net.portreserve import reserve_port
 from guest_agent.peers.discovery import View
 from guest_agent.pins.merge import Known, learn, plan_pins
 from guest_agent.pins.ownslot import OwnSlot
-from guest_agent.report.collect import Collected, DomainCollector
+from guest_agent.report.collect import DomainCollector
+from guest_agent.report.report import (
+    Collected,
+    status_body,
+    take_applied,
+    take_collected,
+    take_imex,
+)
 from guest_agent.report.status_file import (
     Status,
     StatusError,
@@ -69,7 +76,6 @@ from guest_agent.report.status_file import (
     load_status,
     write_status,
 )
-from imex_shared.imex_domain import own_row
 from imex_shared.model import EnsembleId
 
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
@@ -222,35 +228,19 @@ class Agent:
             log.warning("cannot write status file: %s", exc)
 
     def _on_imex(self, stats: ImexStats) -> None:
-        s = self.status
-        new = (stats.state, stats.signals, stats.restarts, stats.starts, stats.pid)
-        old = (s.imex_state, s.signals, s.restarts, s.starts, s.imex_pid)
-        if stats.last_error and stats.last_error != s.last_error:
-            s.last_error, s.last_error_at = stats.last_error, time.time()
+        imex = (stats.state, stats.signals, stats.restarts, stats.starts, stats.pid)
+        changed, taken = take_imex(self.status, imex, stats.last_error, time.time())
+        if taken:
             stats.last_error = None
-        elif new == old:
-            return
-        s.imex_state, s.signals, s.restarts, s.starts, s.imex_pid = new
-        self.write_status()
-        self.report()
+        if changed:
+            self.write_status()
+            self.report()
 
     def _on_collected(self, result: Collected) -> None:
         """A collection pass ended (every ``report_interval``): status, then a report."""
         self.collected = result
-        s = self.status
-        doc = result.imex_domain
         own = self.own.index if self.own is not None else None
-        row = own_row(doc, own) if doc is not None and own is not None else None
-        s.imex_domain_status = doc.get("status") if doc is not None else None
-        s.imex_row = {str(k): v for k, v in sorted(row.items())} if row is not None else None
-        s.fabric = result.fabric.to_json() if result.fabric is not None else None
-        s.clique = result.fabric.key if result.fabric is not None else None
-        s.imex_channel0 = result.channel0
-        s.domain_errors = result.errors
-        s.domain_at = result.at
-        if result.last_error is not None and result.last_error != s.last_error:
-            s.last_error, s.last_error_at = result.last_error, time.time()
-            result.last_error = None
+        take_collected(self.status, result, own, time.time())
         self.write_status()
         self.report(force=True)
 
@@ -258,26 +248,7 @@ class Agent:
         """Submit the current report; ``force`` sends it even unchanged (the heartbeat)."""
         if self.reporter is None or self.own is None or self.own.index is None:
             return
-        s = self.status
-        body: dict[str, Any] = {
-            "imex_state": s.imex_state,
-            "generation_applied": s.generation_applied,
-            "nodes_config_sha256": s.nodes_config_sha256,
-            "hosts_sha256": s.hosts_sha256,
-            "signals": s.signals,
-            "restarts": s.restarts,
-            "agent_version": AGENT_VERSION,
-            **({"cert_not_after": (s.tls or {}).get("cert_not_after")}
-               if self.keeper is not None else {}),
-        }
-        c = self.collected
-        if c is not None:
-            # null: no view (the registry drops the row); the reporter leaves the key
-            # out while the view is unchanged (the registry keeps the row)
-            body["imex_domain"] = c.imex_domain
-            if c.fabric_known:
-                body["fabric"] = c.fabric.to_json() if c.fabric is not None else None
-            body["imex_channel0"] = c.channel0
+        body = status_body(self.status, self.collected, with_cert=self.keeper is not None)
         self.reporter.submit(self.own.index, body, force=force)
 
     # -- the pipeline
@@ -329,22 +300,8 @@ class Agent:
             creds = self.keeper.creds_digest()
         self.supervisor.update(plan.told, result.nodes_sha256, own.pin_ip is not None, own.pin_ip,
                                creds=creds, creds_needed=self.keeper is not None)
-        s = self.status
-        s.applies += 1
-        s.own_index = own.index
-        s.own_slot = self.ens.slot(own.index) if own.index is not None else None
-        s.own_slot_how = own.how
-        s.own_slot_note = own.note
-        s.own_ip = own.pin_ip
-        s.source = known.source
-        s.generation_applied = known.generation
-        s.members = [
-            {"index": i, "slot": self.ens.slot(i), "ip": ip, "local_ip": plan.hosts_pins.get(i),
-             "clique": known.cliques.get(i)}
-            for i, ip in sorted(known.published.items())
-        ]
-        s.nodes_config_sha256 = result.nodes_sha256
-        s.hosts_sha256 = result.hosts_sha256
+        take_applied(self.status, self.ens, plan, known, result.nodes_sha256,
+                     result.hosts_sha256)
         self.write_status()
         self.report()
         self.collector.kick()
