@@ -27,30 +27,23 @@ that raises is logged and ends the agent with exit 1 so systemd
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import importlib.metadata
-import json
 import logging
-import os
 import signal
 import socket
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from guest_agent import eventloop
 from guest_agent.config import Settings
 from guest_agent.daemon import (
     EXIT_FAILED,
-    EXIT_NOTHING_LEARNED,
     EXIT_OK,
     STOP_DEADLINE,
     cancel_all,
     sd_notify,
-    setup_logging,
     stop_watchdog,
 )
 from guest_agent.files.apply import Applier, ApplyError, ApplyResult
@@ -72,8 +65,6 @@ from guest_agent.report.report import (
 from guest_agent.report.status_file import (
     Status,
     StatusError,
-    format_table,
-    load_status,
     write_status,
 )
 from imex_shared.model import EnsembleId
@@ -452,89 +443,3 @@ class Agent:
         """Called once the event loop has closed: shutdown finished in time."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-
-
-# --- once and status ---------------------------------------------------------------------
-
-
-async def run_once(settings: Settings) -> int:
-    """One discover-and-apply pass (``once``); never touches IMEX."""
-    agent = Agent(settings)
-    await agent.update_addresses()
-    discovery = make_discovery(settings)
-    view = await discovery.once()
-    if view is None:
-        print(
-            "imex-guest-agent: error: nothing could be learned from the registry or DNS; "
-            "files left as they are",
-            file=sys.stderr,
-        )
-        return EXIT_NOTHING_LEARNED
-    known = learn(None, view)
-    plan = plan_pins(settings, known, agent.local_addrs, agent.hostname, agent.default_route)
-    own = plan.own
-    log.info("view from %s: %d pinned, generation %s", view.source, len(view.pins),
-             view.generation)
-    log.info("own slot: %s", own.note)
-    try:
-        result = agent.applier.apply(plan.pins, plan.hosts_pins)
-    except ApplyError as exc:
-        print(f"imex-guest-agent: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    print(
-        f"applied {len(known.published)} member(s) from {view.source} "
-        f"(generation {view.generation}); own slot: {own.note}; "
-        f"nodes_config {'written' if result.nodes_written else 'unchanged'}, "
-        f"hosts {'written' if result.hosts_written else 'unchanged'}"
-    )
-    return EXIT_OK
-
-
-def cmd_status(settings: Settings, as_json: bool) -> int:
-    try:
-        data = load_status(settings.status_file)
-    except StatusError as exc:
-        print(f"imex-guest-agent: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    pid = data.get("pid")
-    running = False
-    if isinstance(pid, int):
-        try:
-            os.kill(pid, 0)
-            running = True
-        except ProcessLookupError:
-            running = False
-        except PermissionError:
-            running = True
-    data["agent_running"] = running
-    if as_json:
-        print(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        sys.stdout.write(format_table(data))
-        if not running:
-            print(f"(agent pid {pid} is not running: this status may be stale)")
-    return EXIT_OK
-
-
-def main(args: argparse.Namespace, settings: Settings) -> int:
-    """Entry point for ``run``, ``once`` and ``status`` (called by ``cli.main``)."""
-    as_json = bool(getattr(args, "json", False))
-    if args.command == "status":
-        return cmd_status(settings, as_json)
-    setup_logging(as_json)
-    if args.command == "once":
-        return eventloop.leave(eventloop.run(run_once(settings)))
-    if args.command == "run":
-        log.info(
-            "imex-guest-agent %s starting for %s (config %s)",
-            AGENT_VERSION,
-            f"{settings.namespace}/{settings.ensemble}",
-            settings.source,
-        )
-        agent = Agent(settings)
-        code = eventloop.run(agent.run())
-        agent.disarm()
-        log.info("stopped (exit %d)", code)
-        return eventloop.leave(code)  # a resolver thread still blocked must not hold us
-    print(f"imex-guest-agent: error: unknown command {args.command!r}", file=sys.stderr)
-    return 2

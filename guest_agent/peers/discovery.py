@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from guest_agent.peers.dns import DnsState
 from guest_agent.peers.registry import RegistrySnapshot
 from imex_shared.model import Member
+
+if TYPE_CHECKING:  # dnspython: the pins stage, ``once`` and ``status`` do without it
+    from guest_agent.peers.dns import DnsState
 
 
 @dataclass(frozen=True, slots=True)
