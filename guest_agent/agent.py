@@ -72,7 +72,8 @@ from imex_shared.model import EnsembleId
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
     from guest_agent.peers.discovery_io import Discovery
     from guest_agent.report.report_io import Reporter
-    from guest_agent.tls.keeper_io import CertKeeper, TlsStatus
+    from guest_agent.tls.keeper import TlsStatus
+    from guest_agent.tls.keeper_io import CertKeeper
 
 log = logging.getLogger("guest_agent")
 
