@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 
 import tenacity
 
+from guest_agent import eventloop
 from guest_agent.config import Settings
 from guest_agent.peers.discovery import View, dns_view, registry_view
 from guest_agent.peers.dns import DnsState, DnsTracker
@@ -390,14 +391,6 @@ def _backoff(initial: float, cap: float) -> tenacity.wait.wait_base:
 
 async def _until(coro: Coroutine[Any, Any, T], event: asyncio.Event) -> T | None:
     """Run ``coro`` until it finishes (its result or exception) or ``event`` is set (None)."""
-    task = asyncio.create_task(coro, name="discovery-request")
-    waiter = asyncio.create_task(event.wait(), name="discovery-kick-wait")
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, waiter):
-            t.cancel()
-        await asyncio.gather(task, waiter, return_exceptions=True)
-    if task.done() and not task.cancelled():
-        return task.result()
-    return None
+    outcome = await eventloop.race(coro, event.wait(),
+                                   names=("discovery-request", "discovery-kick-wait"))
+    return outcome.result() if outcome.done else None
