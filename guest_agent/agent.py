@@ -5,10 +5,13 @@
     filewatch ──foreign write──► re-assert (same pins, no IMEX action)          ▼
                                                         status.json + registry report
 
-Tasks (all in one ``asyncio.TaskGroup``, all visible in ``Agent.run``):
-discovery (registry long-poll and DNS polling, owned by ``discovery.py``),
-netwatch (netlink address events), filewatch (inotify), the IMEX supervisor
-and the reporter. Callbacks from discovery, netwatch and filewatch are plain
+This module is the wiring and the loop; every decision is made in a stage (``peers``,
+``pins``, ``files``, ``imex``, ``report``, ``tls``; the ``once`` and ``status`` commands
+are ``commands.py``). Tasks (all in one ``asyncio.TaskGroup``, all visible in
+``Agent.run``): discovery (registry long-poll and DNS polling, owned by
+``peers/discovery_io.py``), netwatch (netlink address events), filewatch (inotify), the
+IMEX supervisor, the domain collector, the reporter and (authEncryption) the
+certificate keeper. Callbacks from discovery, netwatch and filewatch are plain
 functions that run to completion on the loop, so a View is merged, rendered
 and written without interleaving with another writer; the slow parts (IMEX
 control, HTTP reports) are their own tasks fed "latest value" style, so they

@@ -1,4 +1,4 @@
-"""The one task that talks to IMEX: observe, ``decide`` (imex_policy), execute.
+"""The one task that talks to IMEX: observe, ``decide`` (supervisor.py), execute.
 
 The rules it follows are in ``guest_agent.imex.supervisor``; the daemon is reached
 through a ``guest_agent.imex.control`` controller. All times are

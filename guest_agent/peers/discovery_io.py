@@ -1,6 +1,6 @@
 """Discovery: registry fast path plus DNS fallback, combined into one stream of views.
 
-Contract with the daemon (agent.py): :meth:`Discovery.run` calls ``publish(view)``
+Contract with the daemon (guest_agent/agent.py): :meth:`Discovery.run` calls ``publish(view)``
 whenever what the guest should believe changes; a View (:mod:`guest_agent.peers.discovery`)
 carries only validated ``index -> IP`` pins and the slots known to be absent, nothing else
 can reach a file.
