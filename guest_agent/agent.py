@@ -65,11 +65,7 @@ from guest_agent.report.report import (
     take_collected,
     take_imex,
 )
-from guest_agent.report.status_file import (
-    Status,
-    StatusError,
-    write_status,
-)
+from guest_agent.report.status_file import Status, StatusError, write_status
 from imex_shared.model import EnsembleId
 
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
@@ -91,7 +87,7 @@ def _version() -> str:
 AGENT_VERSION = _version()
 
 
-# --- adapters to the discovery and netwatch modules -----------------------------------
+# --- the stages the daemon imports lazily: netwatch, discovery, TLS ------------------
 
 
 async def local_view() -> tuple[set[str], str | None]:
