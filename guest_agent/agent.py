@@ -5,10 +5,13 @@
     filewatch ──foreign write──► re-assert (same pins, no IMEX action)          ▼
                                                         status.json + registry report
 
-Tasks (all in one ``asyncio.TaskGroup``, all visible in ``Agent.run``):
-discovery (registry long-poll and DNS polling, owned by ``discovery.py``),
-netwatch (netlink address events), filewatch (inotify), the IMEX supervisor
-and the reporter. Callbacks from discovery, netwatch and filewatch are plain
+This module is the wiring and the loop; every decision is made in a stage (``peers``,
+``pins``, ``files``, ``imex``, ``report``, ``tls``; the ``once`` and ``status`` commands
+are ``commands.py``). Tasks (all in one ``asyncio.TaskGroup``, all visible in
+``Agent.run``): discovery (registry long-poll and DNS polling, owned by
+``peers/discovery_io.py``), netwatch (netlink address events), filewatch (inotify), the
+IMEX supervisor, the domain collector, the reporter and (authEncryption) the
+certificate keeper. Callbacks from discovery, netwatch and filewatch are plain
 functions that run to completion on the loop, so a View is merged, rendered
 and written without interleaving with another writer; the slow parts (IMEX
 control, HTTP reports) are their own tasks fed "latest value" style, so they
@@ -27,55 +30,49 @@ that raises is logged and ends the agent with exit 1 so systemd
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import importlib.metadata
-import json
 import logging
-import os
 import signal
 import socket
-import sys
 import threading
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from guest_agent import eventloop
 from guest_agent.config import Settings
 from guest_agent.daemon import (
     EXIT_FAILED,
-    EXIT_NOTHING_LEARNED,
     EXIT_OK,
     STOP_DEADLINE,
     cancel_all,
     sd_notify,
-    setup_logging,
     stop_watchdog,
 )
-from guest_agent.files.apply import Applier, ApplyError, ApplyResult, local_pins, merge_view
+from guest_agent.files.apply import Applier, ApplyError, ApplyResult
 from guest_agent.imex.control import make_controller
 from guest_agent.imex.supervisor import Policy
 from guest_agent.imex.supervisor_io import ImexStats, Supervisor
 from guest_agent.net.portreserve import reserve_port
-from guest_agent.pins.ownslot import OwnSlot, resolve_own
-from guest_agent.report.collect import Collected, DomainCollector
-from guest_agent.report.status_file import (
-    Status,
-    StatusError,
-    format_table,
-    load_status,
-    write_status,
+from guest_agent.peers.discovery import View
+from guest_agent.pins.merge import Known, learn, plan_pins
+from guest_agent.pins.ownslot import OwnSlot
+from guest_agent.report.collect import DomainCollector
+from guest_agent.report.report import (
+    Collected,
+    status_body,
+    take_applied,
+    take_collected,
+    take_imex,
 )
-from imex_shared.cliques import pins_for
-from imex_shared.imex_domain import own_row
-from imex_shared.model import EnsembleId, Member
+from guest_agent.report.status_file import Status, StatusError, write_status
+from imex_shared.model import EnsembleId
 
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
     from guest_agent.peers.discovery_io import Discovery
     from guest_agent.report.report_io import Reporter
-    from guest_agent.tls.keeper_io import CertKeeper, TlsStatus
+    from guest_agent.tls.keeper import TlsStatus
+    from guest_agent.tls.keeper_io import CertKeeper
 
 log = logging.getLogger("guest_agent")
 
@@ -90,30 +87,7 @@ def _version() -> str:
 AGENT_VERSION = _version()
 
 
-
-class ViewT(Protocol):
-    """A discovery View (``guest_agent.peers.discovery_io.View``)."""
-
-    @property
-    def source(self) -> str: ...
-
-    @property
-    def pins(self) -> Mapping[int, str]: ...
-
-    @property
-    def absent(self) -> frozenset[int]: ...
-
-    @property
-    def generation(self) -> int | None: ...
-
-    @property
-    def members(self) -> tuple[Member, ...]: ...
-
-    @property
-    def ca_bundle_sha256(self) -> str | None: ...
-
-
-# --- adapters to the discovery and netwatch modules -----------------------------------
+# --- the stages the daemon imports lazily: netwatch, discovery, TLS ------------------
 
 
 async def local_view() -> tuple[set[str], str | None]:
@@ -167,13 +141,8 @@ class Agent:
         self.settings = settings
         self.ens = EnsembleId(settings.namespace, settings.ensemble)
         self.applier = Applier(settings)
-        self.published: dict[int, str] = {}
-        self.vmis: dict[int, str] = {}
-        #: index -> NVLink clique of the members, from the last registry view (DNS says none)
-        self.cliques: dict[int, str] = {}
-        self.learned = False
-        self.generation: int | None = None
-        self.source: str | None = None
+        #: what the Views said so far (None: nothing learned yet)
+        self.known: Known | None = None
         self.own: OwnSlot | None = None
         self.local_addrs: set[str] = set()
         self.default_route: str | None = None
@@ -250,35 +219,19 @@ class Agent:
             log.warning("cannot write status file: %s", exc)
 
     def _on_imex(self, stats: ImexStats) -> None:
-        s = self.status
-        new = (stats.state, stats.signals, stats.restarts, stats.starts, stats.pid)
-        old = (s.imex_state, s.signals, s.restarts, s.starts, s.imex_pid)
-        if stats.last_error and stats.last_error != s.last_error:
-            s.last_error, s.last_error_at = stats.last_error, time.time()
+        imex = (stats.state, stats.signals, stats.restarts, stats.starts, stats.pid)
+        changed, taken = take_imex(self.status, imex, stats.last_error, time.time())
+        if taken:
             stats.last_error = None
-        elif new == old:
-            return
-        s.imex_state, s.signals, s.restarts, s.starts, s.imex_pid = new
-        self.write_status()
-        self.report()
+        if changed:
+            self.write_status()
+            self.report()
 
     def _on_collected(self, result: Collected) -> None:
         """A collection pass ended (every ``report_interval``): status, then a report."""
         self.collected = result
-        s = self.status
-        doc = result.imex_domain
         own = self.own.index if self.own is not None else None
-        row = own_row(doc, own) if doc is not None and own is not None else None
-        s.imex_domain_status = doc.get("status") if doc is not None else None
-        s.imex_row = {str(k): v for k, v in sorted(row.items())} if row is not None else None
-        s.fabric = result.fabric.to_json() if result.fabric is not None else None
-        s.clique = result.fabric.key if result.fabric is not None else None
-        s.imex_channel0 = result.channel0
-        s.domain_errors = result.errors
-        s.domain_at = result.at
-        if result.last_error is not None and result.last_error != s.last_error:
-            s.last_error, s.last_error_at = result.last_error, time.time()
-            result.last_error = None
+        take_collected(self.status, result, own, time.time())
         self.write_status()
         self.report(force=True)
 
@@ -286,44 +239,18 @@ class Agent:
         """Submit the current report; ``force`` sends it even unchanged (the heartbeat)."""
         if self.reporter is None or self.own is None or self.own.index is None:
             return
-        s = self.status
-        body: dict[str, Any] = {
-            "imex_state": s.imex_state,
-            "generation_applied": s.generation_applied,
-            "nodes_config_sha256": s.nodes_config_sha256,
-            "hosts_sha256": s.hosts_sha256,
-            "signals": s.signals,
-            "restarts": s.restarts,
-            "agent_version": AGENT_VERSION,
-            **({"cert_not_after": (s.tls or {}).get("cert_not_after")}
-               if self.keeper is not None else {}),
-        }
-        c = self.collected
-        if c is not None:
-            # null: no view (the registry drops the row); the reporter leaves the key
-            # out while the view is unchanged (the registry keeps the row)
-            body["imex_domain"] = c.imex_domain
-            if c.fabric_known:
-                body["fabric"] = c.fabric.to_json() if c.fabric is not None else None
-            body["imex_channel0"] = c.channel0
+        body = status_body(self.status, self.collected, with_cert=self.keeper is not None)
         self.reporter.submit(self.own.index, body, force=force)
 
     # -- the pipeline
 
-    async def publish(self, view: ViewT) -> None:
+    async def publish(self, view: View) -> None:
         """Discovery's publish callback (async by its contract; runs to completion)."""
         self.on_view(view)
 
-    def on_view(self, view: ViewT) -> None:
+    def on_view(self, view: View) -> None:
         """Discovery's publish callback: merge, then apply."""
-        self.published = merge_view(self.published, view)
-        if view.source == "registry":
-            self.vmis = {m.index: m.vmi for m in view.members if m.vmi}
-            self.cliques = {m.index: m.clique for m in view.members if m.clique}
-        self.learned = True
-        self.source = view.source
-        if view.generation is not None:
-            self.generation = view.generation
+        self.known = learn(self.known, view)
         if self.keeper is not None and view.source == "registry":
             self.keeper.set_registry_bundle(view.ca_bundle_sha256)
         log.info(
@@ -335,26 +262,19 @@ class Agent:
         )
         self.refresh()
 
-    def members(self) -> list[Member]:
-        return [Member(i, ip, vmi=self.vmis.get(i)) for i, ip in sorted(self.published.items())]
-
-    def resolve_own(self) -> OwnSlot:
-        return resolve_own(
-            self.settings, self.members(), self.local_addrs, self.hostname, self.default_route
-        )
-
     def refresh(self) -> ApplyResult | None:
         """Own slot, render, write, tell the supervisor, status; the whole pass."""
-        if not self.learned:
+        known = self.known
+        if known is None:
             return None
-        own = self.resolve_own()
+        plan = plan_pins(self.settings, known, self.local_addrs, self.hostname,
+                         self.default_route)
+        own = plan.own
         if own != self.own:
             log.info("own slot: %s", own.note)
         self.own = own
-        pins = local_pins(self.published, own.index, own.pin_ip)
-        hosts_pins = pins_for(pins, self.cliques, own.index)
         try:
-            result = self.applier.apply(pins, hosts_pins)
+            result = self.applier.apply(plan.pins, plan.hosts_pins)
         except ApplyError as exc:
             log.error("apply failed: %s", exc)
             self.record_error(f"apply: {exc}")
@@ -369,27 +289,10 @@ class Agent:
             self.keeper.set_slot(own.index, self.ens.slot(own.index)
                                  if own.index is not None else None)
             creds = self.keeper.creds_digest()
-        # names mode: IMEX resolves through the hosts block, so a clique split is news for
-        # it (SIGUSR1); ips mode: the nodes file holds the addresses and the split is not.
-        told = hosts_pins if self.settings.mode == "names" else pins
-        self.supervisor.update(told, result.nodes_sha256, own.pin_ip is not None, own.pin_ip,
+        self.supervisor.update(plan.told, result.nodes_sha256, own.pin_ip is not None, own.pin_ip,
                                creds=creds, creds_needed=self.keeper is not None)
-        s = self.status
-        s.applies += 1
-        s.own_index = own.index
-        s.own_slot = self.ens.slot(own.index) if own.index is not None else None
-        s.own_slot_how = own.how
-        s.own_slot_note = own.note
-        s.own_ip = own.pin_ip
-        s.source = self.source
-        s.generation_applied = self.generation
-        s.members = [
-            {"index": i, "slot": self.ens.slot(i), "ip": ip, "local_ip": hosts_pins.get(i),
-             "clique": self.cliques.get(i)}
-            for i, ip in sorted(self.published.items())
-        ]
-        s.nodes_config_sha256 = result.nodes_sha256
-        s.hosts_sha256 = result.hosts_sha256
+        take_applied(self.status, self.ens, plan, known, result.nodes_sha256,
+                     result.hosts_sha256)
         self.write_status()
         self.report()
         self.collector.kick()
@@ -540,94 +443,3 @@ class Agent:
         """Called once the event loop has closed: shutdown finished in time."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-
-
-# --- once and status ---------------------------------------------------------------------
-
-
-async def run_once(settings: Settings) -> int:
-    """One discover-and-apply pass (``once``); never touches IMEX."""
-    agent = Agent(settings)
-    await agent.update_addresses()
-    discovery = make_discovery(settings)
-    view = await discovery.once()
-    if view is None:
-        print(
-            "imex-guest-agent: error: nothing could be learned from the registry or DNS; "
-            "files left as they are",
-            file=sys.stderr,
-        )
-        return EXIT_NOTHING_LEARNED
-    agent.published = merge_view({}, view)
-    agent.vmis = {m.index: m.vmi for m in view.members if m.vmi}
-    agent.cliques = {m.index: m.clique for m in view.members if m.clique}
-    agent.learned = True
-    agent.source = view.source
-    agent.generation = view.generation
-    own = agent.resolve_own()
-    log.info("view from %s: %d pinned, generation %s", view.source, len(view.pins),
-             view.generation)
-    log.info("own slot: %s", own.note)
-    pins = local_pins(agent.published, own.index, own.pin_ip)
-    try:
-        result = agent.applier.apply(pins, pins_for(pins, agent.cliques, own.index))
-    except ApplyError as exc:
-        print(f"imex-guest-agent: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    print(
-        f"applied {len(agent.published)} member(s) from {view.source} "
-        f"(generation {view.generation}); own slot: {own.note}; "
-        f"nodes_config {'written' if result.nodes_written else 'unchanged'}, "
-        f"hosts {'written' if result.hosts_written else 'unchanged'}"
-    )
-    return EXIT_OK
-
-
-def cmd_status(settings: Settings, as_json: bool) -> int:
-    try:
-        data = load_status(settings.status_file)
-    except StatusError as exc:
-        print(f"imex-guest-agent: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    pid = data.get("pid")
-    running = False
-    if isinstance(pid, int):
-        try:
-            os.kill(pid, 0)
-            running = True
-        except ProcessLookupError:
-            running = False
-        except PermissionError:
-            running = True
-    data["agent_running"] = running
-    if as_json:
-        print(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        sys.stdout.write(format_table(data))
-        if not running:
-            print(f"(agent pid {pid} is not running: this status may be stale)")
-    return EXIT_OK
-
-
-def main(args: argparse.Namespace, settings: Settings) -> int:
-    """Entry point for ``run``, ``once`` and ``status`` (called by ``cli.main``)."""
-    as_json = bool(getattr(args, "json", False))
-    if args.command == "status":
-        return cmd_status(settings, as_json)
-    setup_logging(as_json)
-    if args.command == "once":
-        return eventloop.leave(eventloop.run(run_once(settings)))
-    if args.command == "run":
-        log.info(
-            "imex-guest-agent %s starting for %s (config %s)",
-            AGENT_VERSION,
-            f"{settings.namespace}/{settings.ensemble}",
-            settings.source,
-        )
-        agent = Agent(settings)
-        code = eventloop.run(agent.run())
-        agent.disarm()
-        log.info("stopped (exit %d)", code)
-        return eventloop.leave(code)  # a resolver thread still blocked must not hold us
-    print(f"imex-guest-agent: error: unknown command {args.command!r}", file=sys.stderr)
-    return 2

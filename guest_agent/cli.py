@@ -5,7 +5,7 @@ standard library (no dnspython, pyroute2 or watchfiles needed to preview a
 file). Every error is one line on stderr naming what is wrong, exit 2 for
 bad input and config, 1 for runtime failures, 3 when ``once`` could learn
 nothing (docs/guest-agent.md has the table). ``run``, ``once`` and ``status``
-are ``guest_agent.agent.main``.
+are ``guest_agent.commands.main``.
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from guest_agent.net import rtnl_import
 
         rtnl_import.enable_lean()
-    from guest_agent import agent
+    from guest_agent import commands
 
-    return agent.main(args, settings)
+    return commands.main(args, settings)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ tests/integration/guest/test_agent_stop.py; the agent's stop watchdog ended it a
 So :func:`run` closes the loop without waiting for its executor, and :func:`leave` ends the
 process at once when such a thread is still blocked, after flushing logs and streams.
 Nothing is lost: the thread only ever held a name lookup whose result nobody awaits.
+
+Every task the daemon starts belongs to a TaskGroup, so none outlives the code that
+started it. :func:`race` is how a task waits for the first of several things (an answer,
+news, a child's exit, a deadline): the racers are tasks of one TaskGroup, the losers are
+cancelled and awaited before it returns.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -61,3 +67,55 @@ def leave(code: int) -> int:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """How a racer ended: ``done`` (with a value or an exception) or not (cancelled, because
+    another racer ended first or the time ran out)."""
+
+    done: bool = False
+    value: T | None = None
+    error: Exception | None = None
+
+    def result(self) -> T:
+        """The value, or the exception raised again (only for a racer that is ``done``)."""
+        assert self.done, "the racer did not end"
+        if self.error is not None:
+            raise self.error
+        return cast(T, self.value)
+
+
+async def race(first: Coroutine[Any, Any, T], *others: Coroutine[Any, Any, object],
+               timeout: float | None = None, names: Sequence[str] = ()) -> Outcome[T]:
+    """Run ``first`` and ``others`` until one of them ends or ``timeout`` seconds pass.
+
+    The racers are tasks of one TaskGroup (named after ``names``); when this returns, every
+    one has ended or was cancelled and awaited. Returns how ``first`` ended; an exception
+    of one of ``others`` is raised here. Cancelling the caller cancels every racer.
+    """
+    racers = (first, *others)
+    labels = [*names, *[None] * (len(racers) - len(names))]
+    outcomes: list[Outcome[Any]] = [Outcome() for _ in racers]
+    ended = asyncio.Event()
+
+    async def run_one(coro: Coroutine[Any, Any, Any], out: Outcome[Any]) -> None:
+        try:
+            out.value = await coro
+        except Exception as exc:  # the caller's to see, not the TaskGroup's
+            out.error = exc
+        out.done = True
+        ended.set()
+
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(run_one(coro, out), name=label)
+                 for coro, out, label in zip(racers, outcomes, labels, strict=True)]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await ended.wait()
+        for task in tasks:
+            task.cancel()
+    for out in outcomes[1:]:
+        if out.error is not None:
+            raise out.error
+    return cast(Outcome[T], outcomes[0])

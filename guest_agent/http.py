@@ -1,4 +1,5 @@
-"""A minimal HTTP/1.1 client on asyncio streams, for the registry long-poll and status PUT.
+"""A minimal HTTP/1.1 client on asyncio streams: the registry long-poll, the status PUT, the
+certificate POST.
 
 Why not httpx or aiohttp: the guest installs with a handful of small dependencies and
 this is the only HTTP it speaks (DESIGN.md: the guest must install without the host's
@@ -7,7 +8,8 @@ stack). Scope is deliberately small:
 * one request per connection (``Connection: close``): the long-poll holds a request for
   up to ``longpoll_timeout`` seconds and the status PUT is rare, so keep-alive buys
   nothing and a fresh connection can never carry a stale half-read response;
-* ``http`` and ``https`` (system trust store), JSON bodies, ``Authorization: Bearer``;
+* ``http`` and ``https`` (system trust store), JSON bodies (:func:`json_request`, the one
+  helper the PUT and the POST share), ``Authorization: Bearer``;
 * responses framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of
   the connection; every body is capped (``max_body``) and so are the status line and
   headers, so a hostile or broken server cannot make the agent buffer without bound.
@@ -81,12 +83,15 @@ class Response:
     reason: str
     headers: Mapping[str, str]  # lower-case names; repeated headers joined with ", "
     body: bytes
+    #: the request it answers (``"GET http://..."``), named by a ``json()`` error
+    what: str = ""
 
     def json(self) -> object:
         try:
             return json.loads(self.body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise HttpJsonError(f"response body is not valid JSON: {exc}") from exc
+            where = f"{self.what}: " if self.what else ""
+            raise HttpJsonError(f"{where}response body is not valid JSON: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,7 +351,7 @@ async def request(
                 await writer.wait_closed()
         except (OSError, ssl.SSLError, TimeoutError):
             pass
-    return Response(status, reason.strip(), resp_headers, data)
+    return Response(status, reason.strip(), resp_headers, data, f"{method} {url}")
 
 
 def _checked(method: str, url: str, resp: Response) -> Response:
@@ -360,41 +365,21 @@ def _checked(method: str, url: str, resp: Response) -> Response:
     return resp
 
 
-async def get_json(
+async def json_request(
+    method: str,
     url: str,
-    *,
-    token: str | None = None,
-    connect_timeout: float = 5.0,
-    read_timeout: float = 10.0,
-    max_body: int = DEFAULT_MAX_BODY,
-) -> object:
-    """GET ``url`` and return its JSON body; non-2xx raises HttpStatusError."""
-    resp = await request(
-        "GET",
-        url,
-        token=token,
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        max_body=max_body,
-    )
-    try:
-        return _checked("GET", url, resp).json()
-    except HttpJsonError as exc:
-        raise HttpJsonError(f"GET {url}: {exc}") from exc
-
-
-async def put_json(
-    url: str,
-    body: object,
+    body: object = None,
     *,
     token: str | None = None,
     connect_timeout: float = 5.0,
     read_timeout: float = 10.0,
     max_body: int = DEFAULT_MAX_BODY,
 ) -> Response:
-    """PUT ``body`` as JSON; non-2xx raises HttpStatusError (with ``.status``)."""
+    """``method`` ``url`` with ``body`` as JSON (None: no body); non-2xx raises
+    HttpStatusError (with ``.status`` and ``.body``). The answer's ``json()`` names the
+    request in its error."""
     resp = await request(
-        "PUT",
+        method,
         url,
         json_body=body,
         token=token,
@@ -402,29 +387,4 @@ async def put_json(
         read_timeout=read_timeout,
         max_body=max_body,
     )
-    return _checked("PUT", url, resp)
-
-
-async def post_json(
-    url: str,
-    body: object,
-    *,
-    token: str | None = None,
-    connect_timeout: float = 5.0,
-    read_timeout: float = 10.0,
-    max_body: int = DEFAULT_MAX_BODY,
-) -> object:
-    """POST ``body`` as JSON and return the JSON answer; non-2xx raises HttpStatusError."""
-    resp = await request(
-        "POST",
-        url,
-        json_body=body,
-        token=token,
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        max_body=max_body,
-    )
-    try:
-        return _checked("POST", url, resp).json()
-    except HttpJsonError as exc:
-        raise HttpJsonError(f"POST {url}: {exc}") from exc
+    return _checked(method, url, resp)

@@ -224,7 +224,7 @@ def build_project_wheel(out: Path, isolation: bool = True) -> Path:
         src = Path(d)
         for name in ("pyproject.toml", "README.md"):
             shutil.copy(REPO / name, src / name)
-        for pkg in ("guest_agent", "host_agent"):
+        for pkg in ("imex_shared", "guest_agent", "host_agent"):
             shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
         flags = [] if isolation else ["--no-build-isolation"]
         _pip(["wheel", "-q", "--no-deps", *flags, "-w", str(out), str(src)],

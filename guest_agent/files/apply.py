@@ -1,16 +1,8 @@
 """Pins -> file bytes -> disk: the one place the agent writes managed files.
 
-Stage order (STYLE.md): discovery yields Views; ``merge_view`` (pure) folds a
-View into the published pins; ``local_pins`` (pure) overrides the own slot
-with the address IMEX must find locally (masquerade, DESIGN.md "Own slot");
-``Applier`` renders with the shared renderers and writes with the safe
-writer. Merge rules:
-
-- a registry View is the whole truth: it replaces every pin;
-- a DNS View only speaks for the slots it asserts: it sets those it pins,
-  unpins those it calls absent (already debounced by discovery: two
-  authoritative absences), and every other slot keeps its last value, so a
-  timeout or SERVFAIL never unpins a live peer.
+Which pins to write is decided before this stage (``guest_agent.pins.merge``: the merged
+Views, the own slot pinned locally, other NVLink cliques pinned away in the hosts block);
+``Applier`` renders them with the shared renderers and writes with the safe writer.
 
 Writing is level-triggered and idempotent: each call renders the whole
 desired content from the current files and the pins, and the safe writer
@@ -29,7 +21,6 @@ import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 from guest_agent.config import Settings
 from guest_agent.files.safewrite import FileWriteError, read_bytes, write_file
@@ -40,40 +31,6 @@ from imex_shared.render import render_nodes_config
 
 class ApplyError(RuntimeError):
     """A managed file could not be written; the message names it."""
-
-
-class ViewLike(Protocol):
-    """What ``merge_view`` needs of a discovery View."""
-
-    @property
-    def source(self) -> str: ...
-
-    @property
-    def pins(self) -> Mapping[int, str]: ...
-
-    @property
-    def absent(self) -> frozenset[int] | set[int] | tuple[int, ...]: ...
-
-
-def merge_view(current: Mapping[int, str], view: ViewLike) -> dict[int, str]:
-    """Published pins after ``view`` (pure; rules in the module docstring)."""
-    if view.source == "registry":
-        return dict(view.pins)
-    merged = dict(current)
-    for index in view.absent:
-        merged.pop(index, None)
-    merged.update(view.pins)
-    return merged
-
-
-def local_pins(
-    published: Mapping[int, str], own_index: int | None, own_ip: str | None
-) -> dict[int, str]:
-    """The pins this guest writes: published ones, own slot pinned to ``own_ip``."""
-    pins = dict(published)
-    if own_index is not None and own_ip is not None:
-        pins[own_index] = own_ip
-    return pins
 
 
 def sha256(data: bytes | None) -> str | None:

@@ -1,4 +1,4 @@
-"""The one task that talks to IMEX: observe, ``decide`` (imex_policy), execute.
+"""The one task that talks to IMEX: observe, ``decide`` (supervisor.py), execute.
 
 The rules it follows are in ``guest_agent.imex.supervisor``; the daemon is reached
 through a ``guest_agent.imex.control`` controller. All times are
@@ -8,13 +8,13 @@ through a ``guest_agent.imex.control`` controller. All times are
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from guest_agent.eventloop import race
 from guest_agent.imex.control import NO_ANSWER, Controller, ImexError, query_state
 from guest_agent.imex.supervisor import (
     READY,
@@ -185,20 +185,10 @@ class Supervisor:
         """
         if self._poll_due(now):
             self._last_poll = now
-            query = asyncio.ensure_future(query_state(self.imex_ctl, self.ctl_timeout))
-            news = asyncio.ensure_future(self._news.wait())
             budget = max(0.0, until - now) if until is not None else None
-            try:
-                await asyncio.wait({query, news}, timeout=budget,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                news.cancel()
-                if not query.done():
-                    query.cancel()
-                for t in (query, news):
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
-            if query.cancelled():
+            query = await race(query_state(self.imex_ctl, self.ctl_timeout),
+                               self._news.wait(), timeout=budget)
+            if not query.done:
                 self._last_poll = float("-inf")
                 return
             state = query.result()
@@ -277,16 +267,7 @@ class Supervisor:
             timeout = max(0.0, (wake if wake is not None else now + self.ready_poll) - now)
             if decision is not None and decision.action is not Action.NOTHING:
                 continue
-            news = asyncio.ensure_future(self._news.wait())
-            exited = asyncio.ensure_future(self.controller.wait_exit())
-            try:
-                await asyncio.wait({news, exited}, timeout=timeout, return_when="FIRST_COMPLETED")
-            finally:
-                for t in (news, exited):
-                    t.cancel()
-                for t in (news, exited):
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
+            await race(self._news.wait(), self.controller.wait_exit(), timeout=timeout)
 
     async def stop(self) -> None:
         await self.controller.stop()

@@ -56,7 +56,7 @@ _RHEL_LIKE = ("rhel", "centos", "fedora", "rocky", "almalinux", "ol")
 #: ensemble with authEncryption needs, cryptography's compiled module with them): importing
 #: them once proves the install whole, each compiled module for this CPU included, and
 #: byte-compiles exactly what runs
-AGENT_IMPORTS = ("import guest_agent.cli, guest_agent.agent, "
+AGENT_IMPORTS = ("import guest_agent.cli, guest_agent.commands, guest_agent.agent, "
                  "guest_agent.peers.discovery_io, guest_agent.report.report_io, "
                  "guest_agent.net.netwatch, guest_agent.files.filewatch, "
                  "guest_agent.tls.keeper_io, guest_agent.tls.imex_config, "

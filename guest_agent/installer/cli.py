@@ -22,18 +22,17 @@ from guest_agent.installer.from_ensemble import (
     load_document,
     settings_from_object,
 )
-from guest_agent.installer.userdata import (
-    _K8S_NAME,
-    _REQUIREMENT,
-    _TOKEN,
+from guest_agent.installer.guest_files import UNIT_RESOURCE, render_agent_config
+from guest_agent.installer.options import (
     DEFAULT_IMEX_CMD_PORT,
-    UNIT_RESOURCE,
+    K8S_NAME_PATTERN,
+    REQUIREMENT_PATTERN,
+    TOKEN_PATTERN,
     CloudInitError,
     InstallSource,
     Options,
-    generate,
-    render_agent_config,
 )
+from guest_agent.installer.userdata import generate
 from imex_shared.model import DEFAULT_MAX_MEMBERS, DEFAULT_PORT, ModelError
 
 
@@ -158,19 +157,19 @@ def options_from_args(args: argparse.Namespace) -> Options:
     token: str | None = args.token
     if args.token_file is not None:
         token = _read_token(args.token_file)
-    if token is not None and not _TOKEN.match(token):
+    if token is not None and not TOKEN_PATTERN.match(token):
         raise CloudInitError(
             "the token must be one line of letters, digits and -._~+/ (a bearer token), "
             "e.g. from `openssl rand -hex 32`"
         )
-    if args.output_secret is not None and not _K8S_NAME.match(args.output_secret):
+    if args.output_secret is not None and not K8S_NAME_PATTERN.match(args.output_secret):
         raise CloudInitError(f"--output-secret {args.output_secret!r} is not a Kubernetes name")
     for ns in args.nameserver:
         try:
             parse_nameserver("--nameserver", ns)
         except ConfigError as exc:
             raise CloudInitError(str(exc)) from exc
-    if args.package is not None and not _REQUIREMENT.match(args.package):
+    if args.package is not None and not REQUIREMENT_PATTERN.match(args.package):
         raise CloudInitError(
             f"--package {args.package!r} is not a pip requirement such as "
             "'imex-ensemble[guest]==0.1.0'"

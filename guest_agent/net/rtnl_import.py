@@ -10,7 +10,7 @@ only ``pyroute2.iproute.linux`` and the rtnl constants are imported, which
 costs about 4 MB less (docs/benchmarks.md).
 
 Lean mode is asked for only by the daemon (``imex-guest-agent run``/``once``,
-see ``agent.main``), before anything has imported pyroute2: a bare package
+see ``cli.main``), before anything has imported pyroute2: a bare package
 would break a later ``from pyroute2 import NDB`` in the same process, so every
 other process (tests, library use) gets the ordinary import. A lean import
 that fails (a pyroute2 whose submodules need the package's initialisation)
@@ -70,8 +70,3 @@ def load() -> tuple[Any, types.ModuleType]:
         log.debug("lean pyroute2 import failed (%s); importing the whole package", exc)
         return _ordinary()
 
-
-def is_lean() -> bool:
-    """True when pyroute2 was loaded without its package ``__init__``."""
-    mod = sys.modules.get("pyroute2")
-    return mod is not None and not hasattr(mod, "IPRoute")

@@ -1,8 +1,9 @@
 """Discovery: registry fast path plus DNS fallback, combined into one stream of views.
 
-Contract with the daemon (agent.py): :meth:`Discovery.run` calls ``publish(view)``
-whenever what the guest should believe changes; every :class:`View` carries only validated
-``index -> IP`` pins and the slots known to be absent, nothing else can reach a file.
+Contract with the daemon (guest_agent/agent.py): :meth:`Discovery.run` calls ``publish(view)``
+whenever what the guest should believe changes; a View (:mod:`guest_agent.peers.discovery`)
+carries only validated ``index -> IP`` pins and the slots known to be absent, nothing else
+can reach a file.
 
 Which source wins:
 
@@ -53,22 +54,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import tenacity
 
+from guest_agent import eventloop
 from guest_agent.config import Settings
-from guest_agent.peers.dns import DnsClient, DnsState, DnsTracker
-from guest_agent.peers.registry_io import (
-    RegistryClient,
+from guest_agent.peers.discovery import View, dns_view, registry_view
+from guest_agent.peers.dns import DnsState, DnsTracker
+from guest_agent.peers.dns_io import DnsClient
+from guest_agent.peers.registry import (
     RegistryDropped,
     RegistryError,
     RegistrySnapshot,
     RegistryUnavailable,
 )
-from imex_shared.model import EnsembleId, Member
+from guest_agent.peers.registry_io import RegistryClient
+from imex_shared.model import EnsembleId
 
 log = logging.getLogger("guest_agent.discovery")  # logger name pinned
 
@@ -76,48 +79,7 @@ T = TypeVar("T")
 
 #: Answers with a lower generation ignored in a row before the lower number is believed.
 MAX_BEHIND = 2
-Publish = Callable[["View"], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """What one source says about the ensemble right now."""
-
-    source: Literal["registry", "dns"]
-    #: index -> IP of slots known present (validated by the shared model)
-    pins: Mapping[int, str]
-    #: slots authoritatively absent (DNS: after two consecutive absences)
-    absent: frozenset[int]
-    #: registry generation; None for DNS
-    generation: int | None
-    #: registry: with vmi/node/phase/ready; DNS: index and ip only
-    members: tuple[Member, ...]
-    #: registry: sha256 of the ensemble's CA bundle (authEncryption), else None
-    ca_bundle_sha256: str | None = None
-
-
-def registry_view(snap: RegistrySnapshot, max_members: int) -> View:
-    """A registry answer as a view: authoritative for every slot."""
-    pins = snap.pins
-    return View(
-        source="registry",
-        pins=pins,
-        absent=frozenset(range(max_members)) - frozenset(pins),
-        generation=snap.generation,
-        members=snap.members,
-        ca_bundle_sha256=snap.ca_bundle_sha256,
-    )
-
-
-def dns_view(state: DnsState) -> View:
-    """The DNS tracker's belief as a view: only what DNS said authoritatively."""
-    return View(
-        source="dns",
-        pins=dict(state.pins),
-        absent=state.absent,
-        generation=None,
-        members=tuple(Member(i, ip) for i, ip in sorted(state.pins.items())),
-    )
+Publish = Callable[[View], Awaitable[None]]
 
 
 class Discovery:
@@ -153,14 +115,6 @@ class Discovery:
         self.last_dns_view: View | None = None
 
     # ------------------------------------------------------------------ public
-
-    @property
-    def registry_healthy(self) -> bool:
-        """The registry answered its last request, within ``poll_interval + longpoll_timeout``."""
-        if self.registry is None or self._registry_ok_at is None or self._registry_failing:
-            return False
-        age = time.monotonic() - self._registry_ok_at
-        return age <= self.settings.poll_interval + self.settings.longpoll_timeout
 
     def _registry_in_charge(self) -> bool:
         """Whether DNS views must wait: the registry has not failed and is not overdue.
@@ -437,14 +391,6 @@ def _backoff(initial: float, cap: float) -> tenacity.wait.wait_base:
 
 async def _until(coro: Coroutine[Any, Any, T], event: asyncio.Event) -> T | None:
     """Run ``coro`` until it finishes (its result or exception) or ``event`` is set (None)."""
-    task = asyncio.create_task(coro, name="discovery-request")
-    waiter = asyncio.create_task(event.wait(), name="discovery-kick-wait")
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, waiter):
-            t.cancel()
-        await asyncio.gather(task, waiter, return_exceptions=True)
-    if task.done() and not task.cancelled():
-        return task.result()
-    return None
+    outcome = await eventloop.race(coro, event.wait(),
+                                   names=("discovery-request", "discovery-kick-wait"))
+    return outcome.result() if outcome.done else None

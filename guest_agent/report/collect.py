@@ -25,14 +25,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from guest_agent.config import Settings
+from guest_agent.report.report import Collected
 from imex_shared.imex_domain import (
     OUTPUT_MAX_BYTES,
     DomainError,
-    Fabric,
     parse_fabric,
     parse_imex_domain,
 )
@@ -114,21 +113,6 @@ async def _kill(proc: asyncio.subprocess.Process, stdout: asyncio.StreamReader) 
             while await stdout.read(65536):
                 pass
     await proc.wait()
-
-
-@dataclass
-class Collected:
-    """The latest pass; ``fabric_known`` False until nvidia-smi answered once."""
-
-    imex_domain: dict[str, Any] | None = None
-    fabric: Fabric | None = None
-    fabric_known: bool = False
-    channel0: bool = False
-    errors: int = 0
-    last_error: str | None = None
-    at: float = 0.0
-    passes: int = 0
-    fabric_checked_at: float | None = field(default=None, repr=False)
 
 
 class DomainCollector:

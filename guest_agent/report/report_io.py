@@ -15,22 +15,17 @@ Concurrency and failure rules:
 - The bearer token is read from ``token_file`` for every send, so a rotated
   Secret is picked up without a restart.
 - ``imex_domain`` (~25 KB for 18 nodes, ~1 ms of the registry's CPU to check) goes
-  only when the registry needs it (:func:`send_domain`): when it changed since the
-  last report the registry accepted with it (the top-level ``timestamp`` aside), at
-  least once a minute, on the first report after start, and after any failure or an
-  answer from a replica that is shutting down. Otherwise the key is left out, which
-  the registry reads as "unchanged" (null would mean "no domain view").
+  only when the registry needs it (``guest_agent.report.report.send_domain``); the
+  registry's answer says whether it was accepted (a replica that is shutting down
+  does not count).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +40,18 @@ from tenacity import (
 
 from guest_agent import http
 from guest_agent.config import Settings
+from guest_agent.report.report import (
+    DomainAccepted,
+    Report,
+    domain_key,
+    domain_refresh,
+    send_domain,
+    status_url,
+)
 
 log = logging.getLogger("guest_agent.reporter")  # logger name pinned
 
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-
-#: The registry gets the full domain view at least this often (seconds), so a replica
-#: that restarted or joined has every member's link row within a minute.
-DOMAIN_REFRESH = 60.0
 
 #: The status PUT answer header of a replica that is shutting down.
 CLOSING_HEADER = "x-imex-registry"
@@ -60,58 +59,6 @@ CLOSING_HEADER = "x-imex-registry"
 
 class ReportError(RuntimeError):
     """A report could not be delivered (and will not be retried)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    index: int
-    body: dict[str, Any]
-
-
-def domain_key(doc: object) -> str:
-    """What "the domain view changed" compares: sha256 of the view's canonical JSON
-    without its top-level ``timestamp`` (IMEX stamps every print of ``-N -j``; a
-    connection's ``changed`` moves only with its state, so it stays in). ``None``
-    (no view) has a key of its own."""
-    if isinstance(doc, dict):
-        doc = {k: v for k, v in doc.items() if k != "timestamp"}
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class DomainAccepted:
-    """The domain view the registry last accepted (its :func:`domain_key`) and when
-    (monotonic seconds)."""
-
-    key: str
-    at: float
-
-
-def send_domain(
-    key: str, accepted: DomainAccepted | None, now: float, refresh: float = DOMAIN_REFRESH
-) -> bool:
-    """Pure: whether the next report carries ``imex_domain``.
-
-    Yes when nothing is known to be accepted (the first report after start, or after a
-    failure or a closing replica: ``accepted`` is None), when the view differs from the
-    accepted one, or when the accepted one is ``refresh`` seconds old or more.
-    """
-    return accepted is None or accepted.key != key or now - accepted.at >= refresh
-
-
-def domain_refresh(report_interval: float) -> float:
-    """The age at which the view is resent: one report interval early, so the last
-    report due inside the minute carries it (the next one could come after it)."""
-    return max(0.0, DOMAIN_REFRESH - report_interval)
-
-
-def status_url(settings: Settings, index: int) -> str:
-    assert settings.registry_url is not None
-    return (
-        f"{settings.registry_url}/v1/ensembles/{settings.namespace}/{settings.ensemble}"
-        f"/members/{index}/status"
-    )
 
 
 def read_token(path: str | None) -> str | None:
@@ -199,7 +146,8 @@ class Reporter:
         sent_at = self.clock()
         try:
             token = read_token(self.settings.token_file)
-            resp = await http.put_json(
+            resp = await http.json_request(
+                "PUT",
                 status_url(self.settings, report.index),
                 body,
                 token=token,

@@ -57,7 +57,7 @@ class Status:
     applies: int = 0
     last_error: str | None = None
     last_error_at: float | None = None
-    #: authEncryption: the certificate's state (guest_agent/tls/creds_io.py ``TlsStatus``)
+    #: authEncryption: the certificate's state (guest_agent/tls/keeper.py ``TlsStatus``)
     tls: dict[str, Any] | None = None
     #: from ``nvidia-imex-ctl -N -j``: the domain status IMEX printed and our own row
     #: (peer index -> link state); None when the last pass had no valid answer.

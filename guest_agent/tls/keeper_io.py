@@ -1,4 +1,4 @@
-"""The agent's side of IMEX's credentials: when to ask for a certificate, and backoff.
+"""The agent's side of IMEX's credentials: the task that asks for certificates, and backoff.
 
 Crypto-free on purpose: every key, CSR and certificate check runs in a short-lived
 child, ``python -m guest_agent.tls`` (``inspect`` once at start, ``request`` for each
@@ -6,16 +6,12 @@ certificate), so ``cryptography`` (about 13 MB of RSS, measured in the guest
 footprint; docs/guest-agent.md) is never resident in the daemon, which stays
 inside its 40 MB budget. The child writes the files with the safe writer and
 answers one JSON line: the certificate's names and validity, the bundle digest,
-whether a CA was newly pinned; the trust rules are in guest_agent/tls/creds_io.py.
+whether a CA was newly pinned; the trust rules are in guest_agent/tls/creds.py.
 
-Schedule (``due``): a request when there is no certificate, when it names another
-slot, when the registry's CA bundle digest differs from ours (a rotation step), or
-at two thirds of the lifetime left when the certificate came (not from its
-notBefore, which the registry backdates by 5 minutes). A failed request keeps the
-current files and is retried with exponential backoff and jitter (2 s doubling to
-5 min). ``on_renewed`` tells the agent the files changed; the IMEX supervisor then
-sends one SIGUSR1, in the same window as membership signals. Expiry within 24 h is
-``expiring`` in the status.
+When to ask is guest_agent/tls/keeper.py (pure: ``renewal_due``, ``renew_at``). A
+failed request keeps the current files and is retried with exponential backoff and
+jitter (2 s doubling to 5 min). ``on_renewed`` tells the agent the files changed; the
+IMEX supervisor then sends one SIGUSR1, in the same window as membership signals.
 """
 
 from __future__ import annotations
@@ -29,68 +25,27 @@ import logging
 import random
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from guest_agent.files.safewrite import read_bytes
 from guest_agent.tls.imex_config import CA_FILE, CERT_FILE, PIN_FILE
+from guest_agent.tls.keeper import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    CertFacts,
+    KeeperError,
+    TlsStatus,
+    expiring,
+    iso,
+    renew_at,
+    renewal_due,
+)
 
 log = logging.getLogger("guest_agent.certkeeper")  # logger name pinned
 
-EXPIRY_WARNING: Final = dt.timedelta(hours=24)
-BACKOFF_FIRST: Final = 2.0
-BACKOFF_MAX: Final = 300.0
 #: a child that takes longer than this is killed (a request has a 10 s HTTP timeout)
 CHILD_TIMEOUT: Final = 60.0
-
-
-class KeeperError(RuntimeError):
-    """The child failed or could not run; ``refused``: a bundle or certificate refused."""
-
-    def __init__(self, message: str, refused: bool = False) -> None:
-        super().__init__(message)
-        self.refused = refused
-
-
-def _parse_iso(text: object) -> dt.datetime:
-    return dt.datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-
-
-def _iso(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(frozen=True, slots=True)
-class CertFacts:
-    """What the agent knows of its certificate (from the child's answer)."""
-
-    cn: tuple[str, ...]
-    not_before: dt.datetime
-    not_after: dt.datetime
-
-    @classmethod
-    def of(cls, doc: object) -> CertFacts:
-        if not isinstance(doc, dict):
-            raise KeeperError("the TLS child's answer has no certificate facts")
-        try:
-            return cls(tuple(str(c) for c in doc.get("cn") or ()),
-                       _parse_iso(doc["not_before"]), _parse_iso(doc["not_after"]))
-        except (KeyError, ValueError) as exc:
-            raise KeeperError(f"the TLS child's certificate facts are malformed: {exc}") \
-                from exc
-
-
-def renew_at(facts: CertFacts, obtained: dt.datetime | None = None) -> dt.datetime:
-    """Two thirds into the lifetime, counted from when we got it (see the docstring)."""
-    start, end = facts.not_before, facts.not_after
-    if obtained is not None:
-        start = min(max(start, obtained), end)
-    return start + (end - start) * 2 / 3
-
-
-def expiring(facts: CertFacts | None, now: dt.datetime) -> bool:
-    return facts is not None and facts.not_after - now <= EXPIRY_WARNING
 
 
 def read_pins(tls_dir: Path, configured: str | None) -> list[str]:
@@ -102,22 +57,6 @@ def read_pins(tls_dir: Path, configured: str | None) -> list[str]:
         if len(text) == 64 and all(c in "0123456789abcdef" for c in text) and text not in pins:
             pins.append(text)
     return pins
-
-
-@dataclass
-class TlsStatus:
-    """What the status file says about the credentials (``tls`` in status.json)."""
-
-    cert_not_after: str | None = None
-    renew_at: str | None = None
-    ca_sha256: str | None = None
-    bundle_sha256: str | None = None
-    pinned: list[str] = field(default_factory=list)
-    renewals: int = 0
-    failures: int = 0
-    expiring: bool = False
-    last_error: str | None = None
-    waiting: str | None = None
 
 
 async def run_child(argv: Sequence[str], timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
@@ -224,19 +163,9 @@ class CertKeeper:
     # -- decisions
 
     def due(self, now: dt.datetime) -> str | None:
-        """Why a request is needed now (None: not yet)."""
-        if self.slot is None or self.index is None:
-            return None
-        if self.cert is None:
-            return "no certificate yet"
-        if self.cert.cn != (self.slot,):
-            return f"the certificate names {list(self.cert.cn)}, this guest is {self.slot}"
-        if self.registry_bundle is not None and self.registry_bundle != \
-                self.status.bundle_sha256:
-            return "the registry's CA bundle changed (rotation)"
-        if now >= renew_at(self.cert, self.obtained):
-            return "two thirds of its lifetime have passed"
-        return None
+        """Why a request is needed now (None: not yet; :func:`renewal_due`)."""
+        return renewal_due(self.cert, self.obtained, self.slot, self.index,
+                           self.registry_bundle, self.status.bundle_sha256, now)
 
     async def request(self) -> None:
         """One certificate through the child; KeeperError when it fails or is refused."""
@@ -256,7 +185,7 @@ class CertKeeper:
             log.info("CA rotation: pinned the new CA %s (vouched for by the pinned CA)",
                      str(doc["new_pin"])[:16])
         log.info("certificate for %s renewed: not after %s, CA %s", self.slot,
-                 _iso(self.cert.not_after), (self.status.ca_sha256 or "?")[:16])
+                 iso(self.cert.not_after), (self.status.ca_sha256 or "?")[:16])
         self.ready.set()
         self.on_renewed()
 
@@ -264,8 +193,8 @@ class CertKeeper:
         s = self.status
         now = self.clock()
         if self.cert is not None:
-            s.cert_not_after = _iso(self.cert.not_after)
-            s.renew_at = _iso(renew_at(self.cert, self.obtained))
+            s.cert_not_after = iso(self.cert.not_after)
+            s.renew_at = iso(renew_at(self.cert, self.obtained))
         s.expiring = expiring(self.cert, now)
         s.pinned = [p[:16] for p in read_pins(self.dir, self.configured_pin)]
         if self.on_status is not None:

@@ -69,7 +69,7 @@ def domain_doc(n: int, own: int) -> dict[str, Any]:
 
 
 def aggregation(results: Results, quick: bool) -> None:
-    from guest_agent.report.report_io import domain_refresh
+    from guest_agent.report.report import domain_refresh
     from host_agent.registry.domain_routes import DomainCache, DomainCollector
     from host_agent.registry.models import StatusReport
     from host_agent.registry.report_routes import guest_report

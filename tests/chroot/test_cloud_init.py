@@ -30,7 +30,8 @@ import re
 
 import pytest
 
-from guest_agent.installer import cli
+from guest_agent.installer import cli, guest_files, setup_script
+from guest_agent.installer import options as opt
 from guest_agent.installer import userdata as ci
 from tests.chroot.conftest import GUESTS, ChrootFactory
 from tests.chroot.sandbox import Chroot
@@ -49,16 +50,16 @@ STAGES = ("cloud-init init --local", "cloud-init init", "cloud-init modules --mo
           "cloud-init modules --mode final")
 
 
-def options(**kw: object) -> ci.Options:
+def options(**kw: object) -> opt.Options:
     base: dict[str, object] = {
         "ensemble": "gb200", "namespace": "gpu-jobs", "token": TOKEN,
         "registry_url": "http://10.77.0.1:8080",
-        "install": ci.InstallSource("find-links", "file:///wheelhouse/")}
+        "install": opt.InstallSource("find-links", "file:///wheelhouse/")}
     base.update(kw)
-    return ci.Options(**base)  # type: ignore[arg-type]
+    return opt.Options(**base)  # type: ignore[arg-type]
 
 
-def prepare(c: Chroot, opts: ci.Options, extra_cfg: str = "",
+def prepare(c: Chroot, opts: opt.Options, extra_cfg: str = "",
             cloud_dir: str = "/var/lib/cloud") -> str:
     user_data = ci.render_user_data(opts, cli.load_unit())
     seed = c.path(f"{cloud_dir}/seed/nocloud")
@@ -84,7 +85,7 @@ def boot(c: Chroot) -> str:
     return "\n".join(out)
 
 
-def sems(c: Chroot, sem_dir: str = ci.CLOUD_INIT_SEM_DIR) -> set[str]:
+def sems(c: Chroot, sem_dir: str = setup_script.CLOUD_INIT_SEM_DIR) -> set[str]:
     """The semaphore files, listed inside (``instance`` is a symlink cloud-init made)."""
     p = c.sh(f"ls -1 {sem_dir}/")
     return set(p.stdout.split()) if p.returncode == 0 else set()
@@ -96,11 +97,11 @@ def test_setup_runs_and_is_redone_after_a_torn_boot_by_this_cloud_init(
     c = chroot(GUESTS[gid], name="gb200-0")
     opts = options()
     prepare(c, opts)
-    ours = ci.setup_sem(opts, cli.load_unit()).rpartition("/")[2]
-    setup = {f"config_{m}" for m in ci.SETUP_MODULES}
+    ours = setup_script.setup_sem(opts, cli.load_unit()).rpartition("/")[2]
+    setup = {f"config_{m}" for m in setup_script.SETUP_MODULES}
 
     log1 = boot(c)
-    for f in ci.render_files(opts, cli.load_unit()):
+    for f in guest_files.render_files(opts, cli.load_unit()):
         assert c.path(f.path).read_bytes() == f.content, f"{gid}: {f.path}\n{log1[-3000:]}"
         assert oct(c.path(f.path).stat().st_mode & 0o777) == oct(int(f.permissions, 8))
     output = c.read("/var/log/cloud-init-output.log")
@@ -112,10 +113,10 @@ def test_setup_runs_and_is_redone_after_a_torn_boot_by_this_cloud_init(
         "daemon-reload", "enable imex-guest-agent.service"]
 
     # a crash in the first minutes: the commit never reached the disk, the config is empty
-    c.check(f"rm {ci.CLOUD_INIT_SEM_DIR}/{ours} && : > {ci.CONFIG_PATH}")
+    c.check(f"rm {setup_script.CLOUD_INIT_SEM_DIR}/{ours} && : > {guest_files.CONFIG_PATH}")
     log2 = boot(c)
-    assert all(f"{ci.CLOUD_INIT_SEM_DIR}/{s}" in log2 for s in setup), log2[-4000:]
-    assert c.path(ci.CONFIG_PATH).read_text() == ci.render_agent_config(opts)
+    assert all(f"{setup_script.CLOUD_INIT_SEM_DIR}/{s}" in log2 for s in setup), log2[-4000:]
+    assert c.path(guest_files.CONFIG_PATH).read_text() == guest_files.render_agent_config(opts)
     output = c.read("/var/log/cloud-init-output.log")
     assert output.count("imex-ensemble setup: installed imex-ensemble[guest]") == 2
     assert ours in sems(c)
@@ -138,15 +139,15 @@ def test_a_cloud_dir_of_its_own_is_asked_of_this_cloud_init(chroot: ChrootFactor
     c = chroot(GUESTS[gid], name="gb200-0")
     opts = options()
     prepare(c, opts, ELSEWHERE, cloud_dir="/srv/cloud")
-    ours = ci.setup_sem(opts, cli.load_unit()).rpartition("/")[2]
+    ours = setup_script.setup_sem(opts, cli.load_unit()).rpartition("/")[2]
     boot(c)
     here = "/srv/cloud/instance/sem"
     assert {ours, "config_write_files", "config_runcmd", "config_scripts_user"} <= sems(c, here)
     assert not sems(c)  # nothing at the default place
-    c.check(f"rm {here}/{ours} && : > {ci.CONFIG_PATH}")
+    c.check(f"rm {here}/{ours} && : > {guest_files.CONFIG_PATH}")
     log = boot(c)
     assert f"removed '{here}/config_write_files'" in log, log[-3000:]
-    assert c.path(ci.CONFIG_PATH).read_text() == ci.render_agent_config(opts)
+    assert c.path(guest_files.CONFIG_PATH).read_text() == guest_files.render_agent_config(opts)
     assert ours in sems(c, here)
 
 
@@ -165,7 +166,7 @@ def test_no_semaphore_directory_is_a_loud_failure_in_cloud_inits_own_log(
     log = boot(c)
     version = c.check("cloud-init --version 2>&1").strip()
     line = (f"imex-ensemble setup: error: no semaphore directory in cloud-init {version} "
-            f"(not {ci.CLOUD_INIT_SEM_DIR}, nor what it says: nothing): cannot commit or "
+            f"(not {setup_script.CLOUD_INIT_SEM_DIR}, nor what it says: nothing): cannot commit or "
             "redo a torn setup")
     assert line in log, log[-4000:]
     assert line in c.read("/var/log/cloud-init-output.log")
@@ -197,7 +198,7 @@ def test_agent_unit_orders_after_this_cloud_inits_network_stage(chroot: ChrootFa
 def test_single_module_with_frequency_always_is_accepted(chroot: ChrootFactory,
                                                          gid: str) -> None:
     c = chroot(GUESTS[gid], name="gb200-0")
-    prepare(c, options(install=ci.InstallSource("preinstalled")))
+    prepare(c, options(install=opt.InstallSource("preinstalled")))
     c.sh(STAGES[0], timeout=900)
     p = c.sh("cloud-init single --name update_etc_hosts --frequency always", timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent.installer import userdata as ci
+from guest_agent.installer import guest_files, setup_script
 from tests.chroot.conftest import GUESTS, ChrootFactory
 from tests.chroot.sandbox import Chroot
 from tests.chroot.wheels import TEST_RUNNER, host_wheels, runner_wheels
@@ -33,10 +33,10 @@ from tests.vm.wheelhouse import target_for
 
 pytestmark = [pytest.mark.chroot, pytest.mark.root, pytest.mark.timeout(3600)]
 
-INSTALL = (f"mkdir -p {Path(ci.INSTALLER_PATH).parent} && "
-           f"cp /src/guest_agent/bootstrap.py {ci.INSTALLER_PATH} && "
-           f"python3 {ci.INSTALLER_PATH} --find-links file:///wheelhouse/ "
-           f"--requirement 'imex-ensemble[guest]' --venv {ci.VENV}")
+INSTALL = (f"mkdir -p {Path(guest_files.INSTALLER_PATH).parent} && "
+           f"cp /src/guest_agent/bootstrap.py {guest_files.INSTALLER_PATH} && "
+           f"python3 {guest_files.INSTALLER_PATH} --find-links file:///wheelhouse/ "
+           f"--requirement 'imex-ensemble[guest]' --venv {setup_script.VENV}")
 
 
 def install(c: Chroot) -> str:
@@ -65,9 +65,9 @@ def test_guest_unit_tests_pass_under_the_suites_python(chroot: ChrootFactory, gi
     assert f"linux-{guest.arch}-py{guest.python}/" in line
     # the test runner into the same venv, with the same pip-from-its-wheel trick
     pip = c.check(f"ls /wheelhouse/linux-{guest.arch}-py{guest.python}/pip-*.whl").strip()
-    c.check(f"{ci.VENV}/bin/python {pip}/pip install -q --no-index --no-cache-dir "
+    c.check(f"{setup_script.VENV}/bin/python {pip}/pip install -q --no-index --no-cache-dir "
             f"--find-links /testwheels/ {' '.join(TEST_RUNNER)}", timeout=1800)
-    p = c.sh(f"cd /src && PYTHONDONTWRITEBYTECODE=1 {ci.VENV}/bin/python -m pytest -q "
+    p = c.sh(f"cd /src && PYTHONDONTWRITEBYTECODE=1 {setup_script.VENV}/bin/python -m pytest -q "
              "-p no:cacheprovider tests/unit/guest tests/unit/shared", timeout=1800)
     summary = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-2000:]
     assert p.returncode == 0, f"{gid}: {p.stdout[-4000:]}{p.stderr[-2000:]}"
@@ -86,7 +86,7 @@ def test_debian_11s_python_3_9_is_refused_in_one_line(chroot: ChrootFactory) -> 
         "imex-ensemble setup: error: python3.9 (/usr/bin/python3) is the newest python3 here, "
         "below the floor 3.11: install python3.11 or newer from your distribution, then boot "
         "again")
-    assert not c.path(ci.VENV).exists()
+    assert not c.path(setup_script.VENV).exists()
 
 
 def test_arm64_installs_its_own_wheels_and_refuses_an_amd64_wheelhouse(
@@ -96,7 +96,8 @@ def test_arm64_installs_its_own_wheels_and_refuses_an_amd64_wheelhouse(
     assert c.check("uname -m").strip() == "aarch64"
     line = install(c)
     assert "from file:///wheelhouse/linux-arm64-py3.11/" in line
-    out = c.check(f"{ci.VENV}/bin/imex-guest-agent --help && {ci.VENV}/bin/python -c "
+    venv = setup_script.VENV
+    out = c.check(f"{venv}/bin/imex-guest-agent --help && {venv}/bin/python -c "
                   "'import watchfiles._rust_notify, cryptography.hazmat.bindings._rust as r; "
                   "print(watchfiles._rust_notify.__file__)'", timeout=900)
     assert "aarch64-linux-gnu" in out or "abi3" in out, out
@@ -114,7 +115,7 @@ def test_arm64_installs_its_own_wheels_and_refuses_an_amd64_wheelhouse(
         "imex-ensemble setup: error: the wheelhouse file:///wheelhouse/ has nothing for "
         "linux-arm64 (this guest is aarch64); it serves linux-amd64-py3.11, "
         "linux-amd64-py3.13: run make wheelhouse PLATFORM=linux/arm64")
-    assert not c2.path(ci.VENV).exists()
+    assert not c2.path(setup_script.VENV).exists()
 
 
 def test_the_host_extra_installs_and_runs_on_arm64(chroot: ChrootFactory,

@@ -87,7 +87,7 @@ def project_wheel(out: Path, edit: Callable[[Path], None] | None = None) -> Path
         src = Path(d)
         for name in ("pyproject.toml", "README.md"):
             shutil.copy(REPO / name, src / name)
-        for pkg in ("guest_agent", "host_agent"):
+        for pkg in ("guest_agent", "host_agent", "imex_shared"):
             shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
         if edit is not None:
             edit(src)

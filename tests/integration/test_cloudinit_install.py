@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from guest_agent.installer import cli
-from guest_agent.installer import userdata as ci
+from guest_agent.installer import cli, guest_files, setup_script
+from guest_agent.installer import options as opt
 from tests.guest_support.wheels import guest_wheelhouse
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -49,17 +49,18 @@ def in_scratch_sems(script: str, tmp_path: Path) -> tuple[str, Path]:
     """``script`` with cloud-init's semaphore directory swapped for a new scratch one."""
     sem_dir = tmp_path / "sem"
     sem_dir.mkdir()
-    return script.replace(ci.CLOUD_INIT_SEM_DIR, str(sem_dir)), sem_dir
+    return script.replace(setup_script.CLOUD_INIT_SEM_DIR, str(sem_dir)), sem_dir
 
 
-def with_installer(script: str, opts: ci.Options, tmp_path: Path) -> str:
+def with_installer(script: str, opts: opt.Options, tmp_path: Path) -> str:
     """Write the installer as write_files would (its bytes from the rendered files) at a
     scratch path, and point the script there."""
-    (entry,) = [f for f in ci.render_files(opts, None) if f.path == ci.INSTALLER_PATH]
+    (entry,) = [f for f in guest_files.render_files(opts, None)
+                if f.path == guest_files.INSTALLER_PATH]
     path = tmp_path / "lib" / "install.py"
     path.parent.mkdir()
     path.write_bytes(entry.content)
-    return script.replace(ci.INSTALLER_PATH, str(path))
+    return script.replace(guest_files.INSTALLER_PATH, str(path))
 
 
 def exec_start(unit: str) -> list[str]:
@@ -90,15 +91,16 @@ def test_install_script_installs_what_the_unit_starts(tmp_path: Path) -> None:
     # A wheelhouse of this very tree and its guest closure (repacked: offline), laid out as
     # make wheelhouse lays it out, on a file: URL (a wheelhouse copied into the image).
     guest_wheelhouse(tmp_path / "w" / "linux-amd64-py3.11")
-    opts = ci.Options(
+    opts = opt.Options(
         ensemble="gb200",
         namespace="gpu-jobs",
-        install=ci.InstallSource("find-links", (tmp_path / "w").as_uri()),
+        install=opt.InstallSource("find-links", (tmp_path / "w").as_uri()),
     )
-    script, sem_dir = in_scratch_sems(ci.render_setup_script(opts, cli.load_unit()), tmp_path)
+    script, sem_dir = in_scratch_sems(setup_script.render_setup_script(opts, cli.load_unit()),
+                                      tmp_path)
     script = with_installer(script, opts, tmp_path)
     argv = exec_start(cli.load_unit())
-    assert argv[0].startswith(ci.VENV + "/")
+    assert argv[0].startswith(setup_script.VENV + "/")
     proc = run_setup(script, tmp_path, f" && {argv[0]} --help >/dev/null")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     installed = tmp_path / "opt" / Path(argv[0]).relative_to("/opt")
@@ -113,19 +115,19 @@ def test_install_script_installs_what_the_unit_starts(tmp_path: Path) -> None:
         "restart nvidia-imex.service",
     ]
     # committed: the next boot's bootcmd leaves cloud-init's semaphores alone
-    sem = Path(ci.setup_sem(opts, cli.load_unit()))
+    sem = Path(setup_script.setup_sem(opts, cli.load_unit()))
     assert [p.name for p in sem_dir.iterdir()] == [sem.name]
 
 
 def test_install_script_stops_at_the_first_failure(tmp_path: Path) -> None:
     """A failed install must not go on to enable a unit whose binary is missing."""
     (tmp_path / "empty" / "linux-amd64-py3.11").mkdir(parents=True)  # not even pip
-    opts = ci.Options(
+    opts = opt.Options(
         ensemble="gb200",
         namespace="gpu-jobs",
-        install=ci.InstallSource("find-links", (tmp_path / "empty").as_uri()),
+        install=opt.InstallSource("find-links", (tmp_path / "empty").as_uri()),
     )
-    script, sem_dir = in_scratch_sems(ci.render_setup_script(opts, None), tmp_path)
+    script, sem_dir = in_scratch_sems(setup_script.render_setup_script(opts, None), tmp_path)
     proc = run_setup(with_installer(script, opts, tmp_path), tmp_path)
     assert proc.returncode != 0
     (line,) = proc.stderr.splitlines()
@@ -141,16 +143,16 @@ BOOT_SEMS = ("config_write_files", "config_runcmd", "config_scripts_user", "conf
 @pytest.mark.parametrize("state", ["committed", "never committed", "other user-data"])
 def test_bootcmd_rearms_the_setup_until_it_is_committed(state: str, tmp_path: Path) -> None:
     """A guest that died before the commit gets write_files and runcmd again; others do not."""
-    o = ci.Options(ensemble="gb200", namespace="gpu-jobs")
-    bootcmd, sem_dir = in_scratch_sems(ci.render_bootcmd(o, None), tmp_path)
+    o = opt.Options(ensemble="gb200", namespace="gpu-jobs")
+    bootcmd, sem_dir = in_scratch_sems(setup_script.render_bootcmd(o, None), tmp_path)
     for name in BOOT_SEMS:  # what cloud-init left from the first boot
         (sem_dir / name).write_text("")
-    ours = Path(ci.setup_sem(o, None)).name
+    ours = Path(setup_script.setup_sem(o, None)).name
     if state == "committed":
         (sem_dir / ours).write_text("")
     elif state == "other user-data":
-        other = ci.Options(ensemble="gb200", namespace="other")
-        (sem_dir / Path(ci.setup_sem(other, None)).name).write_text("")
+        other = opt.Options(ensemble="gb200", namespace="other")
+        (sem_dir / Path(setup_script.setup_sem(other, None)).name).write_text("")
     # as cloud-init runs it: every bootcmd item in one sh script
     proc = subprocess.run(["sh", "-c", bootcmd], capture_output=True, text=True, timeout=10,
                           check=False)
@@ -166,8 +168,9 @@ def test_bootcmd_rearms_the_setup_until_it_is_committed(state: str, tmp_path: Pa
 
 
 def test_bootcmd_fails_loudly_without_cloud_inits_semaphore_directory(tmp_path: Path) -> None:
-    o = ci.Options(ensemble="gb200", namespace="gpu-jobs")
-    bootcmd = ci.render_bootcmd(o, None).replace(ci.CLOUD_INIT_SEM_DIR, str(tmp_path / "sem"))
+    o = opt.Options(ensemble="gb200", namespace="gpu-jobs")
+    bootcmd = setup_script.render_bootcmd(o, None).replace(setup_script.CLOUD_INIT_SEM_DIR,
+                                                           str(tmp_path / "sem"))
     fakebin = tmp_path / "bin"
     fakebin.mkdir()
     (fakebin / "cloud-init").write_text("#!/bin/sh\necho '/usr/bin/cloud-init 25.1.4'\n")

@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from guest_agent.config import load_settings
-from guest_agent.installer import cli
+from guest_agent.installer import cli, guest_files, setup_script
+from guest_agent.installer import options as opt
 from guest_agent.installer import userdata as ci
 
 CLOUD_INIT = "/usr/bin/cloud-init"
@@ -117,7 +118,7 @@ def generate(variant: Variant) -> tuple[str, str]:
     return proc.stdout, proc.stderr
 
 
-def options(variant: Variant) -> ci.Options:
+def options(variant: Variant) -> opt.Options:
     return cli.options_from_args(cli.build_parser().parse_args(list(variant.argv)))
 
 
@@ -190,7 +191,7 @@ def test_cloud_init_writes_the_expected_files(variant: Variant, tmp_path: Path) 
     )
     opts = options(variant)
     unit = None if opts.install.kind == "preinstalled" else cli.load_unit()
-    expected = {f.path: (f.content, f.permissions) for f in ci.render_files(opts, unit)}
+    expected = {f.path: (f.content, f.permissions) for f in guest_files.render_files(opts, unit)}
     written = {
         "/" + str(p.relative_to(root)): (p.read_bytes(), mode_of(p))
         for p in root.rglob("*")
@@ -230,7 +231,8 @@ def test_bootcmd_names_the_semaphores_real_cloud_init_uses() -> None:
     the installed cloud-init (22.4, as in the Debian 12 guests), and that bootcmd runs
     before write_files in the same stage, so a re-armed write_files runs in that boot."""
     proc = subprocess.run(
-        [SYSTEM_PYTHON, "-c", SEMAPHORES, ci.CLOUD_INIT_SEM_DIR, *ci.SETUP_MODULES],
+        [SYSTEM_PYTHON, "-c", SEMAPHORES, setup_script.CLOUD_INIT_SEM_DIR,
+         *setup_script.SETUP_MODULES],
         capture_output=True,
         text=True,
         timeout=60,
@@ -238,13 +240,13 @@ def test_bootcmd_names_the_semaphores_real_cloud_init_uses() -> None:
     )
     got = proc.stdout.splitlines()
     assert got == [
-        f"{ci.CLOUD_INIT_SEM_DIR}/config_write_files cloud_init_modules",
-        f"{ci.CLOUD_INIT_SEM_DIR}/config_runcmd cloud_config_modules",
-        f"{ci.CLOUD_INIT_SEM_DIR}/config_scripts_user cloud_final_modules",
+        f"{setup_script.CLOUD_INIT_SEM_DIR}/config_write_files cloud_init_modules",
+        f"{setup_script.CLOUD_INIT_SEM_DIR}/config_runcmd cloud_config_modules",
+        f"{setup_script.CLOUD_INIT_SEM_DIR}/config_scripts_user cloud_final_modules",
         "bootcmd-first True",
     ]
-    bootcmd = ci.render_bootcmd(ci.Options(ensemble="gb200", namespace="gpu-jobs"), None)
-    bootcmd = bootcmd.replace("$imex_sem", ci.CLOUD_INIT_SEM_DIR)
+    bootcmd = setup_script.render_bootcmd(opt.Options(ensemble="gb200", namespace="gpu-jobs"), None)
+    bootcmd = bootcmd.replace("$imex_sem", setup_script.CLOUD_INIT_SEM_DIR)
     for line in got[:3]:
         assert line.split()[0] in bootcmd
 

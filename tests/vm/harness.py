@@ -567,7 +567,7 @@ class VmHarness(HostSide, Observation):
                 g.machine.kill()
 
 def ci_venv() -> str:
-    from guest_agent.installer.userdata import VENV
+    from guest_agent.installer.setup_script import VENV
 
     return VENV
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import pytest
 
-from guest_agent.installer import userdata as ci
+from guest_agent.installer import guest_files, setup_script
 from imex_shared.hostsfile import read_block
 from tests.vm.harness import (
     Guest,
@@ -63,9 +63,9 @@ def outside_block(text: str, h: VmHarness) -> list[str]:
 # What a crash in the first minutes leaves (seen in CI): files written shortly before the
 # crash are empty. ``sync`` makes this state, not a luckier one, what the next boot finds.
 TEAR = (
-    f"rm -f {ci.CLOUD_INIT_SEM_DIR}/{ci.SETUP_SEM_PREFIX}* && "
-    f": > {ci.CONFIG_PATH} && "
-    f"find {ci.VENV} -path '*/guest_agent/agent.py' -exec truncate -s 0 {{}} + && sync"
+    f"rm -f {setup_script.CLOUD_INIT_SEM_DIR}/{setup_script.SETUP_SEM_PREFIX}* && "
+    f": > {guest_files.CONFIG_PATH} && "
+    f"find {setup_script.VENV} -path '*/guest_agent/agent.py' -exec truncate -s 0 {{}} + && sync"
 )
 
 
@@ -81,7 +81,7 @@ def check_setup_redone(g: Guest) -> str:
     whole; systemd's own restarts of the enabled agent can bring it up, and the
     ensemble to converge, before it. So the semaphore is waited for (a TCG guest's
     ``sync`` after a pip install can take a minute under load), then checked."""
-    sem_glob = f"{ci.CLOUD_INIT_SEM_DIR}/{ci.SETUP_SEM_PREFIX}*"
+    sem_glob = f"{setup_script.CLOUD_INIT_SEM_DIR}/{setup_script.SETUP_SEM_PREFIX}*"
 
     def committed() -> bool:
         return g.machine.qga.sh(f"ls {sem_glob}", timeout=60).exitcode == 0
@@ -93,8 +93,9 @@ def check_setup_redone(g: Guest) -> str:
 
     wait_for(f"{g.vmi}'s setup to be committed again", committed, 300, 5.0, evidence)
     r = g.machine.qga.sh(
-        f"ls {ci.CLOUD_INIT_SEM_DIR}/{ci.SETUP_SEM_PREFIX}* && wc -c < {ci.CONFIG_PATH} && "
-        f"find {ci.VENV} -path '*/guest_agent/agent.py' -size +1k | wc -l", timeout=60)
+        f"ls {setup_script.CLOUD_INIT_SEM_DIR}/{setup_script.SETUP_SEM_PREFIX}* && "
+        f"wc -c < {guest_files.CONFIG_PATH} && "
+        f"find {setup_script.VENV} -path '*/guest_agent/agent.py' -size +1k | wc -l", timeout=60)
     assert r.exitcode == 0, f"{g.vmi}: setup not committed again: {r.out}{r.err}"
     sem, config_bytes, modules = r.out.split()
     assert int(config_bytes) > 0 and modules == "1", r.out

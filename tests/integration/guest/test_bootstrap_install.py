@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from guest_agent.installer import bootstrap as b
-from guest_agent.installer import userdata as ci
+from guest_agent.installer import guest_files
 from tests.guest_support.wheels import guest_wheelhouse
 
 SYSTEM_PYTHON = Path("/usr/bin/python3")
@@ -94,7 +94,7 @@ def run(tmp_path: Path, path_dir: Path, *args: str) -> subprocess.CompletedProce
     env = {"PATH": f"{path_dir}", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
     installer = tmp_path / "lib" / "install.py"
     installer.parent.mkdir(exist_ok=True)
-    installer.write_text(ci.installer_source())
+    installer.write_text(guest_files.installer_source())
     return subprocess.run(
         [str(SYSTEM_PYTHON), str(installer), *args, "--venv", str(tmp_path / "venv"),
          "--log", str(tmp_path / "install.log")],
@@ -270,7 +270,7 @@ def test_an_install_that_does_not_import_is_removed(tmp_path: Path, wheels: Path
     root = tree(tmp_path / "w", wheels, {"linux-amd64-py3.11": ("imex_ensemble",)})
 
     def tear(src: Path) -> None:  # a module the daemon imports only lazily
-        with open(src / "guest_agent" / "netwatch.py", "a") as f:
+        with open(src / "guest_agent" / "net" / "netwatch.py", "a") as f:
             f.write("\nraise ImportError('torn module')\n")
 
     project_wheel(root / "linux-amd64-py3.11", tear)

@@ -15,8 +15,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from guest_agent.config import Nameserver, Settings
-from guest_agent.peers.discovery_io import Discovery, View
+from guest_agent.peers.discovery import View
+from guest_agent.peers.discovery_io import Discovery
 from imex_shared.model import EnsembleId
+from tests.guest_support.discovery import registry_healthy
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer
 
 ENS = EnsembleId("team-a", "rack1")
@@ -236,7 +238,7 @@ async def test_registry_wins_while_it_answers(dns: DnsServer, registry: FakeRegi
         assert first.source == "registry" and first.generation == registry.generation
         assert first.pins == {0: "10.0.0.1", 1: "10.0.0.2"} and first.absent == {2, 3}
         assert first.members[0].vmi == "rack1-0"
-        assert disc.registry_healthy
+        assert registry_healthy(disc)
         # the long-poll delivers a change at once, not at the poll interval
         t0 = time.monotonic()
         registry.set({0: "10.0.0.1", 1: "10.0.0.2", 3: "10.0.0.4"})
@@ -262,7 +264,7 @@ async def test_registry_down_dns_takes_over_then_registry_wins_again(
         dview = await views.until(lambda v: v.source == "dns", POLL + 0.5)
         assert time.monotonic() - t0 < POLL + 0.5, "DNS view must follow within poll_interval"
         assert dview.pins == {0: "10.0.0.1", 2: "10.0.0.3"} and dview.generation is None
-        assert not disc.registry_healthy
+        assert not registry_healthy(disc)
         # DNS changes are published while the registry is down
         dns_publish(dns, {0: "10.0.0.1", 2: "10.0.0.3", 3: "10.0.0.4"})
         await views.until(lambda v: v.source == "dns" and 3 in v.pins, 3 * POLL + 1)
@@ -309,7 +311,7 @@ async def test_dns_stands_by_while_the_registry_answers(
         n0 = dns.query_count(srv, "SRV")
         await asyncio.sleep(window)
         standby = dns.query_count(srv, "SRV") - n0
-        assert disc.registry_healthy
+        assert registry_healthy(disc)
         assert 1 <= standby <= 3, f"{standby} SRV passes in {window}s at one per {4 * POLL}s"
         await registry.go_down()
         await views.until(lambda v: v.source == "dns", POLL + 0.5)
@@ -341,7 +343,7 @@ async def test_dns_only_crash_needs_two_absences_and_rejoin(dns: DnsServer) -> N
     dns_publish(dns, {0: "10.0.0.1", 1: "10.0.0.2"})
     views = Views()
     disc = Discovery(settings(dns), ENS)
-    assert not disc.registry_healthy
+    assert not registry_healthy(disc)
     async with running(disc, views):
         joined = await views.until(lambda v: True, 1)
         assert joined.source == "dns" and joined.pins == {0: "10.0.0.1", 1: "10.0.0.2"}
@@ -424,7 +426,7 @@ async def test_refused_registry_fails_over_at_once(dns: DnsServer) -> None:
         t0 = time.monotonic()
         first = await views.until(lambda v: True, POLL + 1)
         assert first.source == "dns" and time.monotonic() - t0 < POLL + 0.5
-        assert not disc.registry_healthy
+        assert not registry_healthy(disc)
 
 
 async def test_kick_while_everything_refuses_does_not_spin(

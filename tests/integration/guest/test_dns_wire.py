@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from guest_agent.config import Nameserver, Settings
-from guest_agent.peers.dns import DnsClient, DnsTracker
+from guest_agent.peers.dns import DnsTracker
+from guest_agent.peers.dns_io import DnsClient
 from imex_shared.model import EnsembleId
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer
 
@@ -132,7 +133,7 @@ async def test_hostile_answers_ignored_with_a_log_line(
     client = DnsClient(settings_for(dns_server), ENS, crosscheck_every=0)
     publish(dns_server, {0: "10.0.0.1", 1: "10.0.0.2"})
     dns_server.set_fail_mode(mode)
-    with caplog.at_level(logging.WARNING, logger="guest_agent.peers.dns"):
+    with caplog.at_level(logging.WARNING, logger="guest_agent.dnsquery"):
         obs = await client.observe()
         first = [r.getMessage() for r in caplog.records if warning in r.getMessage()]
         await client.observe()
@@ -179,7 +180,7 @@ async def test_crosscheck_asks_slot_names_and_srv_wins(
     publish(dns_server, {0: "10.0.0.1"})
     # the slot's own name answers something else than the SRV additional section
     dns_server.set_fail_mode("loopback", names=[ENS.slot_fqdn(0)])
-    with caplog.at_level(logging.WARNING, logger="guest_agent.peers.dns"):
+    with caplog.at_level(logging.WARNING, logger="guest_agent.dnsquery"):
         obs = await client.observe()
     assert obs.present == {0: "10.0.0.1"}
     assert dns_server.query_count(ENS.slot_fqdn(0), "A") == 1

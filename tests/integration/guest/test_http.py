@@ -44,6 +44,11 @@ async def server(handler: Handler) -> AsyncIterator[tuple[str, list[bytes]]]:
         await srv.wait_closed()
 
 
+async def get_json(url: str, *, token: str | None = None) -> object:
+    """GET ``url`` and its JSON body (the product's PUT and POST use the same helper)."""
+    return (await http.json_request("GET", url, token=token)).json()
+
+
 def canned(raw: bytes) -> Handler:
     async def handler(_req: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(raw)
@@ -57,7 +62,7 @@ async def test_get_json_content_length_and_bearer() -> None:
     raw = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
         len(body), body)
     async with server(canned(raw)) as (url, reqs):
-        data = await http.get_json(url + "/v1/ensembles/a/b?wait=3&timeout=1", token="s3cret")
+        data = await get_json(url + "/v1/ensembles/a/b?wait=3&timeout=1", token="s3cret")
     assert data == {"generation": 7}
     head = reqs[0].decode()
     assert head.startswith("GET /v1/ensembles/a/b?wait=3&timeout=1 HTTP/1.1\r\n")
@@ -69,19 +74,19 @@ async def test_chunked_response_with_extension_and_trailer() -> None:
     raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
            b"5;ext=1\r\n{\"a\":\r\n3\r\n 1}\r\n0\r\nX-Trailer: y\r\n\r\n")
     async with server(canned(raw)) as (url, _):
-        assert await http.get_json(url + "/") == {"a": 1}
+        assert await get_json(url + "/") == {"a": 1}
 
 
 async def test_body_until_close() -> None:
     async with server(canned(b"HTTP/1.0 200 OK\r\n\r\n[1,2,3]")) as (url, _):
-        assert await http.get_json(url + "/") == [1, 2, 3]
+        assert await get_json(url + "/") == [1, 2, 3]
 
 
 async def test_put_json_sends_body_and_reports_status() -> None:
     raw = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 19\r\n\r\n{\"detail\":\"not ip\"}"
     async with server(canned(raw)) as (url, reqs):
         with pytest.raises(http.HttpStatusError) as err:
-            await http.put_json(url + "/v1/x", {"imex_state": "READY"}, token="t")
+            await http.json_request("PUT", url + "/v1/x", {"imex_state": "READY"}, token="t")
     assert err.value.status == 403 and b"not ip" in err.value.body
     assert "403" in str(err.value)
     req = reqs[0]
@@ -127,8 +132,9 @@ async def test_protocol_errors(raw: bytes) -> None:
 
 async def test_not_json() -> None:
     async with server(canned(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnope")) as (url, _):
-        with pytest.raises(http.HttpJsonError, match="not valid JSON"):
-            await http.get_json(url + "/")
+        with pytest.raises(http.HttpJsonError, match="not valid JSON") as err:
+            await get_json(url + "/")
+    assert str(err.value).startswith(f"GET {url}/: ")  # the error names the request
 
 
 async def test_read_timeout_on_a_stalled_server() -> None:

@@ -12,9 +12,11 @@ import contextlib
 import time
 
 from guest_agent.config import Nameserver, Settings
-from guest_agent.peers.discovery_io import Discovery, View
+from guest_agent.peers.discovery import View
+from guest_agent.peers.discovery_io import Discovery
 from guest_agent.peers.registry_io import RegistryClient
 from imex_shared.model import Member
+from tests.guest_support.discovery import registry_healthy
 from tests.integration.registry.registry_harness import ENS, MEMBERS, SPEC, seeded_state, serve
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer
 
@@ -76,7 +78,7 @@ async def test_document_parses_long_poll_wakes_shutdown_fails_over() -> None:
                 got.clear()
                 await asyncio.wait_for(got.wait(), 5)
             assert views[-1].source == "dns" and views[-1].absent >= {1, 2, 3}
-            assert not disc.registry_healthy
+            assert not registry_healthy(disc)
         finally:
             await registry_stack.aclose()
             task.cancel()

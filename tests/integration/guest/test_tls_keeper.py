@@ -2,7 +2,7 @@
 check (direct, via the cross-signature, refused), renewal on a rotation, backoff.
 
 The registry is the real app under uvicorn on loopback with a CA from host_agent.ca.authority;
-the keeper is guest_agent.tls.creds_io.CertKeeper writing real files.
+the keeper is guest_agent.tls.keeper_io.CertKeeper, whose child writes real files.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from guest_agent.tls import creds_io as tls
-from guest_agent.tls import keeper_io as certkeeper
+from guest_agent.tls import creds as tls
+from guest_agent.tls import keeper_io
 from guest_agent.tls.imex_config import merge_imex_config
-from guest_agent.tls.keeper_io import CertFacts, KeeperError
+from guest_agent.tls.keeper import CertFacts, KeeperError, expiring, renew_at
 from host_agent.ca import authority as ca_mod
 from host_agent.ca.secret_io import CaUnavailable
 from host_agent.state.snapshot import EnsembleSpec
@@ -51,13 +51,13 @@ def registry_state() -> State:
     return state
 
 
-def keeper(url: str, tls_dir: Path, pin: str, renewed: list[int]) -> certkeeper.CertKeeper:
+def keeper(url: str, tls_dir: Path, pin: str, renewed: list[int]) -> keeper_io.CertKeeper:
     base = f"{url}/v1/ensembles/gpu/tls"
     token = tls_dir.parent / "token"
     token.write_text(TOKEN + "\n")
-    k = certkeeper.CertKeeper(tls_dir=str(tls_dir), ca_sha256=pin,
-                              url_for=lambda i: f"{base}/members/{i}/certificate",
-                              token_file=str(token), on_renewed=lambda: renewed.append(1))
+    k = keeper_io.CertKeeper(tls_dir=str(tls_dir), ca_sha256=pin,
+                             url_for=lambda i: f"{base}/members/{i}/certificate",
+                             token_file=str(token), on_renewed=lambda: renewed.append(1))
     k.set_slot(0, ENS.slot(0))
     return k
 
@@ -99,7 +99,7 @@ async def test_first_certificate_files_modes_and_rotation(tmp_path: Path) -> Non
             assert k.due(dt.datetime.now(dt.UTC)) is None
             assert k.obtained is not None
             assert k.cert is not None and k.cert.not_after == cert.not_valid_after_utc
-            at = certkeeper.renew_at(k.cert, k.obtained)
+            at = renew_at(k.cert, k.obtained)
             assert at == k.obtained + (cert.not_valid_after_utc - k.obtained) * 2 / 3
             assert k.due(at - dt.timedelta(seconds=1)) is None
             assert k.due(at) == "two thirds of its lifetime have passed"
@@ -227,6 +227,6 @@ def test_renewal_counts_from_when_the_certificate_came_not_from_the_backdated_st
     assert short.not_valid_before_utc == now - dt.timedelta(minutes=5)
     facts = CertFacts((ENS.slot(0),), short.not_valid_before_utc, short.not_valid_after_utc)
     # from notBefore, 2/3 of 390 s would be 40 s *before* issue: a renewal loop
-    assert certkeeper.renew_at(facts) < now
-    assert certkeeper.renew_at(facts, now) == now + dt.timedelta(seconds=60)
-    assert certkeeper.expiring(facts, now)  # 90 s left: within 24 h
+    assert renew_at(facts) < now
+    assert renew_at(facts, now) == now + dt.timedelta(seconds=60)
+    assert expiring(facts, now)  # 90 s left: within 24 h

@@ -33,13 +33,14 @@ OLD_LICENSE = 'license = { text = "Apache-2.0" }'
 def copy_tree(dst: Path, legacy: bool = False) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, dst / name)
-    for pkg in ("guest_agent", "host_agent"):
+    for pkg in ("imex_shared", "guest_agent", "host_agent"):
         shutil.copytree(REPO / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     if legacy:  # what the tree declared before issue 14
         text = (dst / "pyproject.toml").read_text()
         text = text.replace('license = "Apache-2.0"', OLD_LICENSE)
-        text = text.replace('packages = ["guest_agent", "guest_agent.data", "host_agent"]',
-                            'packages = ["guest_agent", "host_agent"]')
+        # every package named then, the data directory left out
+        text = re.sub(r'packages = \[[^]]*\]', 'packages = ["imex_shared", "guest_agent", '
+                      '"host_agent"]', text, count=1)
         text = text.replace('guest_agent = ["py.typed"]', 'guest_agent = ["py.typed", "data/*"]')
         text = text.replace('"guest_agent.data" = ["*.service"]\n', "")
         text = text.replace('package-dir = { "" = "." }\n', "")

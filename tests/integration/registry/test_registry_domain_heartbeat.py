@@ -15,7 +15,8 @@ import pytest
 
 from guest_agent import http
 from guest_agent.config import Settings
-from guest_agent.report.report_io import DOMAIN_REFRESH, Report, Reporter
+from guest_agent.report.report import DOMAIN_REFRESH, Report
+from guest_agent.report.report_io import Reporter
 from host_agent.registry.config import RegistryConfig
 from host_agent.state.snapshot import EnsembleSpec
 from host_agent.state.store import State

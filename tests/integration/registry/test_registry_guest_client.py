@@ -14,7 +14,8 @@ from pathlib import Path
 
 from guest_agent.config import Settings
 from guest_agent.peers.registry_io import RegistryClient
-from guest_agent.report.report_io import Report, Reporter
+from guest_agent.report.report import Report
+from guest_agent.report.report_io import Reporter
 from host_agent.state.snapshot import EnsembleSpec
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member

@@ -1,41 +1,14 @@
-"""Pins merge (registry replaces, DNS updates what it asserts), own-slot override, real writes."""
+"""The applier's real writes: both files, foreign lines kept, idempotent, re-asserted."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from guest_agent.config import settings_from_mapping
-from guest_agent.files.apply import Applier, local_pins, merge_view
+from guest_agent.files.apply import Applier
 from imex_shared.hostsfile import read_block
 from imex_shared.model import ABSENT_IP, EnsembleId
-
-
-@dataclass(frozen=True)
-class V:
-    source: str
-    pins: dict[int, str]
-    absent: frozenset[int] = field(default_factory=frozenset)
-
-
-def test_registry_view_replaces_all_pins() -> None:
-    current = {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}
-    assert merge_view(current, V("registry", {1: "10.0.0.7"})) == {1: "10.0.0.7"}
-
-
-def test_dns_view_updates_only_what_it_asserts() -> None:
-    current = {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}
-    view = V("dns", {1: "10.0.0.7", 4: "10.0.0.5"}, frozenset({2}))
-    assert merge_view(current, view) == {0: "10.0.0.1", 1: "10.0.0.7", 4: "10.0.0.5"}
-    assert current == {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"}  # not mutated
-
-
-def test_local_pins_override_own_slot_only_when_known() -> None:
-    pub = {0: "10.244.0.5", 1: "10.244.0.6"}
-    assert local_pins(pub, 0, "10.0.2.2") == {0: "10.0.2.2", 1: "10.244.0.6"}
-    assert local_pins(pub, None, "10.0.2.2") == pub
-    assert local_pins(pub, 0, None) == pub
 
 
 def _settings(tmp_path: Path, **kw: object):  # type: ignore[no-untyped-def]

@@ -186,8 +186,9 @@ def test_plain_http_locations_are_trusted_https_are_not() -> None:
 
 def test_the_import_check_covers_every_stage_the_daemon_imports_lazily() -> None:
     # pip runs with --no-compile; this import is what compiles (and proves) the daemon
-    agent = ast.parse((REPO / "guest_agent" / "agent.py").read_text())
-    funcs = [f for f in ast.walk(agent) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+    funcs = [f for name in ("commands.py", "agent.py")
+             for f in ast.walk(ast.parse((REPO / "guest_agent" / name).read_text()))
+             if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
     lazy: set[str] = set()
     for fn in funcs:
         for node in ast.walk(fn):
@@ -199,7 +200,7 @@ def test_the_import_check_covers_every_stage_the_daemon_imports_lazily() -> None
                 is_module = (REPO / (name.replace(".", "/") + ".py")).is_file()
                 lazy.add(name if is_module else node.module or "")
     checked = {m.strip() for m in b.AGENT_IMPORTS.removeprefix("import ").split(",")}
-    assert {"guest_agent.peers.discovery_io", "guest_agent.net.netwatch",
+    assert {"guest_agent.agent", "guest_agent.peers.discovery_io", "guest_agent.net.netwatch",
             "guest_agent.files.filewatch"} <= lazy
     assert lazy <= checked, lazy - checked
     for mod in checked:

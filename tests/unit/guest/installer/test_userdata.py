@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guest_agent.config import settings_from_mapping
-from guest_agent.installer import cli
+from guest_agent.installer import cli, cloudyaml, guest_files, setup_script
+from guest_agent.installer import options as opt
 from guest_agent.installer import userdata as ci
 from imex_shared.model import EnsembleId
 from imex_shared.render import render_nodes_config
@@ -33,10 +34,10 @@ UNIT = (
 )
 
 
-def opts(**kw: Any) -> ci.Options:
+def opts(**kw: Any) -> opt.Options:
     base: dict[str, Any] = {"ensemble": "gb200", "namespace": "gpu-jobs"}
     base.update(kw)
-    return ci.Options(**base)
+    return opt.Options(**base)
 
 
 def files_of(user_data: str) -> dict[str, tuple[bytes, str]]:
@@ -50,7 +51,7 @@ def files_of(user_data: str) -> dict[str, tuple[bytes, str]]:
     return out
 
 
-def parse(argv: list[str]) -> ci.Options:
+def parse(argv: list[str]) -> opt.Options:
     return cli.options_from_args(cli.build_parser().parse_args(argv))
 
 
@@ -60,13 +61,13 @@ def parse(argv: list[str]) -> ci.Options:
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_quoted_scalar_loads_back_exactly(text: str) -> None:
-    assert yaml.safe_load(f"k: {ci.yaml_quote(text)}\n") == {"k": text}
+    assert yaml.safe_load(f"k: {cloudyaml.yaml_quote(text)}\n") == {"k": text}
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode)))
 def test_file_content_loads_back_byte_for_byte(data: bytes) -> None:
-    lines = ci.render_write_files([ci.WriteFile("/x", data, "0600")])
+    lines = cloudyaml.render_write_files([cloudyaml.WriteFile("/x", data, "0600")])
     assert files_of("\n".join(lines) + "\n") == {"/x": (data, "0600")}
 
 
@@ -75,7 +76,7 @@ def test_base64_that_reads_as_a_yaml_scalar_stays_a_string(b64: str) -> None:
     # Hypothesis found it: these are valid base64 and, unquoted, YAML 1.1 ints,
     # nulls and bools, so cloud-init would not get the string it must decode.
     data = base64.b64decode(b64)
-    lines = ci.render_write_files([ci.WriteFile("/b", data, "0600")])
+    lines = cloudyaml.render_write_files([cloudyaml.WriteFile("/b", data, "0600")])
     assert f'    content: "{b64}"' in lines
     assert files_of("\n".join(lines) + "\n") == {"/b": (data, "0600")}
 
@@ -86,12 +87,12 @@ def test_base64_that_reads_as_a_yaml_scalar_stays_a_string(b64: str) -> None:
 )
 def test_awkward_contents_round_trip(text: str) -> None:
     data = text.encode()
-    lines = ci.render_write_files([ci.WriteFile("/p", data)])
+    lines = cloudyaml.render_write_files([cloudyaml.WriteFile("/p", data)])
     assert files_of("\n".join(lines) + "\n")["/p"] == (data, "0644")
 
 
 def test_text_files_are_literal_blocks_for_review() -> None:
-    lines = ci.render_write_files([ci.WriteFile("/n", b"a\nb\n")])
+    lines = cloudyaml.render_write_files([cloudyaml.WriteFile("/n", b"a\nb\n")])
     assert lines[-3:] == ["    content: |", "      a", "      b"]
 
 
@@ -103,9 +104,9 @@ def test_user_data_writes_exactly_the_rendered_files() -> None:
     got = files_of(ci.render_user_data(o, UNIT))
     ens = EnsembleId("gpu-jobs", "gb200")
     assert got == {
-        "/etc/imex-guest-agent/config.toml": (ci.render_agent_config(o).encode(), "0644"),
+        "/etc/imex-guest-agent/config.toml": (guest_files.render_agent_config(o).encode(), "0644"),
         "/etc/imex-guest-agent/token": (TOKEN.encode(), "0600"),
-        "/etc/nvidia-imex/config.cfg": (ci.render_imex_config(o).encode(), "0644"),
+        "/etc/nvidia-imex/config.cfg": (guest_files.render_imex_config(o).encode(), "0644"),
         "/etc/nvidia-imex/nodes_config.cfg": (render_nodes_config(ens, 18, "names"), "0644"),
         "/etc/systemd/system/imex-guest-agent.service": (UNIT.encode(), "0644"),
     }
@@ -122,7 +123,7 @@ def test_agent_config_is_what_the_agent_accepts() -> None:
         own_slot="published",
         nameservers=("10.96.0.10", "[fd00::a]:5353"),
     )
-    s = settings_from_mapping(tomllib.loads(ci.render_agent_config(o)))
+    s = settings_from_mapping(tomllib.loads(guest_files.render_agent_config(o)))
     assert (s.ensemble, s.namespace, s.cluster_domain, s.max_members) == (
         "gb200",
         "gpu-jobs",
@@ -138,12 +139,13 @@ def test_agent_config_is_what_the_agent_accepts() -> None:
 
 def test_no_token_means_no_token_file() -> None:
     o = opts()
-    assert "token_file" not in tomllib.loads(ci.render_agent_config(o))
+    assert "token_file" not in tomllib.loads(guest_files.render_agent_config(o))
     assert "/etc/imex-guest-agent/token" not in files_of(ci.render_user_data(o, None))
 
 
 def test_imex_config_keys() -> None:
-    text = ci.render_imex_config(opts(imex_port=50001, imex_cmd_port=50006, wait_for_quorum="NONE"))
+    text = guest_files.render_imex_config(opts(imex_port=50001, imex_cmd_port=50006,
+                                               wait_for_quorum="NONE"))
     kv = dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
     assert kv["SERVER_PORT"] == "50001"
     assert kv["IMEX_CMD_PORT"] == "50006"
@@ -171,10 +173,10 @@ def test_hosts_and_resolv_conf_are_left_alone() -> None:
 # --- install script -------------------------------------------------------
 
 
-def script_lines(o: ci.Options) -> list[list[str]]:
+def script_lines(o: opt.Options) -> list[list[str]]:
     doc = yaml.safe_load(ci.render_user_data(o, UNIT))
     (script,) = doc["runcmd"]
-    assert script == ci.render_setup_script(o, UNIT)
+    assert script == setup_script.render_setup_script(o, UNIT)
     subprocess.run(["sh", "-n", "-c", script], check=True)  # the shell accepts it
     return [shlex.split(line) for line in script.splitlines()]
 
@@ -191,7 +193,7 @@ def script_lines(o: ci.Options) -> list[list[str]]:
     ],
 )
 def test_install_sources(install: str, source: list[str]) -> None:
-    o = opts(install=ci.InstallSource.parse(install), package=None)
+    o = opts(install=opt.InstallSource.parse(install), package=None)
     lines = script_lines(o)
     assert lines[0] == ["set", "-eu"]
     # one installer run by the image's python3: it picks the interpreter, makes the venv
@@ -199,7 +201,7 @@ def test_install_sources(install: str, source: list[str]) -> None:
     # first where to commit (cloud-init's semaphore directory), before anything is installed
     assert lines[1] == [f"imex_sem={SEM_DIR}"]
     run = lines[3]
-    assert run[:2] == ["python3", ci.INSTALLER_PATH]
+    assert run[:2] == ["python3", guest_files.INSTALLER_PATH]
     assert run[2:4] == source
     assert run[run.index("--venv") + 1] == "/opt/imex-guest-agent"
     req = run[run.index("--requirement") + 1]
@@ -209,7 +211,7 @@ def test_install_sources(install: str, source: list[str]) -> None:
         assert req.split("==")[0] == "imex-ensemble[guest]"
     # the installer is written by write_files, verbatim from the package
     doc = yaml.safe_load(ci.render_user_data(o, UNIT))
-    (inst,) = [f for f in doc["write_files"] if f["path"] == ci.INSTALLER_PATH]
+    (inst,) = [f for f in doc["write_files"] if f["path"] == guest_files.INSTALLER_PATH]
     from guest_agent.installer import bootstrap
 
     assert inst["content"] == Path(bootstrap.__file__).read_text()
@@ -224,32 +226,32 @@ def test_install_sources(install: str, source: list[str]) -> None:
 def test_version_pin_follows_the_generator() -> None:
     from importlib.metadata import version
 
-    req = ci.package_requirement(opts())
+    req = setup_script.package_requirement(opts())
     assert req == f"imex-ensemble[guest]=={version('imex-ensemble')}"
-    assert ci.package_requirement(opts(package="imex-ensemble[guest]>=0.1")) == (
+    assert setup_script.package_requirement(opts(package="imex-ensemble[guest]>=0.1")) == (
         "imex-ensemble[guest]>=0.1"
     )
 
 
 def test_wheel_direct_reference_drops_the_version_spec() -> None:
     url = "https://files.internal/imex_ensemble-0.2.0-py3-none-any.whl"
-    o = opts(install=ci.InstallSource.parse(f"wheel:{url}"), package="imex-ensemble[guest]>=0.2")
+    o = opts(install=opt.InstallSource.parse(f"wheel:{url}"), package="imex-ensemble[guest]>=0.2")
     run = script_lines(o)[3]
     assert run[run.index("--requirement") + 1] == f"imex-ensemble[guest] @ {url}"
 
 
 def test_preinstalled_only_enables() -> None:
     lines = script_lines(opts())
-    assert not any(ci.INSTALLER_PATH in line for line in lines)
+    assert not any(guest_files.INSTALLER_PATH in line for line in lines)
     doc = yaml.safe_load(ci.render_user_data(opts(), None))
-    assert ci.INSTALLER_PATH not in {f["path"] for f in doc["write_files"]}
+    assert guest_files.INSTALLER_PATH not in {f["path"] for f in doc["write_files"]}
     assert not any(line[:2] == ["rm", "-rf"] for line in lines)  # the image's agent stays
     assert ["systemctl", "enable", "imex-guest-agent.service"] in lines
     assert ["systemctl", "restart", "imex-guest-agent.service"] in lines
 
 
 def test_no_restart_imex() -> None:
-    script = ci.render_setup_script(opts(restart_imex=False), UNIT)
+    script = setup_script.render_setup_script(opts(restart_imex=False), UNIT)
     assert "nvidia-imex" not in script
 
 
@@ -268,7 +270,7 @@ def committed_sem(script: str) -> str:
 
 @pytest.mark.parametrize("install", ["preinstalled", "find-links:http://wheels.internal/"])
 def test_setup_is_committed_between_two_syncs_before_anything_starts(install: str) -> None:
-    o = opts(install=ci.InstallSource.parse(install))
+    o = opts(install=opt.InstallSource.parse(install))
     joined = [" ".join(line) for line in script_lines(o)]
     commit = next(i for i, x in enumerate(joined) if x.startswith("sync; touch "))
     # every install and enable step before it, every (re)start after it
@@ -279,19 +281,19 @@ def test_setup_is_committed_between_two_syncs_before_anything_starts(install: st
 
 
 def test_bootcmd_rearms_write_files_and_runcmd_unless_the_setup_is_committed() -> None:
-    o = opts(install=ci.InstallSource.parse("find-links:http://wheels.internal/"), token=TOKEN)
+    o = opts(install=opt.InstallSource.parse("find-links:http://wheels.internal/"), token=TOKEN)
     doc = yaml.safe_load(ci.render_user_data(o, UNIT))
     sem = committed_sem(doc["runcmd"][0])
-    assert sem == ci.setup_sem(o, UNIT)
+    assert sem == setup_script.setup_sem(o, UNIT)
     digest = sem.removeprefix(f"{SEM_DIR}/imex_ensemble_setup_")
-    assert len(digest) == ci.SETUP_DIGEST_CHARS and int(digest, 16) >= 0
+    assert len(digest) == setup_script.SETUP_DIGEST_CHARS and int(digest, 16) >= 0
     (bootcmd,) = doc["bootcmd"]
-    assert bootcmd == ci.render_bootcmd(o, UNIT)
+    assert bootcmd == setup_script.render_bootcmd(o, UNIT)
     assign, check, rearm = bootcmd.splitlines()
     assert assign == f"imex_sem={SEM_DIR}"
     assert check.startswith("[ -d $imex_sem ] || imex_sem=$(python3 -c ")
     assert check.endswith("exit 1; }")
-    assert ci.SEM_DIR_PROBE in check
+    assert setup_script.SEM_DIR_PROBE in check
     expanded = rearm.replace("$imex_sem", SEM_DIR).split()
     assert expanded == [
         "[", "-e", sem, "]", "||", "rm", "-fv",
@@ -303,10 +305,10 @@ def test_bootcmd_rearms_write_files_and_runcmd_unless_the_setup_is_committed() -
 
 
 def test_digest_changes_with_any_file_or_install_step() -> None:
-    base = opts(install=ci.InstallSource.parse("find-links:http://wheels.internal/"))
+    base = opts(install=opt.InstallSource.parse("find-links:http://wheels.internal/"))
 
-    def sem(o: ci.Options, unit: str | None = UNIT) -> str:
-        return committed_sem(ci.render_setup_script(o, unit))
+    def sem(o: opt.Options, unit: str | None = UNIT) -> str:
+        return committed_sem(setup_script.render_setup_script(o, unit))
 
     same = sem(base)
     assert sem(base) == same  # a pure function of the user-data
@@ -315,7 +317,7 @@ def test_digest_changes_with_any_file_or_install_step() -> None:
         sem(base, None),  # no unit file written
         sem(opts(install=base.install, token=TOKEN)),  # a token file
         sem(opts(install=base.install, mode="ips")),  # the nodes file
-        sem(opts(install=ci.InstallSource.parse("find-links:http://other.internal/"))),
+        sem(opts(install=opt.InstallSource.parse("find-links:http://other.internal/"))),
         sem(opts(install=base.install, package="imex-ensemble[guest]==9.9")),
     ]
     assert same not in changed and len(set(changed)) == len(changed)
@@ -350,7 +352,7 @@ def test_token_with_a_baked_image_is_over_the_inline_limit() -> None:
 
 
 def test_large_output_becomes_a_secret() -> None:
-    o = opts(token=TOKEN, install=ci.InstallSource.parse("find-links:http://w.internal/"))
+    o = opts(token=TOKEN, install=opt.InstallSource.parse("find-links:http://w.internal/"))
     out = ci.generate(o, UNIT)
     assert len(out.user_data.encode()) > ci.INLINE_USERDATA_LIMIT
     assert out.is_secret
@@ -369,7 +371,7 @@ def test_secret_on_request_and_raw_on_request() -> None:
     forced = ci.generate(opts(output_secret="my-ud"), None)
     assert forced.is_secret
     assert yaml.safe_load(forced.text)["metadata"]["name"] == "my-ud"
-    big = opts(install=ci.InstallSource.parse("find-links:http://w.internal/"), raw=True)
+    big = opts(install=opt.InstallSource.parse("find-links:http://w.internal/"), raw=True)
     raw = ci.generate(big, UNIT)
     assert not raw.is_secret and raw.text == raw.user_data
     assert any("too big" in n for n in raw.notes)
@@ -408,7 +410,7 @@ def test_flags_map_to_options(tmp_path: Path) -> None:
         "published",
     )
     assert (o.imex_port, o.imex_cmd_port, o.wait_for_quorum) == (50010, 50011, "NONE")
-    assert o.install == ci.InstallSource("find-links", "file:///srv/wheels")
+    assert o.install == opt.InstallSource("find-links", "file:///srv/wheels")
     assert o.nameservers == ("10.0.0.10", "10.0.0.11:5353")
     assert o.output_secret == "ud"
 
@@ -434,18 +436,18 @@ def test_flags_map_to_options(tmp_path: Path) -> None:
     ],
 )
 def test_bad_flags_are_refused_by_name(extra: list[str], needle: str) -> None:
-    with pytest.raises(ci.CloudInitError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(opt.CloudInitError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         parse(["--ensemble", "gb200", "--namespace", "gpu-jobs", *extra])
 
 
 def test_bad_names_are_refused() -> None:
-    with pytest.raises(ci.CloudInitError, match="--ensemble/--namespace"):
+    with pytest.raises(opt.CloudInitError, match="--ensemble/--namespace"):
         parse(["--ensemble", "GB200", "--namespace", "gpu-jobs"])
 
 
 def test_missing_token_file_is_named(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    with pytest.raises(ci.CloudInitError, match=str(missing)):
+    with pytest.raises(opt.CloudInitError, match=str(missing)):
         parse(["--ensemble", "e", "--namespace", "n", "--token-file", str(missing)])
 
 
@@ -466,10 +468,10 @@ def test_main_prints_inline_user_data(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_install_source_needs_a_url_exactly_when_it_downloads() -> None:
-    with pytest.raises(ci.CloudInitError, match="URL"):
-        ci.InstallSource("wheel")
-    with pytest.raises(ci.CloudInitError, match="URL"):
-        ci.InstallSource("preinstalled", "http://x/")
+    with pytest.raises(opt.CloudInitError, match="URL"):
+        opt.InstallSource("wheel")
+    with pytest.raises(opt.CloudInitError, match="URL"):
+        opt.InstallSource("preinstalled", "http://x/")
 
 
 # -- authEncryption (issue 19) -------------------------------------------------------------
@@ -483,18 +485,17 @@ def _auth_args(*extra: str) -> list[str]:
 
 
 def test_auth_encryption_writes_the_imex_tls_keys_and_the_pin() -> None:
-    from guest_agent.installer import userdata as ci
     from guest_agent.tls.imex_config import imex_tls_settings
 
     opts = cli.options_from_args(cli.build_parser().parse_args(_auth_args()))
-    imex = ci.render_imex_config(opts)
+    imex = guest_files.render_imex_config(opts)
     for key, value in imex_tls_settings():
         assert f"\n{key}={value}\n" in imex
     assert "IMEX_SECURITY_TARGET_OVERRIDE" not in imex  # names mode: the dialled name matches
-    settings = ci.check_agent_config(ci.render_agent_config(opts))
+    settings = guest_files.check_agent_config(guest_files.render_agent_config(opts))
     assert settings.auth_encryption and settings.ca_sha256 == CA_PIN
     plain = cli.options_from_args(cli.build_parser().parse_args(_auth_args()[:8]))
-    assert "AUTH" not in ci.render_imex_config(plain)  # unchanged without the flag
+    assert "AUTH" not in guest_files.render_imex_config(plain)  # unchanged without the flag
 
 
 @pytest.mark.parametrize(("drop", "add", "words"), [
@@ -505,30 +506,26 @@ def test_auth_encryption_writes_the_imex_tls_keys_and_the_pin() -> None:
 ])
 def test_auth_encryption_refuses_what_cannot_work(drop: str | None, add: tuple[str, ...],
                                                   words: str) -> None:
-    from guest_agent.installer import userdata as ci
-
     argv = _auth_args(*add)
     if drop is not None:
         i = argv.index(drop)
         del argv[i:i + 2]
-    with pytest.raises(ci.CloudInitError, match=words):
+    with pytest.raises(opt.CloudInitError, match=words):
         cli.options_from_args(cli.build_parser().parse_args(argv))
 
 
 def test_a_pin_without_auth_or_not_hex_is_refused() -> None:
-    from guest_agent.installer import userdata as ci
-
     argv = _auth_args()
     argv.remove("--auth-encryption")
-    with pytest.raises(ci.CloudInitError, match="only meaningful with --auth-encryption"):
+    with pytest.raises(opt.CloudInitError, match="only meaningful with --auth-encryption"):
         cli.options_from_args(cli.build_parser().parse_args(argv))
     bad = _auth_args()
     bad[bad.index(CA_PIN)] = "xyz"
-    with pytest.raises(ci.CloudInitError, match="not 64 hex digits"):
+    with pytest.raises(opt.CloudInitError, match="not 64 hex digits"):
         cli.options_from_args(cli.build_parser().parse_args(bad))
 @pytest.mark.parametrize("kwargs", [{}, {"token": TOKEN}, {"raw": True, "token": TOKEN}])
 def test_the_user_data_size_is_always_told(kwargs: dict[str, Any]) -> None:
-    o = opts(install=ci.InstallSource.parse("find-links:http://w.internal/"), **kwargs)
+    o = opts(install=opt.InstallSource.parse("find-links:http://w.internal/"), **kwargs)
     out = ci.generate(o, UNIT)
     size = len(out.user_data.encode())
     assert sum(f"{size} bytes" in n for n in out.notes) == 1
@@ -537,7 +534,7 @@ def test_the_user_data_size_is_always_told(kwargs: dict[str, Any]) -> None:
 def test_user_data_with_the_installer_stays_small_for_a_secret() -> None:
     # a Secret holds 1 MiB; the installer is most of the user-data and is kept readable
     o = opts(token=TOKEN, registry_url="http://r.example:8080",
-             install=ci.InstallSource.parse("find-links:http://w.internal/"))
+             install=opt.InstallSource.parse("find-links:http://w.internal/"))
     size = len(ci.generate(o, UNIT).user_data.encode())
     assert size < 32 * 1024
-    assert size > len(ci.installer_source().encode())
+    assert size > len(guest_files.installer_source().encode())

@@ -14,7 +14,7 @@ from guest_agent.peers.dns import (
     DnsTracker,
     interpret_address,
     interpret_srv,
-    nameservers_from_resolv_conf,
+    parse_resolv_conf,
 )
 from imex_shared.model import EnsembleId
 
@@ -249,17 +249,11 @@ def test_address_hostile_records() -> None:
     assert len(log) == 2 and "evil.example.com" in log[1]
 
 
-def test_resolv_conf(tmp_path: object) -> None:
-    from pathlib import Path
-
-    p = Path(str(tmp_path)) / "resolv.conf"
-    p.write_text("search a.svc\nnameserver 10.96.0.10\nnameserver fe80::1%eth0\n"
-                 "nameserver ::1\noptions ndots:5\n")
-    assert [str(n) for n in nameservers_from_resolv_conf(p)] == ["10.96.0.10:53", "[::1]:53"]
-    p.write_text("# nothing\n")
-    assert [str(n) for n in nameservers_from_resolv_conf(p)] == ["127.0.0.1:53"]
-    assert [str(n) for n in nameservers_from_resolv_conf(p.parent / "missing")] == [
-        "127.0.0.1:53"]
+def test_resolv_conf_text() -> None:
+    text = ("search a.svc\nnameserver 10.96.0.10\nnameserver fe80::1%eth0\n"
+            "nameserver ::1\nnameserver not-an-ip\noptions ndots:5\n")
+    assert [str(n) for n in parse_resolv_conf(text, "r")] == ["10.96.0.10:53", "[::1]:53"]
+    assert [str(n) for n in parse_resolv_conf("# nothing\n", "r")] == ["127.0.0.1:53"]
 
 
 def test_srv_with_only_hostile_targets_says_nothing() -> None:
@@ -277,20 +271,3 @@ def test_srv_answer_only_for_another_name_says_nothing() -> None:
                             f"0 100 50000 {slot_name(1)}")
     )
     assert interpret_srv(r, ENS, ZONE, SIZE, Log()).kind == "error"
-
-
-def test_resolv_conf_reread_when_it_changes(tmp_path: object) -> None:
-    import os
-    from pathlib import Path
-
-    from guest_agent.config import Settings
-    from guest_agent.peers.dns import DnsClient
-
-    p = Path(str(tmp_path)) / "resolv.conf"
-    p.write_text("nameserver 10.96.0.10\n")
-    client = DnsClient(Settings(ensemble="rack1", namespace="team-a"), ENS, resolv_conf=str(p))
-    assert [n.ip for n in client.nameservers] == ["10.96.0.10"]
-    new = p.with_name("resolv.new")
-    new.write_text("nameserver 10.96.0.53\n")
-    os.replace(new, p)  # as NetworkManager or dhclient do
-    assert [n.ip for n in client.nameservers] == ["10.96.0.53"]

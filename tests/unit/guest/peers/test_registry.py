@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from guest_agent.peers.registry_io import RegistryBadResponse, parse_ensemble
+from guest_agent.peers.registry import RegistryBadResponse, parse_ensemble
 from imex_shared.model import EnsembleId, Member
 
 ENS = EnsembleId("team-a", "rack1")

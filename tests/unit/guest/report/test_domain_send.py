@@ -6,15 +6,15 @@ import copy
 import itertools
 
 from guest_agent.config import Settings
-from guest_agent.report.report_io import (
+from guest_agent.report.report import (
     DOMAIN_REFRESH,
     DomainAccepted,
     Report,
-    Reporter,
     domain_key,
     domain_refresh,
     send_domain,
 )
+from guest_agent.report.report_io import Reporter
 from tests.unit.shared.test_imex_domain import domain_doc
 
 

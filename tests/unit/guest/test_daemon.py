@@ -1,4 +1,4 @@
-"""agent.py pieces that need no processes: shutdown that sticks, JSON log lines."""
+"""daemon.py pieces that need no processes: shutdown that sticks, JSON log lines."""
 
 from __future__ import annotations
 
