@@ -17,7 +17,8 @@ from typing import Any, Final
 
 from host_agent.kube.objects import Key, Obj, object_key
 
-#: VMI metadata the agent reads (members.py, reconcile.py, the store's keys and versions).
+#: VMI metadata the agent reads (ensembles/members.py, the reconciler, the store's keys
+#: and versions).
 _VMI_META: Final = ("name", "namespace", "labels", "resourceVersion", "deletionTimestamp", "uid")
 #: Interface fields members.py reads.
 _VMI_IFACE: Final = ("name", "ipAddress", "ipAddresses")

@@ -39,7 +39,7 @@ Beyond client-go:
 
 ``Elector`` is a state machine: ``plan(now, lease)`` says what to write (or
 nothing), ``wrote(...)``/``refused(...)`` feed back the API's answer.
-``lease_io.py`` drives it.
+``election_io.py`` drives it.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Final, Protocol
 
 
 class Leadership(Protocol):
-    """What a real gate reads (``lease_io.LeaseElection``)."""
+    """What a real gate reads (``election_io.LeaseElection``)."""
 
     def may_write(self) -> bool: ...
 

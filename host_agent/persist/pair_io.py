@@ -1,7 +1,7 @@
 """Which source holds an ensemble's (generation, GuestView) pair, and the step each pass takes.
 
-Service-only ensembles keep the pair in the Service annotation (``membership.py``),
-ImexEnsembles in their status (``membership_cr.py``); ``spec.source`` decides, so a CR
+Service-only ensembles keep the pair in the Service annotation, ImexEnsembles in
+their status (pair.py has both encodings); ``spec.source`` decides, so a CR
 that cannot take over (its labelled Service keeps working as a Service-only
 ensemble) uses the annotation.
 

@@ -97,9 +97,10 @@ class Reconciler:
         self._owned = owned
         self._on_declared = on_declared
         #: keys to look at again, this many seconds after their pass: a CR whose name a
-        #: Service we cannot see holds, and a CA whose overlap ends or whose Secret is due
-        #: a look (nothing we watch tells us about either)
+        #: Service we cannot see holds (nothing we watch tells us when it goes)
         self._recheck: dict[Key, float] = {}
+        #: the CAs' own re-checks (authEncryption), one timer per key, cancelled at stop
+        self._ca_rechecks: dict[Key, asyncio.TimerHandle] = {}
         #: every API write waits for this gate (only the leader writes)
         self._gate = gate
         #: where the (generation, view) pair is persisted; None: counted locally (sidecar)
@@ -215,6 +216,9 @@ class Reconciler:
                     tg.create_task(self._worker())
         finally:
             self._queue.close()
+            for handle in self._ca_rechecks.values():
+                handle.cancel()
+            self._ca_rechecks.clear()
 
     def _mark_synced(self) -> None:
         if not self._state.synced:
@@ -290,6 +294,19 @@ class Reconciler:
             return
         await self._publish(key, spec, problems)
 
+    def _schedule_ca_recheck(self, key: Key, delay: float) -> None:
+        """Pass ``key`` again after ``delay`` (its CA's overlap ends, or its Secret is due a
+        look). A timer of its own, not the queue's: events meanwhile are passed as usual."""
+        old = self._ca_rechecks.pop(key, None)
+        if old is not None:
+            old.cancel()
+        self._ca_rechecks[key] = asyncio.get_running_loop().call_later(
+            delay, self._ca_recheck_due, key)
+
+    def _ca_recheck_due(self, key: Key) -> None:
+        self._ca_rechecks.pop(key, None)
+        self.enqueue(key)
+
     def _recheck_after(self, key: Key, delay: float) -> None:
         """Pass ``key`` again ``delay`` seconds after this pass (the sooner of two asks)."""
         self._recheck[key] = min(delay, self._recheck.get(key, delay))
@@ -351,7 +368,7 @@ class Reconciler:
                     "certificates (started without CA support)"], None
         outcome = await self._cas.reconcile(spec)
         if outcome.recheck_after is not None:
-            self._recheck_after(key, outcome.recheck_after)
+            self._schedule_ca_recheck(key, outcome.recheck_after)
         if outcome.published is not None:  # an ImexEnsemble has it in status.caSHA256
             await self._cas.publish_on_service(spec, self._services.get(*key),
                                                outcome.published.sha256)

@@ -5,7 +5,7 @@ status in large type, the members (slot, VMI, node, IP, phase, IMEX state, cliqu
 the last report), the link matrix as a grid of cells with a colour *and* a letter (the
 ``?format=matrix`` letters; slots as row and column headers) and the problems. Every
 value is escaped; the page is whole without JavaScript, and the inline script
-(``ui_assets``) only refreshes the same elements from the JSON API. No external
+(``page_assets``) only refreshes the same elements from the JSON API. No external
 resource of any kind; an 18-member page is about 20 KB, and the matrix is left out past
 ``MATRIX_MAX`` members so a page stays under 100 KB.
 """

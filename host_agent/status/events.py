@@ -5,7 +5,7 @@ each evaluation is reduced to ``Facts`` (who is published at which IP, who is
 left out and why, whether it is Ready, which problems it has, what happened
 to its Service), and ``decide(before, after)`` names the Events that tell what
 changed in between. ``event_body`` renders one as an events.k8s.io/v1 Event.
-No clock, no I/O: event_writer.py creates them (and aggregates repeats into
+No clock, no I/O: events_io.py creates them (and aggregates repeats into
 ``series``).
 
 What becomes an Event (``reason``, ``type``, ``action``):

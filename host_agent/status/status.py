@@ -3,7 +3,7 @@
 ``desired_status`` is a function of the reconciler's ``Declaration`` (what
 the last pass concluded about the CR), the registry's snapshot (members,
 problems, the guests' reports) and the time; it reads no clock and does no
-I/O, so the status is tested byte for byte. ``status_writer.py`` applies it.
+I/O, so the status is tested byte for byte. ``status_io.py`` applies it.
 
 Transitions only: nothing here changes with the mere passing of time or
 with a report that says what the last one said (no timestamp that moves by
@@ -40,7 +40,7 @@ says (``views.all_problems``, ``state.served_cliques``): one source, two faces.
   UP, Unknown when no member's report can be judged, False otherwise, the
   first domain problem as the message.
 
-The persisted membership (issue 16, ``membership_cr.py``): ``membershipGeneration``
+The persisted membership (issue 16, persist/pair.py): ``membershipGeneration``
 with ``members[].index/ip/since``, ``caBundleSHA256`` and ``cliquesSplit`` (when true,
 ``members[].clique`` is the split guests pin by) are the (generation, GuestView) pair
 every replica serves. ``since`` moves only with ``ip``, so it costs no write.

@@ -34,7 +34,7 @@ from tests.vm.wheelhouse import target_for
 pytestmark = [pytest.mark.chroot, pytest.mark.root, pytest.mark.timeout(3600)]
 
 INSTALL = (f"mkdir -p {Path(guest_files.INSTALLER_PATH).parent} && "
-           f"cp /src/guest_agent/bootstrap.py {guest_files.INSTALLER_PATH} && "
+           f"cp /src/guest_agent/installer/bootstrap.py {guest_files.INSTALLER_PATH} && "
            f"python3 {guest_files.INSTALLER_PATH} --find-links file:///wheelhouse/ "
            f"--requirement 'imex-ensemble[guest]' --venv {setup_script.VENV}")
 

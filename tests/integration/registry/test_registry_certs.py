@@ -2,7 +2,7 @@
 and what it issues checked by independent verifiers (``openssl verify``, ``openssl x509``).
 
 The CA comes from ``host_agent.ca.authority`` through a fixed ``CaSource``; the Secret side is
-tested in tests/unit/host/test_ca_store.py and tests/realk8s.
+tested in tests/integration/host/test_ca_store.py and tests/realk8s.
 """
 
 from __future__ import annotations

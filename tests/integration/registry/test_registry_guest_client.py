@@ -1,9 +1,9 @@
 """The guest agent's own registry client and reporter against the real registry.
 
 Both sides are built separately (guest_agent/peers/registry_io.py and
-reporter.py on one side, host_agent/registry/app.py on the other); this checks
-they agree on the wire: the document the guest parses, the long-poll it
-holds, and the report body it sends.
+guest_agent/report/report_io.py on one side, host_agent/registry/ensemble_routes.py and
+report_routes.py on the other); this checks they agree on the wire: the document
+the guest parses, the long-poll it holds, and the report body it sends.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Leader election decisions (host_agent/kube/election.py) and the lease loop (lease_io.py),
+"""Leader election decisions (host_agent/kube/election.py) and the lease loop (election_io.py),
 on injected clocks and an in-memory Lease with the apiserver's optimistic concurrency."""
 
 from __future__ import annotations

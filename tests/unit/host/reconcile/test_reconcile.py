@@ -267,3 +267,52 @@ async def test_own_write_echo_queues_no_pass_but_a_foreign_edit_does() -> None:
     await asyncio.wait_for(_idle(rec), 5)
     assert client.calls[-1] == "apply:gb200-imex" and len(client.calls) == 3
     await cancel(task)
+
+
+class FakeCas:
+    """A CA manager that asks to be looked at again in a minute, and counts its passes."""
+
+    def __init__(self) -> None:
+        self.passes: list[str | None] = []
+        self.passed = asyncio.Event()
+
+    async def reconcile(self, spec: Any) -> Any:
+        from host_agent.ca.secret_io import CaOutcome
+        from host_agent.state.snapshot import CaPublished
+
+        self.passes.append(spec.ca_rotation)
+        self.passed.set()
+        return CaOutcome(CaPublished("a" * 64, "b" * 64), (), recheck_after=60.0)
+
+    async def publish_on_service(self, spec: Any, service: Any, sha256: str) -> bool:
+        return False
+
+
+async def test_a_cas_pending_recheck_never_holds_back_an_event() -> None:
+    """The CA's one-minute re-check is a timer of its own: a Service edit meanwhile (here a
+    rotation asked for) is passed at once, not when the re-check comes due."""
+    vmis, services, slices = new_stores()
+    cas = FakeCas()
+    rec = Reconciler(SETTINGS, State(), vmis, services, slices,
+                     SliceApplier(FakeClient(slices), slices.get),
+                     HostMetrics(CollectorRegistry()), cas)  # type: ignore[arg-type]
+    on = {"imex-ensemble.io/auth-encryption": "true"}
+    put(services, rec, service(annotations=on), "service")
+    put(vmis, rec, vmi("gb200-0", ip="10.0.0.1"), "vmi")
+    ready = asyncio.Event()
+    ready.set()
+    task = asyncio.create_task(rec.run([ready]))
+    try:
+        async with asyncio.timeout(5):
+            await cas.passed.wait()
+            while rec.passes < 1:  # noqa: ASYNC110  (the pass has ended, not just begun)
+                await asyncio.sleep(0.01)
+        cas.passed.clear()
+        rotated = {**on, "imex-ensemble.io/ca-rotation": "2026-12-02"}
+        put(services, rec, service(annotations=rotated), "service")
+        async with asyncio.timeout(5):  # the re-check is 60 s away
+            await cas.passed.wait()
+        assert cas.passes[-1] == "2026-12-02"
+    finally:
+        await cancel(task)
+    assert rec._ca_rechecks == {}  # stopping cancelled the re-check
