@@ -4,20 +4,24 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers vmtest vmtest-matrix chroottest realk8s wheelhouse clean
+.PHONY: demo test lint bench bench-peers vmtest vmtest-matrix chroottest realk8s wheelhouse \
+	stress-check clean
 
-$(STAMP): pyproject.toml
-	@echo "make: setting up $(VENV) (once; pip install -e '.[test]')"
+# constraints.txt pins every test and lint dependency (bumped in commits of their own)
+$(STAMP): pyproject.toml constraints.txt
+	@echo "make: setting up $(VENV) (once; pip install -c constraints.txt -e '.[test]')"
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
-	@$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	@$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt --upgrade pip
+	@$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
+
+# Each test tier's selection is tests/tiers.py's (one definition for make and CI).
 
 demo: $(STAMP)
 	$(BIN)/python -m tests.sandbox demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m tests.tiers run test $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check imex_shared guest_agent host_agent tools tests
@@ -32,12 +36,11 @@ bench-peers: $(STAMP)
 	$(BIN)/python -m tests.bench.peers $(if $(QUICK),--quick)
 
 vmtest: $(STAMP)
-	$(BIN)/python -m pytest -q -m vm -p no:cacheprovider tests/vm --ignore=tests/vm/test_matrix.py \
-	  $(VMTEST_ARGS)
+	$(BIN)/python -m tests.tiers run vmtest $(VMTEST_ARGS)
 
 # the guest package under Debian 11/12/13's own python3 and cloud-init, arm64 under qemu-user
 chroottest: $(STAMP)
-	$(BIN)/python -m pytest -q -m chroot -p no:cacheprovider tests/chroot $(CHROOTTEST_ARGS)
+	$(BIN)/python -m tests.tiers run chroottest $(CHROOTTEST_ARGS)
 
 # dist/wheelhouse/linux-<arch>-py<ver>/ per target; PLATFORM=linux/arm64 PYTHON=3.12 picks one
 wheelhouse: $(STAMP)
@@ -47,10 +50,14 @@ wheelhouse: $(STAMP)
 # every guest OS (install-and-converge with one peer) and the mixed arm64+amd64 ensemble;
 # IMEX_VM_GUESTS=debian-12-arm64 picks guests for the smokes
 vmtest-matrix: $(STAMP)
-	$(BIN)/python -m pytest -q -m vm -p no:cacheprovider tests/vm/test_matrix.py $(VMTEST_ARGS)
+	$(BIN)/python -m tests.tiers run vmtest-matrix $(VMTEST_ARGS)
 
 realk8s: $(STAMP)
-	$(BIN)/python -m pytest -q -m realk8s tests/realk8s
+	$(BIN)/python -m tests.tiers run realk8s $(REALK8S_ARGS)
+
+# tests/README.md "Under load": the tiers again beside stress-ng (Debian's), results kept
+stress-check: $(STAMP)
+	$(BIN)/python -m tests.stress_check $(STRESS_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .pytest_cache .ruff_cache

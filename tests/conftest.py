@@ -1,4 +1,5 @@
-"""Suite-wide rules: root-only tests skip (with the reason) when not root; the host's
+"""Suite-wide rules: root-only tests skip (with the reason) when not root; under CI=true
+no skip passes that tests/allowed_skips.toml does not allow (tests/skips.py); the host's
 reserved ports are as the suite found them."""
 
 from __future__ import annotations
@@ -8,6 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# the skip policy's hooks (tests/skips.py), for every tier
+from tests.skips import pytest_sessionfinish, pytest_terminal_summary  # noqa: F401
 
 RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
 
@@ -19,6 +23,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def machine_kubectl() -> str:
+    """The kubectl on PATH, at or above tests/kubectl.py's floor (make test's tier)."""
+    from tests.kubectl import machine_kubectl as find
+
+    return find()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,3 +49,4 @@ def _host_reserved_ports_restored() -> Iterator[None]:
             RESERVED_PORTS.write_text(before if before.strip() else "\n")
     except OSError:
         pass
+

@@ -24,7 +24,7 @@ from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # n
 KUBECTL = shutil.which("kubectl")
 pytestmark = [
     pytest.mark.timeout(60),
-    pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine"),
+    pytest.mark.usefixtures("machine_kubectl"),  # skips without one, fails below the floor
 ]
 REPO = Path(__file__).resolve().parents[2]
 

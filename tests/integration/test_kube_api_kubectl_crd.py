@@ -23,7 +23,7 @@ KUBECTL = shutil.which("kubectl")
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine"),
+    pytest.mark.usefixtures("machine_kubectl"),  # skips without one, fails below the floor
 ]
 ENSEMBLE = """\
 apiVersion: imex-ensemble.io/v1alpha1

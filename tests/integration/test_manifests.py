@@ -92,9 +92,7 @@ AGGREGATED = {
         ("imex-ensemble.io", "imexensembles/status"): {"get", "list", "watch"}},
 }
 
-pytestmark = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl (with kustomize v5) is not installed on this machine"
-)
+pytestmark = pytest.mark.usefixtures("machine_kubectl")  # skips without one, fails below the floor
 
 
 @functools.cache

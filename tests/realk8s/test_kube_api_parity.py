@@ -11,10 +11,8 @@ beyond that script: Service defaulting and field selectors, unknown-field
 pruning, forced server-side apply, finalizers, watch selector moves, delete
 responses, the mux's 404.
 
-Deselected by default (marker `realk8s`); run with
-`python -m pytest -m realk8s tests/integration/test_kube_api_realk8s_parity.py`
-once tests/realk8s/build.sh has built the binaries (the fixture builds them
-when missing, which takes about 20 minutes).
+In the realk8s tier (`make realk8s`), on the tier's one control plane, in a
+namespace of its own.
 """
 
 from __future__ import annotations
@@ -29,11 +27,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.realk8s.crd import kubevirt_openapi
+from tests.realk8s.harness import ControlPlane
 from tests.sandbox.kube_api.server import ThreadedKubeApi
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(600)]
-OPENAPI = kubevirt_openapi()
 Body = dict[str, Any]
 Result = dict[str, Any]
 
@@ -192,19 +189,14 @@ def script(c: httpx.Client, ns: str) -> dict[str, Result]:
 
 
 @pytest.fixture(scope="module")
-def answers() -> Iterator[tuple[dict[str, Result], dict[str, Result]]]:
-    from tests.realk8s.harness import ControlPlane, build_binaries
-
+def answers(control_plane: ControlPlane) -> Iterator[tuple[dict[str, Result],
+                                                           dict[str, Result]]]:
     ns = f"kapi-{uuid.uuid4().hex[:6]}"
-    cp = ControlPlane(bin_dir=build_binaries(), vmi_openapi=OPENAPI)
-    cp.start()
-    try:
-        assert cp.admin is not None
-        cp.admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                               "metadata": {"name": ns}})
-        real = script(cp.admin.client, ns)
-    finally:
-        cp.stop()
+    cp = control_plane
+    assert cp.admin is not None
+    cp.admin.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                           "metadata": {"name": ns}})
+    real = script(cp.admin.client, ns)
     with ThreadedKubeApi() as api:
         api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         with httpx.Client(base_url=api.url, timeout=30,

@@ -10,7 +10,6 @@ list would be: 403).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import uuid
@@ -43,12 +42,9 @@ PATHS = {
 }
 
 
-def render() -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None or not (OVERLAY / "kustomization.yaml").exists():
-        pytest.skip("needs kubectl (kustomize) and manifests/overlays/namespaced")
-    out = subprocess.run([kubectl, "kustomize", str(OVERLAY)], check=True,
-                         capture_output=True, text=True, timeout=60).stdout
+def render(control_plane: ControlPlane) -> list[dict[str, Any]]:
+    """The overlay as the tier's own kubectl (built with the apiserver) renders it."""
+    out = control_plane.kubectl("kustomize", str(OVERLAY)).stdout
     return [o for o in yaml.safe_load_all(out) if o]
 
 
@@ -56,7 +52,7 @@ def test_namespaced_overlay_keeps_to_its_namespace(control_plane: ControlPlane,
                                                    tmp_path: Path) -> None:
     admin = control_plane.admin
     assert admin is not None
-    objs = render()
+    objs = render(control_plane)
     role = next(o for o in objs if o["kind"] == "Role")
     vm_ns = role["metadata"]["namespace"]
     deployment = next(o for o in objs if o["kind"] == "Deployment")

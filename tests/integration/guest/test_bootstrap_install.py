@@ -20,6 +20,7 @@ import http.server
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,13 +31,21 @@ from guest_agent.installer import bootstrap as b
 from guest_agent.installer import guest_files
 from tests.guest_support.wheels import guest_wheelhouse
 
-SYSTEM_PYTHON = Path("/usr/bin/python3")
 
-pytestmark = pytest.mark.skipif(
-    not SYSTEM_PYTHON.exists() or subprocess.run(
-        [str(SYSTEM_PYTHON), "-c", "import sys, venv; assert sys.version_info[:2] == (3, 11)"],
-        capture_output=True).returncode != 0,
-    reason="needs the system python3 3.11 (the repacked wheels are cp311)")
+def guest_python() -> Path:
+    """The python3 the installer runs as on a guest: the system's when it is the tests'
+    own minor version (the repacked wheels, cffi's among them, are built for that one),
+    else the base interpreter of the tests' venv (a Debian 13 machine has 3.13 as
+    /usr/bin/python3). Either way a plain interpreter with ``venv``, outside any venv."""
+    system = Path("/usr/bin/python3")
+    want = f"import sys, venv; assert sys.version_info[:2] == {sys.version_info[:2]!r}"
+    if system.exists() and subprocess.run([str(system), "-c", want],
+                                          capture_output=True).returncode == 0:
+        return system
+    return Path(sys._base_executable)
+
+
+SYSTEM_PYTHON = guest_python()
 
 
 class Server:

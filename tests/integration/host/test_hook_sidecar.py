@@ -257,7 +257,7 @@ async def test_cli_process_serves_the_hook_from_the_environment(
 # --- the manifest ---------------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+@pytest.mark.usefixtures("machine_kubectl")
 def test_sidecar_overlay_command_gives_the_agent_a_hook_socket(tmp_path: Path) -> None:
     """Run the annotation's shell command with stand-ins, and parse its argv with the real CLI."""
     from host_agent.cli import build_settings

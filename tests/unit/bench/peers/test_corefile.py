@@ -7,14 +7,11 @@ from pathlib import Path
 import pytest
 
 from tests.bench.peers.corefile import (
-    KUBEADM_DNS_MANIFESTS,
     CorefileError,
     clusterrole_rules,
     configmap_corefile,
-    go_modcache,
     go_string_constant,
     load_kubeadm_coredns,
-    pinned_kubernetes_version,
     pinned_version_from,
     render_template,
     with_forward_to,
@@ -152,20 +149,3 @@ def test_clusterrole_rules_and_pinned_version() -> None:
 def test_a_missing_module_cache_says_how_to_fill_it(tmp_path: Path) -> None:
     with pytest.raises(CorefileError, match=r"build\.sh"):
         load_kubeadm_coredns("v1.37.2", tmp_path)
-
-
-def test_the_pinned_version_in_the_module_cache() -> None:
-    """The real file at the version build.sh pins, when the realk8s build filled the cache."""
-    version = pinned_kubernetes_version()
-    try:
-        cache = go_modcache()
-    except CorefileError as e:
-        pytest.skip(f"no Go toolchain: {e}")
-    if not (cache / f"k8s.io/kubernetes@{version}" / KUBEADM_DNS_MANIFESTS).exists():
-        pytest.skip(f"k8s.io/kubernetes@{version} is not in {cache} (run tests/realk8s/build.sh)")
-    k = load_kubeadm_coredns(version, cache)
-    assert k.corefile.startswith(".:53 {\n")
-    assert "forward . /etc/resolv.conf {" in k.corefile
-    assert zone_settings(k.corefile).ttl is not None
-    assert any("endpointslices" in r.get("resources", []) for r in k.rules)
-    assert k.citation.startswith(f"k8s.io/kubernetes@{version}/cmd/kubeadm/")

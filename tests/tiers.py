@@ -1,0 +1,100 @@
+"""The test tiers: one definition of what each one selects, for the Makefile and CI alike.
+
+    python -m tests.tiers run TIER [PYTEST ARGS...]   # what `make test`, `make realk8s`, ... run
+    python -m tests.tiers args TIER                   # the pytest arguments it would pass
+    python -m tests.tiers list                        # every tier, its make target and markers
+
+A tier is a marker expression over some paths. ``run`` execs pytest with them and with
+``IMEX_TIER`` set, so the suite's conftest can name the tier in its summary and check
+its skips against tests/allowed_skips.toml. tests/test_tiers.py checks that every test
+in the tree is selected by at least one tier.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Tier:
+    """What one tier runs: ``markers`` (a pytest ``-m`` expression) over ``paths``."""
+
+    target: str
+    markers: str
+    paths: tuple[str, ...]
+    ignore: tuple[str, ...] = ()
+    #: pytest options of this tier (no cache: these tiers run from CI's fresh clone too)
+    options: tuple[str, ...] = field(default=("-q",))
+    #: does .ci/run run it (a make target otherwise, named in the README)
+    in_ci: bool = True
+
+    def args(self) -> list[str]:
+        out = [*self.options, "-m", self.markers]
+        for path in self.ignore:
+            out += ["--ignore", path]
+        return [*out, *self.paths]
+
+
+#: Markers only the other tiers select; `make test` is everything else.
+_ELSEWHERE = ("vm", "chroot", "realk8s", "bench")
+
+TIERS: dict[str, Tier] = {
+    "test": Tier("make test", " and ".join(f"not {m}" for m in _ELSEWHERE), ("tests",)),
+    "realk8s": Tier("make realk8s", "realk8s", ("tests/realk8s",)),
+    "vmtest": Tier("make vmtest", "vm", ("tests/vm",), ignore=("tests/vm/test_matrix.py",),
+                   options=("-q", "-p", "no:cacheprovider")),
+    "vmtest-matrix": Tier("make vmtest-matrix", "vm", ("tests/vm/test_matrix.py",),
+                          options=("-q", "-p", "no:cacheprovider")),
+    "chroottest": Tier("make chroottest", "chroot", ("tests/chroot",),
+                       options=("-q", "-p", "no:cacheprovider")),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("run", "args", "list"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv[0] == "list":
+        for name, tier in TIERS.items():
+            print(f"{name:<14} {tier.target:<22} -m '{tier.markers}' {' '.join(tier.paths)}")
+        return 0
+    if len(argv) < 2 or argv[1] not in TIERS:
+        print(f"tests.tiers: name a tier: {', '.join(TIERS)}", file=sys.stderr)
+        return 2
+    name, tier = argv[1], TIERS[argv[1]]
+    args = tier.args()
+    if argv[0] == "args":
+        print(" ".join(args))
+        return 0
+    import subprocess
+
+    env = {**os.environ, "IMEX_TIER": name}
+    code = subprocess.run([sys.executable, "-m", "pytest", *args, *argv[2:]], env=env,
+                          check=False).returncode
+    if code == 5:  # make reports any failure as 2: say what this one was
+        print(f"tests.tiers: the {name} tier collected no tests (pytest exit 5): "
+              f"{' '.join(args)}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+
+
+# -- a plugin for tests/test_tiers.py: `-p tests.tiers` with IMEX_COLLECT_DUMP=FILE ------
+
+
+def pytest_collection_finish(session: object) -> None:
+    """Write every collected test's id, file and markers to ``IMEX_COLLECT_DUMP``."""
+    out = os.environ.get("IMEX_COLLECT_DUMP")
+    if not out:
+        return
+    import json
+
+    items = [{"id": item.nodeid, "path": item.nodeid.split("::", 1)[0],
+              "markers": sorted({m.name for m in item.iter_markers()})}
+             for item in getattr(session, "items", [])]
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(items, f)
