@@ -132,9 +132,9 @@ def _api_status_of(exc: BaseException) -> Obj | None:
     if isinstance(exc, ApiError) and exc.status is not None:
         return _as_status({"kind": "Status", **plain(exc.status)})
     if isinstance(exc, httpx2.HTTPStatusError):
-        try:
+        try:  # a watch's response is a stream whose body may not have been read
             return _as_status(exc.response.json())
-        except ValueError:
+        except (ValueError, httpx2.ResponseNotRead, httpx2.StreamError):
             return None
     return None
 

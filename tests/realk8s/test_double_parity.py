@@ -408,7 +408,7 @@ def test_host_agent_publishes_the_same_slices_on_double_and_real(
         assert real == fake, f"real: {real}\ndouble: {fake}"
         problems = [
             httpx.get(f"{url}/v1/ensembles/{ns}/mix", timeout=5).json()["problems"]
-            for url in (host_agent.registry.app, f"http://127.0.0.1:{port}")]
+            for url in (host_agent.registry, f"http://127.0.0.1:{port}")]
         assert problems[0] == problems[1]
         assert problems[0], "the duplicated slot and the out-of-range index are problems"
         admin.delete(f"/api/v1/namespaces/{ns}")

@@ -122,7 +122,7 @@ def test_coredns_answers_what_the_agent_published(control_plane: ControlPlane,
 
 
 def test_registry_agrees_with_the_slice(host_agent: HostAgentProc, rack: EnsembleId) -> None:
-    url = f"{host_agent.registry.app}/v1/ensembles/{rack.namespace}/{rack.name}"
+    url = f"{host_agent.registry}/v1/ensembles/{rack.namespace}/{rack.name}"
     body = httpx.get(url, timeout=5).json()
     assert body["domain_id"] == rack.domain_id
     assert {m["index"]: m["ip"] for m in body["members"]} == IPS
@@ -208,7 +208,7 @@ def test_deleting_the_service_takes_slice_and_names_away(
         f"{SERVICES.format(ns=rack.namespace)}/{rack.name}").status_code == 200
     wait_until(lambda: get_slice(admin, rack) is None, "GC of rack-imex", 60)
     # The agent forgets the ensemble and does not recreate the slice for its VMIs.
-    url = f"{host_agent.registry.app}/v1/ensembles/{rack.namespace}/{rack.name}"
+    url = f"{host_agent.registry}/v1/ensembles/{rack.namespace}/{rack.name}"
     wait_until(lambda: httpx.get(url, timeout=5).status_code == 404,
                "registry drops the ensemble", 30)
     assert get_slice(admin, rack) is None

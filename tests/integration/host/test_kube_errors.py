@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from host_agent.kube.client import AlreadyExists, KubeError, api_call
+from host_agent.kube.client import AlreadyExists, KubeError, api_call, translate
 from host_agent.kube.writers import SecretWriter
 from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401
 
@@ -60,3 +60,21 @@ async def test_a_raw_call_refused_by_a_precondition_says_conflict(client: AsyncC
 async def test_no_answer_has_no_status() -> None:
     err = KubeError("get x: ConnectError: refused")
     assert (err.status, err.api_status, err.reason, err.details) == (0, None, None, None)
+
+
+def test_a_refused_watch_whose_body_is_an_unread_stream_translates() -> None:
+    """A watch's error response is a stream nobody has read: the Status cannot be had
+    without reading it, and asking for it must not turn the 403 into another error (the
+    informer's retry and its list-only mode read ``status``; realk8s caught this)."""
+    import httpx2
+
+    request = httpx2.Request("GET", "https://127.0.0.1/apis/coordination.k8s.io/v1/leases")
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b'{"kind":"Status","reason":"Forbidden"}'
+
+    streamed = httpx2.Response(403, request=request, content=body())
+    exc = httpx2.HTTPStatusError("403 Forbidden", request=request, response=streamed)
+    err = translate(exc, "watch Lease in namespace imex-system")
+    assert (err.status, err.api_status, err.reason) == (403, None, None)
+    assert str(err).startswith("watch Lease in namespace imex-system: 403: ")
