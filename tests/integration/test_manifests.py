@@ -490,8 +490,12 @@ def cloudinit_secret(directory: str) -> tuple[dict[str, Any], str]:
 @pytest.mark.parametrize(
     ("directory", "where"), [("examples/gb200-ensemble", EXAMPLE), ("overlays/sidecar", SIDECAR)]
 )
-def test_committed_secret_is_what_the_generator_prints(directory: str, where: Path) -> None:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+def test_committed_secret_is_what_the_generator_writes(directory: str, where: Path,
+                                                      tmp_path: Path) -> None:
+    """The script writes its file itself (``--output``, never a shell redirect)."""
+    out = tmp_path / "secret-userdata.yaml"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               OUTPUT=str(out))
     env.pop("TOKEN_FILE", None)
     proc = subprocess.run(
         [str(where / "generate-userdata.sh")],
@@ -502,8 +506,9 @@ def test_committed_secret_is_what_the_generator_prints(directory: str, where: Pa
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == (where / "secret-userdata.yaml").read_text(), (
-        f"regenerate: {where / 'generate-userdata.sh'} > {where / 'secret-userdata.yaml'}"
+    assert proc.stdout == ""
+    assert out.read_text() == (where / "secret-userdata.yaml").read_text(), (
+        f"regenerate: {where / 'generate-userdata.sh'}"
     )
     secret, user_data = cloudinit_secret(directory)
     assert secret["metadata"]["namespace"] == "gpu-jobs"
