@@ -142,7 +142,8 @@ class KubeApi:
             return Response(404, b"404 page not found\n", content_type="text/plain; charset=utf-8")
         except ApiError as e:
             return error_response(e)
-        self.counters.count(verb, resource)
+        # a dry run writes nothing: counted apart, so writes() leaves it out
+        self.counters.count(f"dry-run {verb}" if req.query.get("dryRun") else verb, resource)
         delay, fault = self.faults.decide(verb, resource, self.clock())
         if delay:
             await asyncio.sleep(delay)
