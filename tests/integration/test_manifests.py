@@ -572,6 +572,31 @@ def test_sidecar_overlay() -> None:
     assert "registry_url" not in user_data
 
 
+def test_sidecar_overlay_declares_the_ensemble_as_a_service() -> None:
+    """The sidecars read Services, and nothing in this layout makes an ImexEnsemble's
+    Service: the overlay swaps the example's ImexEnsemble for the example's no-CRD
+    Service (less the token: no registry here), and its user-data agrees with it."""
+    assert not objects("overlays/sidecar", "ImexEnsemble")
+    assert not objects("overlays/sidecar", "CustomResourceDefinition")
+    svc = one("overlays/sidecar", "Service")
+    (example,) = [d for d in yaml.safe_load_all((EXAMPLE / "service-only.yaml").read_text())
+                  if d]
+    want = copy.deepcopy(example)
+    del want["metadata"]["annotations"]["imex-ensemble.io/token-sha256"]
+    assert svc == want
+    spec, problems = parse_ensemble_service(svc)
+    assert problems == [] and spec is not None and spec.token_sha256 is None
+    _, user_data = cloudinit_secret("overlays/sidecar")
+    config = yaml.safe_load(user_data)["write_files"][0]
+    assert config["path"] == "/etc/imex-guest-agent/config.toml"
+    import tomllib
+
+    agent = tomllib.loads(config["content"])
+    assert (agent["ensemble"], agent["namespace"], agent["max_members"], agent["port"],
+            agent["mode"]) == (spec.ens.name, spec.ens.namespace, spec.max_members,
+                               spec.port, spec.mode)
+
+
 # --- the image ---------------------------------------------------------------
 
 
