@@ -5,6 +5,8 @@ messages that follow from them."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,3 +133,33 @@ def test_the_review_asks_exactly_the_right() -> None:
                                         "subresource": "status"}}}
     assert Right("list", "", "services").review()["spec"] == {
         "resourceAttributes": {"verb": "list", "resource": "services"}}
+
+
+async def test_the_checks_run_again_after_1_2_4_then_every_5_seconds(tmp_path: Path,
+                                                                     caplog: Any) -> None:
+    """The schedule docs/host-agent.md states, and the cause said once (a token file that
+    cannot be read: the first check, so no API is asked)."""
+    import asyncio
+    import logging
+
+    from host_agent.kube.preflight_io import Preflight
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 6:
+            raise asyncio.CancelledError
+
+    caplog.set_level(logging.WARNING, "imex.host")
+    missing = tmp_path / "token"
+    preflight = Preflight(None, BASE, str(missing), sleep=sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await preflight.run()
+    assert slept == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
+    assert preflight.problem is not None
+    assert preflight.problem.startswith(f"token file {missing} cannot be read: [Errno 2]")
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not ready")]
+    assert said == [f"not ready: {preflight.problem}"]
+    missing.write_text("\n")
+    assert await preflight.check() == f"token file {missing} is empty"
