@@ -11,10 +11,12 @@ Task layout (one TaskGroup, every task's lifetime visible here):
   (optional too: without list/watch rights the loop polls).
 
 Start: the HTTP server answers at once (/healthz 200, /readyz 503 until the
-first full picture is reconciled); nothing is written before every informer
-has listed once. Stop (SIGTERM/SIGINT set an event): parked long-polls are
-answered (``state.close()``), the server drains for a few seconds, informers
-and reconciler are cancelled, the client is closed. The EndpointSlices stay
+start-up checks hold, kube/preflight_io.py: its namespaces exist, its token file
+reads, RBAC allows what its flags need; and until the first full picture is
+reconciled); nothing is written before every informer has listed once. Stop
+(SIGTERM/SIGINT set an event): parked long-polls are answered
+(``state.close()``), the server drains for a few seconds, informers and
+reconciler are cancelled, the client is closed. The EndpointSlices stay
 as they are: a restarted agent rebuilds its state from the API and writes
 nothing that is already right.
 
@@ -57,11 +59,13 @@ from host_agent.kube.client import (
     VirtualMachineInstance,
     api_call,
     make_client,
+    token_file,
 )
 from host_agent.kube.election import ElectionConfig
 from host_agent.kube.election_io import KubeLeaseApi, LeaseElection
 from host_agent.kube.informer import Informer
 from host_agent.kube.leadership import ALWAYS, LeaseGate, WriteGate
+from host_agent.kube.preflight_io import Preflight
 from host_agent.kube.writers import (
     EnsembleStatusWriter,
     EventWriter,
@@ -139,6 +143,8 @@ class HostAgent:
         #: reconciler do not wait for it)
         self.lease_watch: Informer | None = None
         self.reports: ReportPersister | None = None
+        #: the start-up checks (namespace, token file, RBAC); /readyz waits for them
+        self.preflight: Preflight | None = None
 
     def _build(self, client: AsyncClient) -> None:
         s = self.settings
@@ -283,12 +289,14 @@ class HostAgent:
             self.state, config, self.metrics_registry, ca_source=self.cas, reports=self.reports,
             cert_config=CertConfig(lifetime=dt.timedelta(
                 seconds=self.settings.cert_lifetime_seconds)),
+            not_ready=lambda: self.preflight.problem if self.preflight is not None else None,
         )
 
     async def run(self, stop: asyncio.Event, sock: socket.socket | None = None) -> None:
         s = self.settings
         client = self._client or make_client(s)
         own_client = self._client is None
+        self.preflight = Preflight(client, s, token_file(s) if own_client else None)
         self._build(client)
         assert self.reconciler is not None
         if sock is None:
@@ -331,6 +339,7 @@ class HostAgent:
                 await hook.start()
             async with asyncio.TaskGroup() as tg:
                 loops = [tg.create_task(i.run(), name=f"informer {i.name}") for i in self.informers]
+                loops.append(tg.create_task(self.preflight.run(), name="start-up checks"))
                 loops.append(tg.create_task(
                     self.reconciler.run([i.synced for i in self.informers]), name="reconciler"))
                 election = None

@@ -146,6 +146,20 @@ def _in_place(path: str | os.PathLike[str], target: str, data: bytes) -> bool:
     return True
 
 
+def replace_file(path: str | os.PathLike[str], data: bytes, *, mode: int) -> None:
+    """Make ``path`` hold ``data`` by rename only: a temp file of ``mode`` in the same
+    directory, fsynced, renamed over ``path``, the directory fsynced (step 2 above,
+    never step 3). On any failure ``path`` is as it was, the temp file is gone, and
+    FileWriteError (chained to the OSError) names ``path``. For files whose old
+    content must survive a failed write, such as the operator's generated user-data.
+    """
+    target = os.path.realpath(path)
+    try:
+        _replace(target, data, None, mode)
+    except OSError as exc:
+        raise FileWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
+
+
 def write_file(path: str | os.PathLike[str], data: bytes, *, default_mode: int = 0o644) -> bool:
     """Make ``path`` hold exactly ``data``; True when something was written.
 

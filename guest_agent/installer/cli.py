@@ -3,19 +3,22 @@
 Every flag is checked here or by the agent's own config validator before anything is
 printed, so a value the guest would refuse is refused on the workstation, naming the flag
 (exit 2). The rendering itself is :mod:`guest_agent.installer.userdata`; this module only reads
-the token file and the package's unit, and prints the result and its notes (the
-user-data's size among them) on stderr.
+the token file and the package's unit, and prints the result (or, with ``--output``,
+writes it by rename: never a half-written or emptied file; exit 1 when it cannot) and
+its notes (the user-data's size among them) on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 from guest_agent.config import ConfigError, parse_nameserver
+from guest_agent.files.safewrite import FileWriteError, replace_file
 from guest_agent.installer.from_ensemble import (
     FromEnsembleError,
     apply_to_flags,
@@ -103,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HEX",
         help="the ensemble CA's fingerprint guests pin: the ImexEnsemble's status.caSHA256 "
         "(or the Service's imex-ensemble.io/ca-sha256 annotation)",
+    )
+    p.add_argument(
+        "--output",
+        metavar="PATH",
+        help="write to PATH instead of standard output: a temp file (mode 0600) in PATH's "
+        "directory renamed over PATH, so PATH is never left empty or half written; on "
+        "any error it is left as it was",
     )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--output-secret", metavar="NAME", help="always print a Secret named NAME")
@@ -248,12 +258,42 @@ def main(argv: Sequence[str]) -> int:
         unit = None if opts.install.kind == "preinstalled" else load_unit()
         out = generate(opts, unit)
     except CloudInitError as exc:
-        print(f"imex-guest-agent cloudinit: error: {exc}", file=sys.stderr)
+        kept = f"; {args.output} is unchanged" if args.output is not None else ""
+        print(f"imex-guest-agent cloudinit: error: {exc}{kept}", file=sys.stderr)
         return 2
+    if args.output is not None:
+        try:
+            replace_file(args.output, out.text.encode("utf-8"), mode=0o600)
+        except FileWriteError as exc:
+            print(f"imex-guest-agent cloudinit: error: {exc}; {args.output} is unchanged",
+                  file=sys.stderr)
+            return 1
     for note in out.notes:
         if args.from_ensemble is not None and note.startswith("annotate the ensemble Service"):
             continue  # the ImexEnsemble already says it (and its agent annotates the Service)
         print(f"imex-guest-agent cloudinit: {note}", file=sys.stderr)
-    sys.stdout.write(out.text)
-    sys.stdout.flush()
+    if args.output is not None:
+        print(f"imex-guest-agent cloudinit: wrote {args.output}", file=sys.stderr)
+        return 0
+    try:
+        _print(out.text)
+    except OSError as exc:
+        print(f"imex-guest-agent cloudinit: error: standard output cut short: {exc}",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _print(text: str) -> None:
+    """``text`` on standard output, every byte or an OSError: a buffered stdout can lose a
+    short write's remainder without a word (a full disk, a file size limit)."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a replaced stdout (tests): no descriptor
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    view = memoryview(text.encode("utf-8"))
+    while view:
+        view = view[os.write(fd, view):]

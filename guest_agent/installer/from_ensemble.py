@@ -8,8 +8,9 @@ otherwise. The token given with ``--token``/``--token-file`` must hash to the
 CR's ``spec.tokenSHA256``.
 
 Formats: JSON always (``-o json``; ``-`` reads standard input). YAML when
-PyYAML happens to be importable (``-o yaml``); the bare guest package has no
-dependency, so without it a YAML file is refused with a message saying so.
+PyYAML is importable (``-o yaml``, or the example's imexensemble.yaml): the
+``cloudinit`` extra installs it; the bare package has no dependency, so without
+it a YAML file is refused with a message naming the extra.
 
 The CRD's defaults and bounds come from ``imex_shared/ensemble_crd.py``,
 generated from the CRD's one source of truth (guest_agent may not import
@@ -73,7 +74,8 @@ def load_document(path: str, stdin: IO[str] | None = None) -> Any:
         except ImportError:
             raise FromEnsembleError(
                 f"--from-ensemble {where}: not JSON ({json_error}); YAML needs PyYAML, which "
-                "is not installed here: use `kubectl get imexensemble NAME -o json`"
+                "is not installed here: pip install 'imex-ensemble[cloudinit]', or use "
+                "`kubectl get imexensemble NAME -o json`"
             ) from None
         try:
             return yaml.safe_load(text)

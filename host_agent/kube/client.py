@@ -167,6 +167,15 @@ def load_config(kubeconfig: str | None) -> KubeConfig:
         ) from exc
 
 
+def token_file(settings: HostSettings) -> str | None:
+    """The bearer-token file the client reads (and reads again on a 401), if the
+    configuration names one: the in-cluster service account's, or a kubeconfig user's
+    ``tokenFile``."""
+    single = load_config(settings.kubeconfig).get()
+    user = single.user if single is not None else None
+    return user.token_file if user is not None else None
+
+
 def make_client(settings: HostSettings) -> AsyncClient:
     client = AsyncClient(
         load_config(settings.kubeconfig),

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -88,10 +88,13 @@ def create_app(
     ca_source: CaSource | None = None,
     cert_config: CertConfig | None = None,
     reports: ReportSink | None = None,
+    not_ready: Callable[[], str | None] | None = None,
 ) -> FastAPI:
     """The registry's ASGI app: reads ``state``, registers metrics on ``metrics_registry``.
 
     ``ca_source`` (the per-ensemble CAs) enables certificate issuing (cert_routes.py).
+    ``not_ready`` names why the agent cannot work yet (its start-up checks,
+    kube/preflight_io.py), or None; /readyz answers 503 with it.
     """
     metrics = RegistryMetrics(metrics_registry)
 
@@ -149,7 +152,8 @@ def create_app(
 
     @app.get(
         "/readyz",
-        summary="Readiness: synced and able to serve (leader or not); 503 while shutting down",
+        summary="Readiness: able to work (namespace, token, RBAC), synced (leader or not); "
+        "503 with the cause otherwise, and while shutting down",
         responses=json_errors(503),
     )
     async def readyz() -> Response:
@@ -158,6 +162,9 @@ def create_app(
                 {"error": "not ready: shutting down (long-polls answered, lease released)"},
                 status_code=503,
             )
+        problem = not_ready() if not_ready is not None else None
+        if problem is not None:
+            return JSONResponse({"error": f"not ready: {problem}"}, status_code=503)
         if not state.synced:
             return JSONResponse(
                 {"error": "not ready: the first full list of VMIs and Services is not in yet"},

@@ -73,10 +73,10 @@ BENCH_TOKEN = "bench-guest-token"
 def fleet(ensembles: int, per: int, imexensembles: bool = False) -> list[dict[str, Any]]:
     """``imexensembles``: each ensemble an ImexEnsemble (tokenSHA256 of ``BENCH_TOKEN``),
     whose Service the host agent creates, instead of a hand-made Service."""
+    # the agent's own namespace (the guests' reports, the CAs): without it, it is not ready
     objs: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
-    if imexensembles:  # the agent stores the guests' reports in its own namespace
-        objs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "imex-system"}})
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "imex-system"}}]
     token_sha = hashlib.sha256(BENCH_TOKEN.encode()).hexdigest()
     for e in range(ensembles):
         name = f"e{e}"

@@ -490,8 +490,12 @@ def cloudinit_secret(directory: str) -> tuple[dict[str, Any], str]:
 @pytest.mark.parametrize(
     ("directory", "where"), [("examples/gb200-ensemble", EXAMPLE), ("overlays/sidecar", SIDECAR)]
 )
-def test_committed_secret_is_what_the_generator_prints(directory: str, where: Path) -> None:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+def test_committed_secret_is_what_the_generator_writes(directory: str, where: Path,
+                                                      tmp_path: Path) -> None:
+    """The script writes its file itself (``--output``, never a shell redirect)."""
+    out = tmp_path / "secret-userdata.yaml"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               OUTPUT=str(out))
     env.pop("TOKEN_FILE", None)
     proc = subprocess.run(
         [str(where / "generate-userdata.sh")],
@@ -502,8 +506,9 @@ def test_committed_secret_is_what_the_generator_prints(directory: str, where: Pa
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == (where / "secret-userdata.yaml").read_text(), (
-        f"regenerate: {where / 'generate-userdata.sh'} > {where / 'secret-userdata.yaml'}"
+    assert proc.stdout == ""
+    assert out.read_text() == (where / "secret-userdata.yaml").read_text(), (
+        f"regenerate: {where / 'generate-userdata.sh'}"
     )
     secret, user_data = cloudinit_secret(directory)
     assert secret["metadata"]["namespace"] == "gpu-jobs"
@@ -565,6 +570,31 @@ def test_sidecar_overlay() -> None:
     assert not [r for r in objects("overlays/sidecar", "Role") if r["metadata"]["name"] == LE_ROLE]
     _, user_data = cloudinit_secret("overlays/sidecar")
     assert "registry_url" not in user_data
+
+
+def test_sidecar_overlay_declares_the_ensemble_as_a_service() -> None:
+    """The sidecars read Services, and nothing in this layout makes an ImexEnsemble's
+    Service: the overlay swaps the example's ImexEnsemble for the example's no-CRD
+    Service (less the token: no registry here), and its user-data agrees with it."""
+    assert not objects("overlays/sidecar", "ImexEnsemble")
+    assert not objects("overlays/sidecar", "CustomResourceDefinition")
+    svc = one("overlays/sidecar", "Service")
+    (example,) = [d for d in yaml.safe_load_all((EXAMPLE / "service-only.yaml").read_text())
+                  if d]
+    want = copy.deepcopy(example)
+    del want["metadata"]["annotations"]["imex-ensemble.io/token-sha256"]
+    assert svc == want
+    spec, problems = parse_ensemble_service(svc)
+    assert problems == [] and spec is not None and spec.token_sha256 is None
+    _, user_data = cloudinit_secret("overlays/sidecar")
+    config = yaml.safe_load(user_data)["write_files"][0]
+    assert config["path"] == "/etc/imex-guest-agent/config.toml"
+    import tomllib
+
+    agent = tomllib.loads(config["content"])
+    assert (agent["ensemble"], agent["namespace"], agent["max_members"], agent["port"],
+            agent["mode"]) == (spec.ens.name, spec.ens.namespace, spec.max_members,
+                               spec.port, spec.mode)
 
 
 # --- the image ---------------------------------------------------------------

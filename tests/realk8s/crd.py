@@ -116,44 +116,65 @@ def _convert(node: Schema, defs: dict[str, Schema], stack: tuple[str, ...]) -> S
     return out
 
 
-def vmi_schema(openapi: Schema) -> Schema:
-    """The structural openAPIV3Schema of ``v1.VirtualMachineInstance``."""
+def kubevirt_schema(openapi: Schema, root: str = ROOT_DEFINITION) -> Schema:
+    """The structural openAPIV3Schema of one KubeVirt definition (``v1.VirtualMachineInstance``,
+    ``v1beta1.VirtualMachinePool``)."""
     defs = openapi.get("definitions")
-    if not isinstance(defs, dict) or ROOT_DEFINITION not in defs:
-        raise SpecError(f"the OpenAPI document has no definitions[{ROOT_DEFINITION!r}]")
-    schema = _convert(defs[ROOT_DEFINITION], defs, (ROOT_DEFINITION,))
+    if not isinstance(defs, dict) or root not in defs:
+        raise SpecError(f"the OpenAPI document has no definitions[{root!r}]")
+    schema = _convert(defs[root], defs, (root,))
     schema["properties"]["metadata"] = {"type": "object"}
     return schema
 
 
-def vmi_crd(openapi: Schema) -> Schema:
-    """A CustomResourceDefinition for VMIs: namespaced, v1 served and stored, status subresource."""
+def vmi_schema(openapi: Schema) -> Schema:
+    """The structural openAPIV3Schema of ``v1.VirtualMachineInstance``."""
+    return kubevirt_schema(openapi, ROOT_DEFINITION)
+
+
+def _crd(group: str, version: str, kind: str, plural: str, short_names: list[str],
+         schema: Schema, status: bool) -> Schema:
+    served: Schema = {"name": version, "served": True, "storage": True,
+                      "schema": {"openAPIV3Schema": schema}}
+    if status:
+        served["subresources"] = {"status": {}}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{plural}.{group}"},
         "spec": {
-            "group": GROUP,
+            "group": group,
             "scope": "Namespaced",
-            "names": {
-                "plural": PLURAL,
-                "singular": "virtualmachineinstance",
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "shortNames": ["vmi", "vmis"],
-                "categories": ["all"],
-            },
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": vmi_schema(openapi)},
-                    "subresources": {"status": {}},
-                }
-            ],
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind,
+                      "listKind": f"{kind}List", "shortNames": short_names,
+                      "categories": ["all"]},
+            "versions": [served],
         },
     }
+
+
+def vmi_crd(openapi: Schema) -> Schema:
+    """A CustomResourceDefinition for VMIs: namespaced, v1 served and stored, status subresource."""
+    return _crd(GROUP, VERSION, KIND, PLURAL, ["vmi", "vmis"], vmi_schema(openapi), True)
+
+
+def pool_crd(openapi: Schema) -> Schema:
+    """KubeVirt's VirtualMachinePool (``pool.kubevirt.io/v1beta1``) as a CRD built the same
+    way, so ``kubectl apply`` of a pool is judged by KubeVirt's schema."""
+    return _crd("pool.kubevirt.io", "v1beta1", "VirtualMachinePool", "virtualmachinepools",
+                ["vmpool", "vmpools"], kubevirt_schema(openapi, "v1beta1.VirtualMachinePool"),
+                True)
+
+
+def network_attachment_definition_crd() -> Schema:
+    """Multus' NetworkAttachmentDefinition (``k8s.cni.cncf.io/v1``) as a cluster with Multus
+    serves it: a ``spec.config`` string holding the CNI configuration."""
+    schema: Schema = {"type": "object", "properties": {
+        "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+        "metadata": {"type": "object"},
+        "spec": {"type": "object", "properties": {"config": {"type": "string"}}}}}
+    return _crd("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition",
+                "network-attachment-definitions", ["net-attach-def"], schema, False)
 
 
 def kubevirt_openapi() -> Path:

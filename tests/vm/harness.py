@@ -291,14 +291,15 @@ class VmHarness(HostSide, Observation):
         # 3. host side
         self._api = ThreadedKubeApi(bookmark_interval=1.0).start()
         self.kubeconfig = self._api.write_kubeconfig(self.workdir / "kubeconfig")
+        # the host agent stores guest reports as ConfigMaps in its own namespace; without
+        # it the agent is not ready (the manifests create it on a real cluster)
+        self._api.put({"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": AGENT_NAMESPACE}})
         self._start_dns()
         self._start_host_agent()
         self._start_http()
         self._start_dnsmasq()
         self.vc = VirtController(cast("Sandbox", _KubeconfigHolder(self.kubeconfig)))
-        # the host agent stores guest reports as ConfigMaps in its own namespace; without
-        # it every report is answered 503 (the manifests create it on a real cluster)
-        self.vc.ensure_namespace(AGENT_NAMESPACE)
         self.vc.create_ensemble(self.spec.namespace, self.spec.name,
                                 max_members=self.spec.max_members, token=self.spec.token)
         self.user_data = self.generate_user_data()

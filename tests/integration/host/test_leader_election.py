@@ -105,9 +105,14 @@ async def test_one_leader_writes_every_replica_serves_one_generation(
         if a is not leader:
             assert a.agent.metrics.membership_writes.labels("ok")._value.get() == 0
             assert a.agent.metrics.applies.labels("apply")._value.get() == 0
-            # and answer /readyz like the leader
+            # and answer /readyz like the leader (once their start-up checks are done)
             async with httpx.AsyncClient(timeout=5) as client:
-                assert (await client.get(url(a, "/readyz"))).status_code == 200
+                for _ in range(100):
+                    readyz = await client.get(url(a, "/readyz"))
+                    if readyz.status_code == 200:
+                        break
+                    await asyncio.sleep(0.1)
+                assert readyz.status_code == 200, readyz.text
 
 
 async def test_graceful_stop_hands_over_and_answers_parked_long_polls(

@@ -58,6 +58,8 @@ async def test_sidecars_each_publish_their_own_vmi(
 
 
 async def test_cli_process_serves_publishes_and_stops_on_sigterm(api: KubeApiHandle) -> None:
+    # the agent's own namespace (its reports, its CAs): without it, it is not ready
+    api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "imex-system"}})
     api.put(service("gb200", namespace=NS))
     api.put(vmi("gb200-0", ip="10.244.0.1"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "IMEX_HOST_AGENT_JSON": "1",

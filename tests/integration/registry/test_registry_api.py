@@ -44,6 +44,22 @@ async def test_healthz_and_readyz_follow_the_first_list() -> None:
         assert (await client.get("/readyz")).status_code == 200
 
 
+async def test_readyz_names_what_the_agent_cannot_work_without() -> None:
+    """The agent's start-up checks (kube/preflight_io.py) gate readiness before the
+    first list does, and say why; reads are served meanwhile."""
+    state = State()
+    problem: list[str | None] = ["namespace imex-system does not exist: ..."]
+    async with serve(state, not_ready=lambda: problem[0]) as reg, \
+            httpx.AsyncClient(base_url=reg.url) as client:
+        state.mark_synced()
+        answer = await client.get("/readyz")
+        assert answer.status_code == 503
+        assert answer.json() == {"error": "not ready: namespace imex-system does not exist: ..."}
+        assert (await client.get("/v1/ensembles")).status_code == 200
+        problem[0] = None
+        assert (await client.get("/readyz")).status_code == 200
+
+
 async def test_list_counts_members_and_ready(registry: Running) -> None:
     async with httpx.AsyncClient(base_url=registry.url) as client:
         response = await client.get("/v1/ensembles")

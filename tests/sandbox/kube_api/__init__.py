@@ -12,9 +12,10 @@ unless `crds=()`: structural defaulting, pruning and validation with the real
 messages, the CEL its rules use, the status subresource, server-side apply of
 list-type maps by key, printer columns), records events.k8s.io/v1 Events,
 accepts the RBAC, apps, networking and admission-policy objects of
-`kubectl apply -k manifests/base` (stored and validated, not enforced) and
-injects faults (watch drops, 500/429, delays, compaction -> 410,
-outages, restarts). Product code never imports it.
+`kubectl apply -k manifests/base` (stored and validated; RBAC holds the
+ServiceAccount tokens the TokenRequest API mints, and answers
+SelfSubjectAccessReviews: rbac.py) and injects faults (watch drops, 500/429,
+delays, compaction -> 410, outages, restarts). Product code never imports it.
 
 Entry points: `KubeApiServer` (asyncio), `ThreadedKubeApi` (own thread,
 blocking methods), the pytest fixtures in `fixtures.py`, and the CLI
@@ -33,9 +34,9 @@ TypeRegistry), selectors, patching (merge/JSON/strategic patch, server-side
 apply), validation, crds (a stored CRD -> a served kind), structural (custom
 resources under a structural schema), cel (the CEL subset), events
 (events.k8s.io/v1 rules), store (objects, versions, watch history, GC), api
-(REST routing, discovery), tables (kubectl columns), openapi (kubectl's
-probe), faults, http (the socket layer), server (lifecycle, fault API,
-kubeconfig), cli.
+(REST routing, discovery), rbac (identities, RBAC, access reviews), tables
+(kubectl columns), openapi (kubectl's probe), faults, http (the socket
+layer), server (lifecycle, fault API, kubeconfig), cli.
 
 Known simplifications (each documented where it lives): lists are atomic
 in server-side apply except list-type maps of CRD-defined kinds; garbage
@@ -43,7 +44,8 @@ collection is synchronous; one version per API group (a CRD serves its
 storage version); only the kinds in resources.py and those stored CRDs
 define; no admission webhooks and no admission-policy enforcement
 (ValidatingAdmissionPolicies are stored; the realk8s tier proves the real
-server enforces ours); RBAC objects are stored, never enforced; plain HTTP,
+server enforces ours); RBAC binds only the ServiceAccount tokens it minted:
+the server's own token and requests without one are the superuser; plain HTTP,
 anonymous requests allowed.
 """
 

@@ -24,7 +24,11 @@ detection of changes"):
   yields a single ERROR event carrying a 410 Status;
 - `Authorization: Bearer <token>` checked when sent (401 when wrong); requests
   without credentials are served, as the old insecure port did, because
-  client-go (kubectl) does not send bearer tokens over plain HTTP;
+  client-go (kubectl) does not send bearer tokens over plain HTTP; a token
+  from the TokenRequest API (`POST .../serviceaccounts/<name>/token`) is that
+  ServiceAccount, held to RBAC, and `POST
+  /apis/authorization.k8s.io/v1/selfsubjectaccessreviews` answers what RBAC
+  allows whoever asks (rbac.py);
 - every failure answered with a `Status` object.
 
 The `/_sandbox/...` admin endpoints (faults, counters, seeding objects) are
@@ -43,7 +47,7 @@ from typing import Any
 
 import yaml
 
-from . import openapi, tables
+from . import openapi, rbac, tables
 from .errors import ApiError, bad_request, status_object
 from .faults import Counters, Faults
 from .http import AbortConnection, Request, Response, StreamResponse
@@ -106,22 +110,40 @@ class KubeApi:
         self.bookmark_interval = bookmark_interval
         self.admin = admin
         self.clock = clock
+        self.tokens = rbac.Tokens()
+
+    def _identity(self, auth: str | None) -> rbac.Identity | None:
+        """Who sent the request (rbac.py); None: a token nobody minted (401)."""
+        if auth is None or self.token is None or auth == f"Bearer {self.token}":
+            return rbac.SUPERUSER
+        if auth.startswith("Bearer "):
+            return self.tokens.identity(auth.removeprefix("Bearer "), self.store)
+        return None
 
     async def handle(self, req: Request) -> Response | StreamResponse:
         # client-go (kubectl) never sends a bearer token over plain HTTP, so a request
         # without credentials is served as on the old insecure port; a wrong one is 401.
-        auth = req.headers.get("authorization")
-        if self.token is not None and auth is not None and auth != f"Bearer {self.token}":
-            return json_response(401, status_object(401, "Unauthorized", "Unauthorized"))
+        # A ServiceAccount's token (TokenRequest) is held to RBAC (rbac.py).
         if req.path.startswith("/_sandbox/") and self.admin is not None:
+            if self._identity(req.headers.get("authorization")) is not rbac.SUPERUSER:
+                return json_response(401, status_object(401, "Unauthorized", "Unauthorized"))
             return await self.admin(req)
+        who = self._identity(req.headers.get("authorization"))
+        if who is None:
+            return json_response(401, status_object(401, "Unauthorized", "Unauthorized"))
+        attrs = rbac.request_attributes(req.method, req.path, req.query)
+        if attrs is not None and not who.superuser:
+            decision = rbac.authorize(self.store, who, attrs)
+            if not decision.allowed:
+                return error_response(rbac.forbidden(who, attrs, decision.reason))
         try:
-            verb, resource, route = self._route(req)
+            verb, resource, route = self._route(req, who)
         except PageNotFound:  # the real mux answers unknown resources in plain text
             return Response(404, b"404 page not found\n", content_type="text/plain; charset=utf-8")
         except ApiError as e:
             return error_response(e)
-        self.counters.count(verb, resource)
+        # a dry run writes nothing: counted apart, so writes() leaves it out
+        self.counters.count(f"dry-run {verb}" if req.query.get("dryRun") else verb, resource)
         delay, fault = self.faults.decide(verb, resource, self.clock())
         if delay:
             await asyncio.sleep(delay)
@@ -139,9 +161,19 @@ class KubeApi:
 
     # ------------------------------------------------------------ routing
 
-    def _route(self, req: Request) -> tuple[str, str, Callable[[], Awaitable[
-            Response | StreamResponse]]]:
+    def _route(self, req: Request, who: rbac.Identity = rbac.SUPERUSER) -> tuple[
+            str, str, Callable[[], Awaitable[Response | StreamResponse]]]:
         parts = [p for p in req.path.split("/") if p]
+        if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]:
+            if req.method != "POST":
+                raise ApiError(405, "MethodNotAllowed", f"{req.method} is not supported here")
+            return "create", "selfsubjectaccessreviews", lambda: self._access_review(req, who)
+        if len(parts) == 7 and parts[:3] == ["api", "v1", "namespaces"] and \
+                parts[4] == "serviceaccounts" and parts[6] == "token":
+            if req.method != "POST":
+                raise ApiError(405, "MethodNotAllowed", f"{req.method} is not supported here")
+            return "create", "serviceaccounts/token", lambda: self._token_request(
+                req, parts[3], parts[5])
 
         def done(resp: Response) -> Callable[[], Awaitable[Response]]:
             async def fn() -> Response:
@@ -261,6 +293,15 @@ class KubeApi:
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else version,
                 "resources": resources}
+
+    # ------------------------------------------- identities and reviews (rbac.py)
+
+    async def _access_review(self, req: Request, who: rbac.Identity) -> Response:
+        return json_response(201, rbac.access_review(self.store, who, _body(req)))
+
+    async def _token_request(self, req: Request, ns: str, name: str) -> Response:
+        body = _body(req) if req.body else {}
+        return json_response(201, rbac.token_request(self.store, self.tokens, ns, name, body))
 
     # ------------------------------------------------------------- verbs
 

@@ -41,20 +41,26 @@ def status_object(code: int, reason: str, message: str, details: JSON | None = N
     return out
 
 
+def details(name: str, group: str, kind: str) -> JSON:
+    """StatusDetails as the apiserver encodes them: empty fields left out (omitempty),
+    so a core kind's details have no ``group``."""
+    return {k: v for k, v in (("name", name), ("group", group), ("kind", kind)) if v}
+
+
 def not_found(qualified: str, name: str, group: str = "", kind: str = "") -> ApiError:
     return ApiError(404, "NotFound", f'{qualified} "{name}" not found',
-                    {"name": name, "group": group, "kind": kind})
+                    details(name, group, kind))
 
 
 def already_exists(qualified: str, name: str, group: str = "", kind: str = "") -> ApiError:
     return ApiError(409, "AlreadyExists", f'{qualified} "{name}" already exists',
-                    {"name": name, "group": group, "kind": kind})
+                    details(name, group, kind))
 
 
 def conflict(qualified: str, name: str, why: str, group: str = "", kind: str = "") -> ApiError:
     return ApiError(409, "Conflict",
                     f'Operation cannot be fulfilled on {qualified} "{name}": {why}',
-                    {"name": name, "group": group, "kind": kind})
+                    details(name, group, kind))
 
 
 def bad_request(message: str) -> ApiError:

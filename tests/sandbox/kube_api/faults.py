@@ -121,7 +121,8 @@ def _error(rule: Rule) -> ApiError:
 
 
 class Counters:
-    """Requests per (verb, resource), as the audit log would count them."""
+    """Requests per (verb, resource), as the audit log would count them; a dry run's
+    verb is ``dry-run <verb>`` (it writes nothing, so ``writes`` leaves it out)."""
 
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, str]] = Counter()

@@ -154,8 +154,9 @@ def test_yaml_without_pyyaml_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "yaml", None)  # as on a guest: not installed
     with pytest.raises(FromEnsembleError) as err:
         load_document(str(tmp_path / "cr.yaml"))
-    assert "YAML needs PyYAML, which is not installed here: use `kubectl get imexensemble " \
-        "NAME -o json`" in str(err.value)
+    assert "YAML needs PyYAML, which is not installed here: pip install " \
+        "'imex-ensemble[cloudinit]', or use `kubectl get imexensemble NAME -o json`" \
+        in str(err.value)
     (tmp_path / "cr.json").write_text(json.dumps(cr()))
     assert load_document(str(tmp_path / "cr.json")) == cr()  # JSON needs nothing
 
