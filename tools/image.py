@@ -48,6 +48,7 @@ from tools.image_base import (
     cache_root,
     ensure_base,
     foreign_arch,
+    handler_gone,
     image_exists,
     locked,
     podman,
@@ -248,11 +249,14 @@ def build(plat: str, python_image: str | None = None) -> Built:
                       "--build-arg", f"VERSION={version}", "-f", str(CONTAINERFILE)]
             # the build stage tagged too, so the layer cache a warm build reuses is never
             # dangling, and whatever is dangling of ours afterwards can go
-            run(podman("build", *common, "--target", "build",
-                       "--tag", ref.replace(IMAGE, BUILD_STAGE), str(context)),
-                f"podman build --target build ({plat})", 3600)
-            run(podman("build", *common, "--tag", ref, str(context)),
-                f"podman build ({plat})", 3600)
+            try:
+                run(podman("build", *common, "--target", "build",
+                           "--tag", ref.replace(IMAGE, BUILD_STAGE), str(context)),
+                    f"podman build --target build ({plat})", 3600)
+                run(podman("build", *common, "--tag", ref, str(context)),
+                    f"podman build ({plat})", 3600)
+            except ImageError as e:
+                raise ImageError(f"{e}{handler_gone(arch)}") from e
             out.seconds["podman build"] = time.monotonic() - t
         prune()
         t = time.monotonic()
@@ -290,6 +294,17 @@ def summary(b: Built) -> list[str]:
     ]
 
 
+def write_report(b: Built) -> Path:
+    """``dist/image/imex-host-agent-<tag>.json``: the times, the size, every package and
+    distribution, the files per top directory."""
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    report = REPORT_DIR / f"imex-host-agent-{b.ref.rsplit(':', 1)[1]}.json"
+    report.write_text(json.dumps({"ref": b.ref, "platform": b.platform, "base": b.base,
+                                  "seconds": b.seconds, "size": b.size, **b.inventory},
+                                 indent=1) + "\n")
+    return report
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.image", description=__doc__.split("\n")[0])
     p.add_argument("--platform", action="append", default=[],
@@ -321,11 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImageError as e:
         print(f"make image: error: {e}", file=sys.stderr)
         return 2
-    REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    report = REPORT_DIR / f"imex-host-agent-{built.ref.rsplit(':', 1)[1]}.json"
-    report.write_text(json.dumps({"ref": built.ref, "platform": built.platform,
-                                  "base": built.base, "seconds": built.seconds,
-                                  "size": built.size, **built.inventory}, indent=1) + "\n")
+    report = write_report(built)
     for line in summary(built):
         print(line, flush=True)
     print(f"image: packages and files: {report.relative_to(REPO)}")

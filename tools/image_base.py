@@ -210,6 +210,21 @@ def forget_old_bases(arch: str, suite: str, root: Path) -> None:
             subprocess.run(podman("rmi", ref), capture_output=True, check=False)
 
 
+def handler_gone(arch: str) -> str:
+    """Why ``arch``'s binaries cannot run here now ("" when they can or it is native): a
+    handler another process removed mid-build shows as 'exec format error'."""
+    from tests.vm.binfmt import ARCHES as QEMU
+    from tests.vm.binfmt import BINFMT, native_arch
+
+    if arch == native_arch() or arch not in QEMU:
+        return ""
+    handler = BINFMT / f"qemu-{QEMU[arch][0]}"
+    if handler.exists():
+        return ""
+    return (f" ({handler} is gone: another process removed the qemu-user handler during "
+            "the build; run it again)")
+
+
 @contextlib.contextmanager
 def foreign_arch(arch: str) -> Iterator[None]:
     """qemu-user for ``arch`` while the block runs (nothing for the native one): the

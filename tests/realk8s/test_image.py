@@ -17,6 +17,7 @@ ensemble's slice, answer its probes and /metrics, and stop cleanly on SIGTERM.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
@@ -29,12 +30,20 @@ import pytest
 import yaml
 
 from tests.realk8s.agentproc import MANIFESTS, apply_base_rbac
-from tests.realk8s.container import Container, running
+from tests.realk8s.container import (
+    LABEL,
+    PID_LABEL,
+    Container,
+    leftovers,
+    remove_orphans,
+    running,
+)
 from tests.realk8s.fixtures import MANAGED_BY, ensemble_service, vmi
 from tests.realk8s.harness import Api, ControlPlane, free_port, wait_until
 from tests.realk8s.kubeops import SERVICES, SLICES, create_vmi
 from tests.realk8s.podspec import Kubelet, on_host_network, run_args, run_flags
 from tools import image as image_tool
+from tools.image_base import podman, ulimits
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(1800)]
 
@@ -43,9 +52,10 @@ pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(1800)]
 def built(request: pytest.FixtureRequest) -> image_tool.Built:
     """``make image`` for this machine's platform (the base and wheels cached)."""
     b = image_tool.build(image_tool.native_platform())
+    report = image_tool.write_report(b)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        for line in image_tool.summary(b):
+        for line in [*image_tool.summary(b), f"the full inventory: {report}"]:
             reporter.write_line(f"\nrealk8s: {line}")
     return b
 
@@ -159,3 +169,36 @@ def test_the_image_runs_as_the_deployment_says(
         assert lease_holder(admin, agent_ns) != pod_name
     print(f"\nrealk8s: image {built.ref} ready {started:.1f}s after the test began; "
           f"whole run {time.monotonic() - t0:.1f}s")
+
+
+def test_a_failing_test_and_a_killed_one_leave_no_container(built: image_tool.Built,
+                                                            tmp_path: Path) -> None:
+    """The cleanup itself: a body that raises still ends with no container and no mount;
+    a container whose test process is gone (here: a pid that has exited) is removed by
+    the next run."""
+    name = f"rk8s-image-fail-{uuid.uuid4().hex[:8]}"
+    seen: list[Container] = []
+    with pytest.raises(RuntimeError, match="the test failed"), running(
+            name, built.ref, ["--entrypoint", "sleep", "--stop-timeout", "2"], ["600"],
+            tmp_path / "fail.log") as box:
+        seen.append(box)
+        assert box.alive()
+        raise RuntimeError("the test failed")
+    assert leftovers(name, seen[0].id) == []
+
+    orphan = f"rk8s-image-orphan-{uuid.uuid4().hex[:8]}"
+    gone_pid = _exited_pid()
+    subprocess.run(podman("run", "--detach", "--name", orphan, "--label", f"{LABEL}={orphan}",
+                          "--label", f"{PID_LABEL}={gone_pid}", *ulimits(),
+                          "--entrypoint", "sleep", built.ref, "600"),
+                   check=True, capture_output=True, timeout=120)
+    cid = subprocess.run(podman("inspect", "--format", "{{.Id}}", orphan), check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert orphan in remove_orphans()
+    assert leftovers(orphan, cid) == []
+
+
+def _exited_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
