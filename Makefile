@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench bench-peers vmtest vmtest-matrix chroottest realk8s wheelhouse \
-	stress-check clean
+	image stress-check clean
 
 # constraints.txt pins every test and lint dependency (bumped in commits of their own)
 $(STAMP): pyproject.toml constraints.txt
@@ -46,6 +46,13 @@ chroottest: $(STAMP)
 wheelhouse: $(STAMP)
 	$(BIN)/python -m tools.wheelhouse $(if $(PLATFORM),--platform '$(PLATFORM)') \
 	  $(if $(PYTHON),--python '$(PYTHON)')
+
+# the host agent image, localhost/imex-host-agent:<version>, built offline on a Debian base
+# made here (docs/install.md step 1); PLATFORM=linux/arm64 builds <version>-arm64 under
+# qemu-user and runs its --version; PYTHON_IMAGE=<a python image> builds on that instead
+image: $(STAMP)
+	$(BIN)/python -m tools.image $(if $(PLATFORM),--platform '$(PLATFORM)') \
+	  $(if $(PYTHON_IMAGE),--python-image '$(PYTHON_IMAGE)')
 
 # every guest OS (install-and-converge with one peer) and the mixed arm64+amd64 ensemble;
 # IMEX_VM_GUESTS=debian-12-arm64 picks guests for the smokes

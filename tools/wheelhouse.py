@@ -208,9 +208,16 @@ def guest_requirement() -> str:
     return f"{DISTRIBUTION}[{EXTRA}]"
 
 
-def _pip(args: list[str], what: str, timeout: float = 900) -> str:
+#: every file of this tree's wheel dated alike (the zip minimum, 1980): the same sources
+#: give the same bytes, so an image build's layer cache holds (tools/image.py)
+WHEEL_EPOCH = "315532800"
+
+
+def _pip(args: list[str], what: str, timeout: float = 900,
+         env: dict[str, str] | None = None) -> str:
     argv = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
         errors = [ln for ln in lines if ln.startswith("ERROR")] or lines[-8:]
@@ -228,36 +235,43 @@ def build_project_wheel(out: Path, isolation: bool = True) -> Path:
             shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
         flags = [] if isolation else ["--no-build-isolation"]
         _pip(["wheel", "-q", "--no-deps", *flags, "-w", str(out), str(src)],
-             "building this tree's wheel", 600)
+             "building this tree's wheel", 600, env={"SOURCE_DATE_EPOCH": WHEEL_EPOCH})
     wheels = sorted(out.glob("imex_ensemble-*.whl"))
     if not wheels:
         raise WheelhouseError(f"pip built no imex_ensemble wheel into {out}")
     return wheels[-1]
 
 
-def _download(target: Target, dest: Path, reqs: list[str], no_deps: bool) -> None:
+def _download(target: Target, dest: Path, reqs: list[str], no_deps: bool,
+              constraints: Path | None = None) -> None:
     plat_args = [a for t in target.platform_tags() for a in ("--platform", t)]
     _pip(["download", "-q", "--only-binary=:all:", *plat_args,
           "--python-version", target.python, "--implementation", "cp",
+          *(["-c", str(constraints)] if constraints else []),
           *(["--no-deps"] if no_deps else []), "--dest", str(dest), *reqs],
          f"{target.dirname}: pip download {' '.join(reqs)}")
 
 
-def build_target(target: Target, project_wheel: Path, out_root: Path) -> Path:
-    """``out_root/<target.dirname>/``: the project wheel, its closure, pip; nothing else."""
+def build_target(target: Target, project_wheel: Path, out_root: Path, extra: str = EXTRA,
+                 constraints: Path | None = None) -> Path:
+    """``out_root/<target.dirname>/``: the project wheel, its ``extra``'s closure, pip;
+    nothing else. ``constraints``: pin versions (tools/image.py passes constraints.txt,
+    so the host image holds what the tests ran)."""
     out_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.dirname}-", dir=out_root))
     try:
         shutil.copy(project_wheel, tmp / project_wheel.name)
-        _download(target, tmp, [f"{tmp / project_wheel.name}[{EXTRA}]"], no_deps=False)
-        _download(target, tmp, ["pip"], no_deps=True)
-        roots = [guest_requirement()]
+        _download(target, tmp, [f"{tmp / project_wheel.name}[{extra}]"], no_deps=False,
+                  constraints=constraints)
+        _download(target, tmp, ["pip"], no_deps=True, constraints=constraints)
+        roots = [f"{DISTRIBUTION}[{extra}]"]
         for _ in range(10):  # fetch what only the target's markers ask for
             wheels = {wheel_info(p).name: wheel_info(p) for p in tmp.glob("*.whl")}
             needed, missing = closure(roots, wheels, target)
             if not missing:
                 break
-            _download(target, tmp, [str(r) for r in missing], no_deps=True)
+            _download(target, tmp, [str(r) for r in missing], no_deps=True,
+                      constraints=constraints)
         else:
             raise WheelhouseError(f"{target.dirname}: still missing {missing}")
         keep = needed | {canonicalize_name("pip")}

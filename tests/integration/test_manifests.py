@@ -601,7 +601,8 @@ def test_sidecar_overlay_declares_the_ensemble_as_a_service() -> None:
 
 
 def test_containerfile_matches_the_deployment() -> None:
-    """No image can be built here; check what can be checked without a builder."""
+    """What can be checked without a builder (tests/realk8s/test_image.py builds and runs
+    the image)."""
     import re
     import tomllib
 
@@ -611,9 +612,8 @@ def test_containerfile_matches_the_deployment() -> None:
     # Pinned: exact Python patch release on a named Debian suite, never a floating tag.
     assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", base.group(1))
     assert re.findall(r"^FROM (\S+)", text, re.M) == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"]
-    for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
-        for path in src.split():
-            assert (REPO / path).exists(), path
+    # the build context is the wheelhouse tools/image.py writes, nothing of the tree
+    assert re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M) == ["wheelhouse"]
     pod = one("base", "Deployment")["spec"]["template"]["spec"]
     user = re.search(r"^USER (\d+):(\d+)$", text, re.M)
     assert user is not None
