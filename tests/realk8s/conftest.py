@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from tests.realk8s.agentproc import (
+    AGENT_MANIFESTS,
     AGENT_SA,
     AGENT_SA_NAMESPACE,
-    MANIFESTS,
+    CRD_MANIFESTS,
     HostAgentProc,
     apply_base_rbac,
     start_host_agent,
@@ -61,12 +62,12 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
         cp.stop()
 
 
-IMEX_CRD = MANIFESTS / "crd-imexensembles.yaml"
+IMEX_CRD = CRD_MANIFESTS / "crd-imexensembles.yaml"
 
 
 @pytest.fixture(scope="session")
 def imex_crd(control_plane: ControlPlane) -> dict[str, object]:
-    """The ImexEnsemble CRD exactly as committed (manifests/base), installed into the
+    """The ImexEnsemble CRD exactly as committed (manifests/crds), installed into the
     real apiserver once per session and served; yields the CRD document."""
     crd: dict[str, object] = yaml.safe_load(IMEX_CRD.read_text())
     control_plane.apply_crd(crd)
@@ -97,8 +98,8 @@ def host_agent(control_plane: ControlPlane) -> Iterator[HostAgentProc]:
 
     One per test module: a cluster-wide agent left running would also publish for
     the ensembles of modules that test other deployments (the sidecar overlay)."""
-    if not (MANIFESTS / "clusterrole.yaml").exists():
-        pytest.skip("manifests/base/clusterrole.yaml is not in this tree")
+    if not (AGENT_MANIFESTS / "clusterrole.yaml").exists():
+        pytest.skip("manifests/agent/clusterrole.yaml is not in this tree")
     apply_base_rbac(control_plane)
     token = control_plane.service_account_token(AGENT_SA_NAMESPACE, AGENT_SA)
     kc = control_plane.write_kubeconfig(control_plane.workdir / "host-agent.kubeconfig",
