@@ -17,11 +17,14 @@ for upgrade tests), with what the pod would get from its node:
   account's namespace file).
 
 ``sync`` does what the Deployment controller does when the Deployment (re)appears,
-changes or goes: with strategy RollingUpdate (maxSurge 1, maxUnavailable 0, as the
-chart and manifests say; checked) one new pod is started and must be ready (/readyz
-200) and in the Service before one old pod leaves the Service and gets SIGTERM; with
-Recreate every old pod stops first. A pod's "template" is the pod spec JSON and the
-program, so a new release's code counts as a new template, as a new image does.
+changes or goes: a new Deployment's replicas start together; with strategy
+RollingUpdate (maxSurge 1, maxUnavailable 0, as the chart and manifests say; checked)
+one new pod is started and must be ready (/readyz 200) and in the Service before one
+old pod leaves the Service and gets SIGTERM, and the next new pod starts without
+waiting for that one to exit (a terminating pod no longer counts); with Recreate every
+old pod is gone first; a deleted Deployment's pods all get SIGTERM at once. A pod's
+"template" is the pod spec JSON and the program, so a new release's code counts as a
+new template, as a new image does.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class AgentDeployment:
     service: ServiceProxy
     program: Program
     pods: list[Pod] = field(default_factory=list)
+    terminating: list[Pod] = field(default_factory=list)
     started: int = 0
 
     @property
@@ -113,8 +117,8 @@ class AgentDeployment:
         spec = json.dumps(dep["spec"]["template"], sort_keys=True)
         return hashlib.sha256(f"{spec}\0{self.program.label}".encode()).hexdigest()[:10]
 
-    def start_pod(self, dep: Mapping[str, Any]) -> Pod:
-        """One pod of ``dep``, in the Service once ready."""
+    def spawn_pod(self, dep: Mapping[str, Any]) -> Pod:
+        """One pod of ``dep``, started (not yet ready, not yet in the Service)."""
         spec = dep["spec"]["template"]["spec"]
         (container,) = spec["containers"]
         template = self.template_of(dep)
@@ -147,49 +151,69 @@ class AgentDeployment:
                      "IMEX_AGENT_NAMESPACE": self.namespace})
         pod = Pod(name, template, port, popen, log)
         self.pods.append(pod)
-
-        def ready() -> bool:
-            if not pod.alive():
-                raise AssertionError(f"{name} exited {popen.returncode}{pod.tail()}")
-            return httpx.get(f"{pod.url}/readyz", timeout=2).status_code == 200
-
-        wait_until(ready, f"{name} /readyz", 90, pod.tail)
-        self.service.add(port)
         return pod
 
-    def stop_pod(self, pod: Pod, grace: float = 30) -> None:
-        """Out of the Service, then SIGTERM (SIGKILL after ``grace``, the Deployment's
-        terminationGracePeriodSeconds)."""
+    def ready(self, *pods: Pod) -> None:
+        """Until every one of ``pods`` answers /readyz 200; each joins the Service then."""
+        waiting = list(pods)
+
+        def check() -> bool:
+            for pod in list(waiting):
+                if not pod.alive():
+                    raise AssertionError(f"{pod.name} exited {pod.popen.returncode}"
+                                         f"{pod.tail()}")
+                if httpx.get(f"{pod.url}/readyz", timeout=2).status_code == 200:
+                    self.service.add(pod.port)
+                    waiting.remove(pod)
+            return not waiting
+
+        wait_until(check, f"{', '.join(p.name for p in pods)} /readyz", 90,
+                   lambda: "".join(p.tail() for p in waiting))
+
+    def terminate(self, pod: Pod) -> None:
+        """Out of the Service, then SIGTERM; the pod no longer counts (as a terminating
+        pod does not for its ReplicaSet). ``reap`` waits for it."""
         self.service.remove(pod.port)
         if pod.alive():
             os.killpg(pod.popen.pid, signal.SIGTERM)
+        self.pods.remove(pod)
+        self.terminating.append(pod)
+
+    def reap(self, grace: float = 30) -> None:
+        """Every terminating pod gone (SIGKILL after ``grace``, the Deployment's
+        terminationGracePeriodSeconds)."""
+        for pod in self.terminating:
             try:
                 pod.popen.wait(grace)
             except subprocess.TimeoutExpired:
                 os.killpg(pod.popen.pid, signal.SIGKILL)
                 pod.popen.wait(10)
-        self.pods.remove(pod)
+        self.terminating.clear()
 
     def sync(self, program: Program | None = None) -> None:
         """Bring the pods to what the Deployment now says (its template, its replicas;
         none when it is gone), the way its strategy says; ``program``: the release's
-        code from now on."""
+        code from now on. Returns once the old pods are gone."""
         if program is not None:
             self.program = program
         dep = self.read()
-        if dep is None:
+        if dep is None:  # the garbage collector deletes its ReplicaSets' pods at once
             for pod in list(self.pods):
-                self.stop_pod(pod)
+                self.terminate(pod)
+            self.reap()
             return
         template = self.template_of(dep)
         replicas = int(dep["spec"].get("replicas", 1))
         strategy = dep["spec"].get("strategy", {})
         if strategy.get("type") == "Recreate":
             for pod in [p for p in self.pods if p.template != template]:
-                self.stop_pod(pod)
+                self.terminate(pod)
+            self.reap()
         else:
             assert strategy.get("rollingUpdate") == {"maxSurge": 1, "maxUnavailable": 0}, \
                 f"this stand-in rolls with maxSurge 1, maxUnavailable 0 only: {strategy}"
+        if not self.pods:  # nothing to keep available: every replica at once
+            self.ready(*[self.spawn_pod(dep) for _ in range(replicas)])
 
         def new() -> list[Pod]:
             return [p for p in self.pods if p.template == template]
@@ -197,14 +221,16 @@ class AgentDeployment:
         while True:
             old = [p for p in self.pods if p.template != template]
             if not old and len(new()) == replicas:
-                return
+                break
             if len(new()) < replicas:
-                self.start_pod(dep)  # surge: one more than replicas at most
+                self.ready(self.spawn_pod(dep))  # surge: one more than replicas at most
             if old and len(self.pods) > replicas:
-                self.stop_pod(old[0])
+                self.terminate(old[0])
             elif not old and len(new()) > replicas:
-                self.stop_pod(new()[-1])
+                self.terminate(new()[-1])
+        self.reap()
 
     def stop_all(self) -> None:
         for pod in list(self.pods):
-            self.stop_pod(pod, grace=10)
+            self.terminate(pod)
+        self.reap(grace=10)

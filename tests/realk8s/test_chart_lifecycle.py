@@ -1,6 +1,6 @@
 """The chart's life on the real control plane, as an operator lives it: ``helm install``
 (the CRD from crds/), an upgrade (the new CRD first, then ``helm upgrade`` with changed
-values), ``helm uninstall``, and ``helm install`` again.
+values: log level, memory limit, priority class), ``helm uninstall``, and ``helm install`` again.
 
 The agent's pods are processes run as the Deployment in the apiserver says
 (tests/realk8s/pods.py), behind a Service stand-in; two ImexEnsembles (one with
@@ -89,18 +89,21 @@ def test_install_upgrade_uninstall_and_install_again(clean_plane: ControlPlane,
                            "-f", str(CHART / "crds"))
                 assert "DOMAIN-ID" in columns(cp)
                 helm.run("upgrade", "imex-ensemble", str(CHART), "--namespace", NS,
-                         "--set", "replicas=3", "--set", "logLevel=debug",
+                         "--set", "logLevel=debug", "--set", "resources.limits.memory=768Mi",
                          "--set", "priorityClassName=system-cluster-critical")
                 timed(times, "helm upgrade (CRDs applied first)", t0)
                 pods.sync()
-                timed(times, "upgrade (rolled to 3 replicas)", t0)
+                timed(times, "upgrade (both replicas rolled)", t0)
                 time.sleep(1)
             assert monitor.gaps == [], monitor.gaps[:20]
             assert monitor.asked > 20
             dep = pods.read()
-            assert dep is not None and dep["spec"]["replicas"] == 3
-            assert "--log-level=debug" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
-            assert len(pods.pods) == 3
+            assert dep is not None
+            pod_spec = dep["spec"]["template"]["spec"]
+            assert "--log-level=debug" in pod_spec["containers"][0]["args"]
+            assert pod_spec["priorityClassName"] == "system-cluster-critical"
+            assert len(pods.pods) == 2 and all(p.template == pods.template_of(dep)
+                                               for p in pods.pods)
             site.kept(before)
             assert guests.files() == files, "a guest rewrote a file during the upgrade"
 
