@@ -106,6 +106,8 @@ class ServiceProxy:
 
     def close(self) -> None:
         self._closed.set()
+        with contextlib.suppress(OSError):  # wakes the accept() (close alone does not)
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
             conns = list(self._conns)
