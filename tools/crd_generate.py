@@ -20,7 +20,9 @@ from host_agent.crd import imexensemble as crd
 from host_agent.crd.schema import CustomResource, doc_rows, spec_facts
 
 REPO = Path(__file__).resolve().parents[1]
-CRD_MANIFEST = Path("manifests/base/crd-imexensembles.yaml")
+CRD_MANIFEST = Path("manifests/crds/crd-imexensembles.yaml")
+#: Helm installs crds/ (once: it never upgrades or deletes them); the same bytes
+CHART_CRD = Path("charts/imex-ensemble/crds/imexensembles.yaml")
 DOCS = Path("docs/imexensemble.md")
 GUEST_FACTS = Path("imex_shared/ensemble_crd.py")
 LABELS = {"app.kubernetes.io/name": "imex-ensemble"}
@@ -106,7 +108,8 @@ def _py(value: object) -> str:
 
 def render_all() -> dict[Path, str]:
     res = crd.IMEX_ENSEMBLE
-    return {CRD_MANIFEST: render_manifest(res), DOCS: render_docs(res),
+    manifest = render_manifest(res)
+    return {CRD_MANIFEST: manifest, CHART_CRD: manifest, DOCS: render_docs(res),
             GUEST_FACTS: render_guest_facts(res)}
 
 

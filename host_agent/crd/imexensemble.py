@@ -3,7 +3,7 @@
 Everything about the CRD is written here once, as data: fields, types,
 bounds, defaults, CEL rules, list-map keys, printer columns. From it
 ``tools/crd_generate.py`` writes the CRD manifest
-(``manifests/base/crd-imexensembles.yaml``), the field table
+(``manifests/crds/crd-imexensembles.yaml``), the field table
 (``docs/imexensemble.md``) and the spec facts the guest agent applies itself
 (``imex_shared/ensemble_crd.py``, which may not import host_agent); a test
 fails when any of them differs from what this module generates. The host

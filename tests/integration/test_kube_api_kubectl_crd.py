@@ -53,7 +53,7 @@ def test_apply_the_crd_then_the_base_then_an_ensemble(kubectl: Run) -> None:
     run = kubectl
     before = run("get", "imexensembles")
     assert before.returncode != 0 and "imexensembles" in before.stderr
-    crd = run("apply", "-f", str(REPO / "manifests/base/crd-imexensembles.yaml"))
+    crd = run("apply", "-f", str(REPO / "manifests/crds/crd-imexensembles.yaml"))
     assert crd.returncode == 0, crd.stderr
     assert "customresourcedefinition.apiextensions.k8s.io/imexensembles.imex-ensemble.io " \
         "created" in crd.stdout

@@ -40,8 +40,10 @@ REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 EXAMPLE = MANIFESTS / "examples" / "gb200-ensemble"
 SIDECAR = MANIFESTS / "overlays" / "sidecar"
-DIRS = ["base", "overlays/namespaced", "examples/gb200-ensemble", "overlays/sidecar",
-        "overlays/openshift"]
+DIRS = ["base", "crds", "namespace", "agent", "overlays/namespaced", "examples/gb200-ensemble",
+        "overlays/sidecar", "overlays/openshift"]
+#: the directories with RBAC of the host agent (or none: the example)
+RBAC_DIRS = [d for d in DIRS if d not in ("crds", "namespace")]
 K8S_VERSION = "1.32.0"
 KUBECTL = shutil.which("kubectl")
 CLOUD_INIT = "/usr/bin/cloud-init"
@@ -252,7 +254,7 @@ def aggregated(role: dict[str, Any]) -> bool:
     return any(k in AGGREGATED for k in role["metadata"].get("labels", {}))
 
 
-@pytest.mark.parametrize("directory", DIRS)
+@pytest.mark.parametrize("directory", RBAC_DIRS)
 def test_rbac_grants_exactly_the_list(directory: str) -> None:
     roles = [r for r in objects(directory, "ClusterRole") + objects(directory, "Role")
              if not aggregated(r)]
@@ -267,7 +269,7 @@ def test_rbac_grants_exactly_the_list(directory: str) -> None:
             assert granted(role["rules"]) == LE_ALLOWED
             continue
         assert granted(role["rules"]) == want, role["metadata"]["name"]
-    if directory in ("base", "overlays/namespaced", "overlays/openshift"):
+    if directory in ("base", "agent", "overlays/namespaced", "overlays/openshift"):
         # the sidecar has no registry, no CA and elects nothing
         assert [r["kind"] for r in roles if r["metadata"]["name"] == CA_ROLE] == ["Role"]
         assert [r["kind"] for r in roles if r["metadata"]["name"] == LE_ROLE] == ["Role"]
@@ -328,6 +330,34 @@ def test_namespaced_variant_has_no_cluster_role_for_the_agent() -> None:
     (role,) = [r for r in objects("overlays/namespaced", "Role")
                if r["metadata"]["name"] not in (CA_ROLE, LE_ROLE)]
     assert f"--namespace={role['metadata']['namespace']}" in args["args"]
+
+
+# --- the split: removing the agent never removes the CRD or the namespace -------
+
+
+def key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def test_base_is_the_crd_the_namespace_and_the_agent() -> None:
+    """`kubectl apply -k manifests/base` installs exactly the three parts; `kubectl
+    delete -k manifests/agent` can then remove the agent alone."""
+    parts = {d: {key(o): o for o in build(d)} for d in ("crds", "namespace", "agent")}
+    assert [k[0] for k in parts["crds"]] == ["CustomResourceDefinition"]
+    assert [k[0] for k in parts["namespace"]] == ["Namespace"]
+    assert not {"CustomResourceDefinition", "Namespace"} & {k[0] for k in parts["agent"]}
+    union = {k: o for p in parts.values() for k, o in p.items()}
+    assert {key(o): o for o in build("base")} == union
+    for obj in union.values():
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "imex-ensemble", key(obj)
+    (namespace,) = parts["namespace"]
+    assert {k[1] for k in parts["agent"]} - {""} == {namespace[2]}
+
+
+def test_the_example_leaves_the_namespace_alone() -> None:
+    """`kubectl delete -k` on (a copy of) the example deletes what it lists: no Namespace."""
+    for directory in ("examples/gb200-ensemble", "overlays/sidecar"):
+        assert not objects(directory, "Namespace"), directory
 
 
 # --- the host agent Deployment ---------------------------------------------

@@ -1,7 +1,8 @@
 """manifests/examples' PrometheusRule: valid for the Prometheus Operator, and its alerts fire.
 
 The schema is prometheus-operator's own published CRD, fetched through the Go module proxy
-as data (``go mod download``; it lives in Go's module cache, never in this repository).
+as data (tests/prometheus_operator.py; it lives in Go's module cache, never in this
+repository).
 Structural CRD schemas prune unknown fields instead of refusing them, so the test also
 fails on any field the schema does not know (a misspelt ``expr`` would silently vanish).
 ``promtool`` (Debian's ``prometheus`` package) checks the expressions and runs unit
@@ -10,8 +11,6 @@ tests that feed series and expect each alert to fire at the right time, not befo
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,26 +20,19 @@ import jsonschema
 import pytest
 import yaml
 
+from tests import prometheus_operator
+
 REPO = Path(__file__).resolve().parents[2]
 RULE = REPO / "manifests" / "examples" / "prometheusrule-imex-domain.yaml"
-OPERATOR = "github.com/prometheus-operator/prometheus-operator"
-OPERATOR_VERSION = "v0.85.0"
-CRD_FILE = "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml"
 
 
 @pytest.fixture(scope="module")
-def schema(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.access(
-        "/usr/local/go/bin/go", os.X_OK) else None)
-    if go is None:
-        pytest.skip("no Go toolchain: cannot fetch prometheus-operator's CRD")
-    out = subprocess.run([go, "mod", "download", "-json", f"{OPERATOR}@{OPERATOR_VERSION}"],
-                         cwd=tmp_path_factory.mktemp("gomod"), capture_output=True, text=True,
-                         timeout=600, check=False, env={**os.environ, "GOFLAGS": "-mod=mod"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    crd = yaml.safe_load((Path(json.loads(out.stdout)["Dir"]) / CRD_FILE).read_text())
-    assert crd["spec"]["names"]["kind"] == "PrometheusRule"
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+def schema() -> dict[str, Any]:
+    try:
+        doc = prometheus_operator.crd("PrometheusRule")
+    except prometheus_operator.NoGo as exc:
+        pytest.skip(str(exc))
+    (version,) = [v for v in doc["spec"]["versions"] if v["name"] == "v1"]
     return dict(version["schema"]["openAPIV3Schema"])
 
 

@@ -1,6 +1,10 @@
 """The host agent as the realk8s tests run it: its identity (the base manifests'
 ServiceAccount, RBAC and admission policy, applied verbatim), a view of its registry
-and metrics, and what its rights are and which of them it used (audit log)."""
+and metrics, and what its rights are and which of them it used (audit log).
+
+``MANIFESTS`` is what an operator installs (manifests/base: the CRD, the namespace and
+the agent); ``AGENT_MANIFESTS`` holds the agent's own files (manifests/agent),
+``CRD_MANIFESTS`` the CRD's."""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import yaml
 from tests.realk8s.harness import Api, ControlPlane, Proc, free_port, wait_until
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "base"
+AGENT_MANIFESTS = MANIFESTS.parent / "agent"
+CRD_MANIFESTS = MANIFESTS.parent / "crds"
 AGENT_SA_NAMESPACE = "imex-system"
 AGENT_SA = "imex-host-agent"
 AGENT_USER = f"system:serviceaccount:{AGENT_SA_NAMESPACE}:{AGENT_SA}"
@@ -125,7 +131,7 @@ def wait_policy_enforced(admin: Api, user: str, timeout: float = 60) -> None:
 
 def granted_rights(role_file: str = "clusterrole.yaml") -> set[Right]:
     """Every (group, resource, verb) the committed role grants."""
-    role = yaml.safe_load((MANIFESTS / role_file).read_text())
+    role = yaml.safe_load((AGENT_MANIFESTS / role_file).read_text())
     return {(group, res, verb) for rule in role["rules"] for group in rule["apiGroups"]
             for res in rule["resources"] for verb in rule["verbs"]}
 

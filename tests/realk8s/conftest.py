@@ -18,15 +18,17 @@ import pytest
 import yaml
 
 from tests.realk8s.agentproc import (
+    AGENT_MANIFESTS,
     AGENT_SA,
     AGENT_SA_NAMESPACE,
-    MANIFESTS,
+    CRD_MANIFESTS,
     HostAgentProc,
     apply_base_rbac,
     start_host_agent,
 )
 from tests.realk8s.crd import kubevirt_openapi
 from tests.realk8s.harness import Api, ControlPlane, build_binaries
+from tests.realk8s.installs import Helm, previous_release, wipe
 
 OPENAPI = kubevirt_openapi()
 
@@ -61,12 +63,12 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
         cp.stop()
 
 
-IMEX_CRD = MANIFESTS / "crd-imexensembles.yaml"
+IMEX_CRD = CRD_MANIFESTS / "crd-imexensembles.yaml"
 
 
 @pytest.fixture(scope="session")
 def imex_crd(control_plane: ControlPlane) -> dict[str, object]:
-    """The ImexEnsemble CRD exactly as committed (manifests/base), installed into the
+    """The ImexEnsemble CRD exactly as committed (manifests/crds), installed into the
     real apiserver once per session and served; yields the CRD document."""
     crd: dict[str, object] = yaml.safe_load(IMEX_CRD.read_text())
     control_plane.apply_crd(crd)
@@ -97,8 +99,8 @@ def host_agent(control_plane: ControlPlane) -> Iterator[HostAgentProc]:
 
     One per test module: a cluster-wide agent left running would also publish for
     the ensembles of modules that test other deployments (the sidecar overlay)."""
-    if not (MANIFESTS / "clusterrole.yaml").exists():
-        pytest.skip("manifests/base/clusterrole.yaml is not in this tree")
+    if not (AGENT_MANIFESTS / "clusterrole.yaml").exists():
+        pytest.skip("manifests/agent/clusterrole.yaml is not in this tree")
     apply_base_rbac(control_plane)
     token = control_plane.service_account_token(AGENT_SA_NAMESPACE, AGENT_SA)
     kc = control_plane.write_kubeconfig(control_plane.workdir / "host-agent.kubeconfig",
@@ -107,3 +109,50 @@ def host_agent(control_plane: ControlPlane) -> Iterator[HostAgentProc]:
         yield start_host_agent(control_plane, "host-agent", kc)
     finally:
         control_plane.stop_process("host-agent")
+
+
+@pytest.fixture(scope="session")
+def helm(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """The Helm build.sh built beside kubectl, as the session plane's admin."""
+    return Helm(control_plane.bin_dir / "helm", control_plane.admin_kubeconfig,
+                tmp_path_factory.mktemp("helm-home"))
+
+
+@pytest.fixture(scope="session")
+def install_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """A control plane of its own for the install tests (test_install_kustomize,
+    test_chart_lifecycle, test_chart_takeover): they install and remove the CRD, the
+    cluster-wide roles and the agent's namespace, which the session plane's tests share.
+    Started when the first of them runs; each leaves it empty (``clean_plane``)."""
+    cp = ControlPlane(bin_dir=_BIN.get("dir") or build_binaries(), vmi_openapi=OPENAPI)
+    try:
+        cp.start()
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            times = ", ".join(f"{k} {v:.1f}s" for k, v in cp.startup_seconds.items())
+            reporter.write_line(f"\nrealk8s: install plane up: {times}")
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def clean_plane(install_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """The install plane, holding nothing of ours; emptied again afterwards."""
+    wipe(install_plane)
+    try:
+        yield install_plane
+    finally:
+        wipe(install_plane)
+
+
+@pytest.fixture
+def install_helm(install_plane: ControlPlane, tmp_path: Path) -> Helm:
+    return Helm(install_plane.bin_dir / "helm", install_plane.admin_kubeconfig,
+                tmp_path / "helm-home")
+
+
+@pytest.fixture(scope="session")
+def previous_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous release's manifests and agents' code (git archive, no checkout)."""
+    return previous_release(tmp_path_factory.mktemp("previous-release"))

@@ -24,7 +24,12 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.realk8s.agentproc import AGENT_SA, AGENT_SA_NAMESPACE, MANIFESTS, apply_base_rbac
+from tests.realk8s.agentproc import (
+    AGENT_MANIFESTS,
+    AGENT_SA,
+    AGENT_SA_NAMESPACE,
+    apply_base_rbac,
+)
 from tests.realk8s.harness import ControlPlane, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,10 +37,10 @@ LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{AGENT_SA_NAMESPACE}/leases/im
 
 
 def apply_leader_election_role(cp: ControlPlane) -> None:
-    """manifests/base/role-leader-election.yaml as committed (Role + RoleBinding)."""
+    """manifests/agent/role-leader-election.yaml as committed (Role + RoleBinding)."""
     admin = cp.admin
     assert admin is not None
-    for obj in yaml.safe_load_all((MANIFESTS / "role-leader-election.yaml").read_text()):
+    for obj in yaml.safe_load_all((AGENT_MANIFESTS / "role-leader-election.yaml").read_text()):
         if not obj:
             continue
         plural = "roles" if obj["kind"] == "Role" else "rolebindings"

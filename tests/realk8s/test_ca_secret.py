@@ -1,5 +1,5 @@
 """The per-ensemble CA Secret on a real apiserver (issue 19): created by the agent under
-exactly the rights of manifests/base/role-ca-secrets.yaml (as the audit log shows), in
+exactly the rights of manifests/agent/role-ca-secrets.yaml (as the audit log shows), in
 the agent's own namespace only, and the same CA after the agent restarts.
 
 The agent runs as the base manifests' ServiceAccount with the committed RBAC; the
@@ -21,10 +21,10 @@ import yaml
 
 from imex_shared.model import EnsembleId
 from tests.realk8s.agentproc import (
+    AGENT_MANIFESTS,
     AGENT_SA,
     AGENT_SA_NAMESPACE,
     AGENT_USER,
-    MANIFESTS,
     HostAgentProc,
     apply_base_rbac,
     may,
@@ -37,7 +37,7 @@ from tests.realk8s.kubeops import SERVICES
 
 pytestmark = pytest.mark.realk8s
 
-ROLE_FILE = MANIFESTS / "role-ca-secrets.yaml"
+ROLE_FILE = AGENT_MANIFESTS / "role-ca-secrets.yaml"
 SECRETS = f"/api/v1/namespaces/{AGENT_SA_NAMESPACE}/secrets"
 
 

@@ -1,6 +1,6 @@
 """The ImexEnsemble API against the real kube-apiserver (issue 15, API half).
 
-The committed CRD (manifests/base/crd-imexensembles.yaml) is installed as is; the
+The committed CRD (manifests/crds/crd-imexensembles.yaml) is installed as is; the
 apiserver itself enforces its schema and CEL rules, and refuses bad objects naming
 the field. `kubectl` is the one build.sh built at the apiserver's version (the
 machine's is out of skew): it shows the printer columns. The base RBAC and the

@@ -81,8 +81,8 @@ def kubeconfig_document(url: str, token: str, namespace: str = "default") -> JSO
 
 REPO = Path(__file__).resolve().parents[3]
 #: The CRDs a double has installed unless told otherwise: the ImexEnsemble CRD
-#: exactly as users install it (the generated manifest in manifests/base).
-DEFAULT_CRDS = (REPO / "manifests" / "base" / "crd-imexensembles.yaml",)
+#: exactly as users install it (the generated manifest in manifests/crds).
+DEFAULT_CRDS = (REPO / "manifests" / "crds" / "crd-imexensembles.yaml",)
 
 
 @functools.lru_cache(maxsize=16)

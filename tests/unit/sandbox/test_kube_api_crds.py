@@ -62,7 +62,7 @@ def test_the_default_crd_is_installed_established_and_discoverable(api: httpx.Cl
 def test_a_cluster_without_the_crd_until_it_is_created() -> None:
     with ThreadedKubeApi(crds=()) as srv, httpx.Client(base_url=srv.url) as api:
         assert api.get(ENS).status_code == 404
-        doc = yaml.safe_load((REPO / "manifests/base/crd-imexensembles.yaml").read_text())
+        doc = yaml.safe_load((REPO / "manifests/crds/crd-imexensembles.yaml").read_text())
         assert api.post(CRDS, json=doc).status_code == 201
         assert api.post(ENS, json=ensemble("a")).status_code == 201
         # deleting the CRD deletes its objects and stops serving the kind
@@ -73,7 +73,7 @@ def test_a_cluster_without_the_crd_until_it_is_created() -> None:
 
 
 def test_a_crd_named_unlike_its_plural_and_group_is_refused(api: httpx.Client) -> None:
-    doc = yaml.safe_load((REPO / "manifests/base/crd-imexensembles.yaml").read_text())
+    doc = yaml.safe_load((REPO / "manifests/crds/crd-imexensembles.yaml").read_text())
     doc["metadata"]["name"] = "wrong.imex-ensemble.io"
     (field, _), = causes(api.post(CRDS, json=doc))
     assert field == "metadata.name"

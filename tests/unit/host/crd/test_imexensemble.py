@@ -33,13 +33,13 @@ def test_drift_check_names_a_hand_edited_file(tmp_path: Path) -> None:
     for rel, text in render_all().items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    edited = tmp_path / "manifests/base/crd-imexensembles.yaml"
+    edited = tmp_path / "manifests/crds/crd-imexensembles.yaml"
     edited.write_text(edited.read_text().replace("maximum: 1000", "maximum: 1024", 1))
-    assert stale(tmp_path) == [Path("manifests/base/crd-imexensembles.yaml")]
+    assert stale(tmp_path) == [Path("manifests/crds/crd-imexensembles.yaml")]
 
 
 def committed_crd() -> Schema:
-    doc: Schema = yaml.safe_load((REPO / "manifests/base/crd-imexensembles.yaml").read_text())
+    doc: Schema = yaml.safe_load((REPO / "manifests/crds/crd-imexensembles.yaml").read_text())
     return doc
 
 
