@@ -19,18 +19,17 @@ import pytest
 from tests.realk8s.crd import kubevirt_openapi
 from tests.realk8s.harness import ControlPlane, HarnessError, build_binaries
 from tests.realnode import images
-from tests.realnode.node import (
-    CONTROLLERS,
+from tests.realnode.host import (
     GATEWAY,
     KUBERNETES_SERVICE_IP,
+    LOCK,
     SERVICE_CIDR,
-    Node,
     network_up,
     sweep,
 )
+from tests.realnode.node import CONTROLLERS, Node
 
 NODE_BUILD = Path(__file__).resolve().parents[1] / "realk8s" / "build_node.sh"
-LOCK = Path("/tmp/imex-realnode.lock")
 
 
 def build_node_binaries(timeout: float = 7200.0) -> Path:
@@ -58,7 +57,6 @@ def agent_image() -> str:
 def node(request: pytest.FixtureRequest, agent_image: str) -> Iterator[Node]:
     if os.geteuid() != 0:
         pytest.fail("the realnode tier needs root (bridge, nftables, mounts, cgroups)")
-    # one realnode run per machine: the bridge, the guard table and the sweep are by name
     lock = LOCK.open("w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

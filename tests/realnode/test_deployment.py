@@ -29,7 +29,8 @@ import yaml
 
 from tests.realk8s.agentproc import MANIFESTS
 from tests.realk8s.harness import Api, wait_until
-from tests.realnode.node import Node, sh
+from tests.realnode.host import sh
+from tests.realnode.node import Node
 
 pytestmark = [pytest.mark.realnode, pytest.mark.root]
 
