@@ -10,7 +10,8 @@
 # `build_node.sh --check`: print it and exit 0 when complete, exit 1 without building.
 #
 # Needs: the Go toolchain, a C compiler and libseccomp-dev (runc is cgo with seccomp),
-# musl-tools (musl-gcc) for the static pause. Env: REALK8S_CACHE, REALK8S_NICE as build.sh.
+# musl-tools (musl-gcc) for the static pause. Env: REALK8S_CACHE as build.sh; REALK8S_NICE
+# (default 19 here: the node build runs beside other work, never in CI).
 set -euo pipefail
 
 K8S_VERSION=v1.37.2
