@@ -63,6 +63,8 @@ def node(request: pytest.FixtureRequest, agent_image: str) -> Iterator[Node]:
     except BlockingIOError:
         pytest.fail(f"another realnode run holds {LOCK}")
     request.addfinalizer(lock.close)
+    if not os.environ.get("REALNODE_IMAGE_ARCHIVE"):
+        images.require_agent_image(agent_image)  # before minutes of building and starting
     t0 = time.monotonic()
     cp_bin, node_bin = build_binaries(), build_node_binaries()
     built = time.monotonic() - t0

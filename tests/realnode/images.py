@@ -74,12 +74,17 @@ def agent_version() -> str:
     return version("imex-ensemble")
 
 
-def save_agent_image(ref: str, out: Path) -> Path:
-    """``podman save`` of ``ref`` (docker-archive), or a clear error naming ``make image``."""
+def require_agent_image(ref: str) -> None:
+    """A clear error naming ``make image`` when podman's store has no ``ref``."""
     exists = subprocess.run(["podman", "image", "exists", ref], check=False)
     if exists.returncode != 0:
         raise ImageError(f"{ref} is not in podman's image store: build it first with "
                          "`make image` (tools/image.py)")
+
+
+def save_agent_image(ref: str, out: Path) -> Path:
+    """``podman save`` of ``ref`` (docker-archive)."""
+    require_agent_image(ref)
     proc = subprocess.run(["podman", "save", "--format", "docker-archive", "-o", str(out), ref],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
