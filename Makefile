@@ -4,8 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers vmtest vmtest-matrix chroottest realk8s wheelhouse \
-	image stress-check clean
+.PHONY: demo test lint bench bench-peers vmtest vmtest-matrix chroottest realk8s realnode \
+	wheelhouse image stress-check clean
 
 # constraints.txt pins every test and lint dependency (bumped in commits of their own)
 $(STAMP): pyproject.toml constraints.txt
@@ -61,6 +61,11 @@ vmtest-matrix: $(STAMP)
 
 realk8s: $(STAMP)
 	$(BIN)/python -m tests.tiers run realk8s $(REALK8S_ARGS)
+
+# issue 25: the base Deployment on a real node (root; builds kubelet, containerd, runc on
+# first use; needs `make image`); not in CI. tests/realk8s/README.md "A real node"
+realnode: $(STAMP)
+	$(BIN)/python -m tests.tiers run realnode $(REALNODE_ARGS)
 
 # tests/README.md "Under load": the tiers again beside stress-ng (Debian's), results kept
 stress-check: $(STAMP)

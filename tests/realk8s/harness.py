@@ -225,13 +225,16 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise HarnessError(f"openssl {' '.join(args)} failed: {exc.stderr!r}") from exc
 
 
-def make_pki(pki: Path) -> None:
-    """CA, apiserver serving cert (127.0.0.1, localhost) and the SA signing key pair."""
+def make_pki(pki: Path, extra_ips: tuple[str, ...] = ()) -> None:
+    """CA, apiserver serving cert (127.0.0.1, localhost and ``extra_ips``) and the SA
+    signing key pair."""
     pki.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
              "-subj", "/CN=realk8s-ca", "-keyout", "ca.key", "-out", "ca.crt", cwd=pki)
+    ips = "".join(f",IP:{ip}" for ip in extra_ips)
     (pki / "san.cnf").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
+        f"subjectAltName=IP:127.0.0.1{ips},DNS:localhost,DNS:kubernetes.default.svc,"
+        "DNS:kubernetes.default.svc.cluster.local\n"
         "extendedKeyUsage=serverAuth\n")
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
              "-keyout", "apiserver.key", "-out", "apiserver.csr", cwd=pki)
@@ -272,6 +275,17 @@ class ControlPlane:
     #: (the default's aggregation controller fills admin/edit/view from aggregate-to-* roles)
     controllers: str = ("garbage-collector-controller,namespace-controller,"
                         "clusterrole-aggregation-controller")
+    #: where kube-apiserver binds and what it advertises; a node's pods cannot reach
+    #: loopback, so the realnode tier passes an address on its bridge (tests/realnode)
+    address: str = "127.0.0.1"
+    service_cidr: str = "10.96.0.0/16"
+    #: "none": no `kubernetes` Service endpoints (nothing in a pod needs them here);
+    #: "lease" publishes ``address`` for in-cluster clients
+    endpoint_reconciler: str = "none"
+    #: more SANs for the serving certificate (the `kubernetes` Service's cluster IP)
+    extra_sans: tuple[str, ...] = ()
+    #: more kube-apiserver flags (the realnode tier: reach the kubelet by its InternalIP)
+    apiserver_args: tuple[str, ...] = ()
 
     # ---- paths
     @property
@@ -373,16 +387,17 @@ class ControlPlane:
     # ---- kube-apiserver
     def _start_apiserver(self, port: int | None = None) -> None:
         if not (self.pki / "ca.crt").exists():
-            make_pki(self.pki)
+            make_pki(self.pki, tuple(dict.fromkeys(
+                ip for ip in (self.address, *self.extra_sans) if ip != "127.0.0.1")))
             (self.workdir / "tokens.csv").write_text(
                 f"{self.admin_token},realk8s-admin,realk8s-admin,system:masters\n")
         port = port or free_port()
-        self.server = f"https://127.0.0.1:{port}"
+        self.server = f"https://{self.address}:{port}"
         pki = self.pki
         proc = self._spawn("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}",
             f"--secure-port={port}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -392,14 +407,15 @@ class ControlPlane:
             f"--service-account-issuer={SA_ISSUER}",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            "--endpoint-reconciler-type=none",
+            f"--service-cluster-ip-range={self.service_cidr}",
+            f"--endpoint-reconciler-type={self.endpoint_reconciler}",
             "--anonymous-auth=false",
             "--enable-priority-and-fairness=false",
             *([f"--audit-policy-file={self._audit_policy()}",
                f"--audit-log-path={self.audit_log}",
                "--audit-log-format=json"] if self.audit else []),
             "--profiling=false",
+            *self.apiserver_args,
             "--v=1",
         ])
         if self.admin is None:  # kept across restart_apiserver: same address
@@ -489,6 +505,7 @@ class ControlPlane:
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
             f"--controllers={self.controllers}",
             "--leader-elect=false",
+            f"--root-ca-file={self.ca}",
             "--bind-address=127.0.0.1", f"--secure-port={port}",
             "--v=1",
         ])
