@@ -27,7 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
-from tests.bench.common import REPO_ROOT, Results, loadavg, machine, table
+from tests.bench.common import REPO_ROOT, Results, commit, loadavg, machine, table
 
 #: name -> (module, what it measures). Order: cheapest / least disruptive first.
 BENCHMARKS: dict[str, tuple[str, str]] = {
@@ -79,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     errors: dict[str, str] = {}
     loads: dict[str, list[float]] = {}
     started = datetime.datetime.now(datetime.UTC)
+    tree = commit()
 
     def save() -> None:
         meta = {"date": started.isoformat(timespec="seconds"), "quick": args.quick,
+                "commit": tree,
                 "benchmarks": names, "machine": machine(), "loadavg_1min": loads,
                 "errors": errors}
         args.out.write_text(json.dumps(results.as_json(meta), indent=2) + "\n")

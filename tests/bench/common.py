@@ -102,6 +102,13 @@ GOALS: tuple[Goal, ...] = (
     Goal("guest_change_cpu_ms", "guest agent's own CPU per applied change", "<=", 10, "ms"),
     Goal("standin_to_guest_cpu_ratio", "IMEX stand-ins' CPU / guest agents' CPU per change",
          "<", 1, ""),
+    # issue 27, judged on bench-peers.json (make bench-peers; peers/report.goal_figures)
+    Goal("peers_replace_speedup_p50", "bench-peers: replacement p50, recipe / ours", ">=", 10,
+         "x"),
+    Goal("peers_hosts_vs_floor_p50", "bench-peers: hosts-file p50, ours / the floor", "<=", 3,
+         "x"),
+    Goal("peers_absent_dns_fewer", "bench-peers: absent-slot DNS queries, recipe / ours",
+         ">=", 10, "x"),
 )
 GOAL_KEYS = tuple(g.key for g in GOALS)
 
@@ -190,6 +197,18 @@ def machine() -> dict[str, Any]:
                 mem_kb = int(line.split()[1])
     return {"cpus": os.cpu_count(), "cpu_model": model, "mem_gb": round(mem_kb / 2**20, 1),
             "kernel": os.uname().release, "python": sys.version.split()[0]}
+
+
+def commit() -> str:
+    """The tree measured: ``git describe --always --dirty`` of the repository ("" outside
+    a git checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty",
+                              "--abbrev=12"], capture_output=True, text=True, timeout=10,
+                             check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
 
 
 # ------------------------------------------------------------------ processes

@@ -18,7 +18,8 @@ def test_goal_keys_are_the_issues_thirteen() -> None:
         "host_sync_writes_per_ensemble", "host_restart_writes", "host_takeover_writes",
         "host_update_cpu_ms", "host_sync_25k_s", "host_rss_25k_mb",
         "host_status_storm_answer_p99_s", "host_status_writes_per_ensemble_storm",
-        "guest_change_cpu_ms", "standin_to_guest_cpu_ratio")
+        "guest_change_cpu_ms", "standin_to_guest_cpu_ratio", "peers_replace_speedup_p50",
+        "peers_hosts_vs_floor_p50", "peers_absent_dns_fewer")
 
 
 @pytest.mark.parametrize(("key", "value", "verdict"), [
