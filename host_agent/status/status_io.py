@@ -388,7 +388,8 @@ class StatusWriter:
         if seen is not None and seen[0] == decl and seen[1] == snap and now < seen[2]:
             return False  # what the last evaluation saw: the same facts, the same Events
         previous = self._shadow.get(key)
-        desired = desired_status(decl, snap, now, self._stale_after, previous)
+        desired = desired_status(decl, snap, now, self._stale_after, previous,
+                                 events_only=True)
         self._evaluated(Evaluation(decl, snap, desired, now))
         due = next_change(snap, now, self._stale_after)
         self._seen[key] = (decl, snap, float("inf") if due is None else due)
