@@ -62,7 +62,7 @@ from tests.bench.common import (
     wait_for,
 )
 from tests.bench.hostswatch import HostsWatch
-from tests.bench.sandbox_cpu import Ledger, guest_cpu, imex_views
+from tests.bench.sandbox_cpu import Ledger, guest_cpu, imex_counts, imex_views
 
 PREFIX = "bch"
 NAMESPACE = "bench"
@@ -264,6 +264,7 @@ class Bench:
         cpu0, t0 = self.cpu(), time.monotonic()
         ledger = Ledger(self)
         ledger.sample()
+        imex0 = imex_counts(self)
         lat = []
         for n in range(self.changes):
             vm = vms[n % len(vms)]
@@ -285,6 +286,8 @@ class Bench:
                 signals[v] = signals.get(v, 0) + d_sigs
             prev = now
         self.charge(ledger, time.monotonic() - t0)
+        with contextlib.suppress(Exception):
+            self.results.note("imex_standins", imex_views(self, imex0))
         churn = self.cpu_pct(cpu0, self.cpu(), time.monotonic() - t0)
         self.results.set("guest_churn_cpu_pct", statistics.fmean(churn) if churn else None)
         self.results.set("guest_churn_cpu_pct_max", max(churn) if churn else None)
@@ -310,8 +313,6 @@ class Bench:
             f" ms, IMEX stand-ins {figures['standin_cpu_ms_per_change'] * self.n_vms:.0f} ms "
             f"({total * self.n_vms:.0f} ms in the VMs); " + ", ".join(breakdown)
             + (" (guests net of their idle rate)" if self.idle_rate else "")))
-        with contextlib.suppress(Exception):
-            self.results.note("imex_standins", imex_views(self))
 
     def dns_changes(self) -> list[float]:
         vms = self.sbx.vms_of(self.spec)

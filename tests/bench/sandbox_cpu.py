@@ -136,17 +136,28 @@ def guest_cpu(bench: Any) -> dict[str, tuple[float, float]]:
     return out
 
 
-def imex_views(bench: Any) -> str:
-    """What the stand-ins do, so a cheaper one that does less shows: reconnects per
-    SIGUSR1 acted (per daemon, over its life) and each VM's ``nvidia-imex-ctl -N -j``."""
-    per_signal: list[float] = []
+def imex_counts(bench: Any) -> dict[str, tuple[int, int, int]]:
+    """vm -> (IMEX starts, outgoing connection attempts, SIGUSR1 acted) from the
+    stand-ins' state files."""
+    out = {}
     for vm in bench.sbx.vms_of(bench.spec):
         st = vm.imex_state()
-        acted = int(st.get("signals_acted", 0))
-        attempts = sum(int(v) for v in (st.get("attempts_by_ip") or {}).values())
-        peers = max(0, len(st.get("peers") or {}))
-        if acted:
-            per_signal.append((attempts - peers) / acted)
+        out[vm.vmi] = (int(st.get("starts", 0)),
+                       sum(int(v) for v in (st.get("attempts_by_ip") or {}).values()),
+                       int(st.get("signals_acted", 0)))
+    return out
+
+
+def imex_views(bench: Any, base: dict[str, tuple[int, int, int]]) -> str:
+    """What the stand-ins did over the phase, so a cheaper one that does less shows:
+    outgoing connection attempts per SIGUSR1 acted (daemons that did not restart, from
+    ``base``: ``imex_counts`` at the phase's start), and each VM's ``nvidia-imex-ctl -N
+    -j`` at its end."""
+    per_signal: list[float] = []
+    for vm, (starts, attempts, acted) in imex_counts(bench).items():
+        before = base.get(vm)
+        if before is not None and before[0] == starts and acted > before[2]:
+            per_signal.append((attempts - before[1]) / (acted - before[2]))
     states: dict[str, int] = {}
     connected: list[int] = []
     for vm in bench.sbx.vms_of(bench.spec):
