@@ -20,6 +20,7 @@ from guest_agent.config import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_
 from imex_shared.hostsfile import merge_hosts
 from imex_shared.model import EnsembleId, ModelError, members_from_json, pins_of
 from imex_shared.render import render_nodes_config
+from imex_shared.version import VersionAction
 
 EXIT_BAD_INPUT = 2
 
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="imex-guest-agent",
         description="Keeps an IMEX ensemble's nodes_config and /etc/hosts true inside a VM.",
     )
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("--config", default=DEFAULT_CONFIG_PATH, help="TOML config file")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)

@@ -26,6 +26,7 @@ from host_agent.settings import (
     parse_listen,
 )
 from imex_shared.model import ModelError, check_dns_label
+from imex_shared.version import VersionAction
 
 ENV_PREFIX: Final = "IMEX_HOST_AGENT_"
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
@@ -49,6 +50,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description="Publish KubeVirt VMI ensembles as EndpointSlices and serve the "
         "ensemble registry. Every flag can also be set as IMEX_HOST_AGENT_<FLAG>.",
     )
+    p.add_argument("--version", action=VersionAction)
     p.add_argument("--namespace", action="append", default=None, metavar="NS",
                    help="namespace to watch (repeatable; default: every namespace; "
                    "env: comma-separated)")

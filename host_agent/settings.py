@@ -7,24 +7,18 @@ agent") gives it.
 
 from __future__ import annotations
 
-import importlib.metadata
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from imex_shared.version import package_version as agent_version
+
 DEFAULT_LISTEN: Final = "0.0.0.0:8080"
 DEFAULT_AGENT_NAMESPACE: Final = "imex-system"
 #: Where a pod's service account namespace is mounted (in-cluster).
 SA_NAMESPACE_FILE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def agent_version() -> str:
-    try:
-        return importlib.metadata.version("imex-ensemble")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 class SettingsError(ValueError):

@@ -222,7 +222,7 @@ def build_project_wheel(out: Path, isolation: bool = True) -> Path:
     """This tree's wheel, built from a copy (the work tree stays clean)."""
     with tempfile.TemporaryDirectory(prefix="imex-wheelhouse-src-") as d:
         src = Path(d)
-        for name in ("pyproject.toml", "README.md"):
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
             shutil.copy(REPO / name, src / name)
         for pkg in ("imex_shared", "guest_agent", "host_agent"):
             shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))

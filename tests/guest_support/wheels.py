@@ -85,7 +85,7 @@ def project_wheel(out: Path, edit: Callable[[Path], None] | None = None) -> Path
     ``edit`` may change first)."""
     with tempfile.TemporaryDirectory(prefix="imex-test-src-") as d:
         src = Path(d)
-        for name in ("pyproject.toml", "README.md"):
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
             shutil.copy(REPO / name, src / name)
         for pkg in ("guest_agent", "host_agent", "imex_shared"):
             shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))

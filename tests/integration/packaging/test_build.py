@@ -31,7 +31,7 @@ OLD_LICENSE = 'license = { text = "Apache-2.0" }'
 
 
 def copy_tree(dst: Path, legacy: bool = False) -> Path:
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, dst / name)
     for pkg in ("imex_shared", "guest_agent", "host_agent"):
         shutil.copytree(REPO / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__"))
@@ -109,4 +109,9 @@ def test_wheel_and_editable_builds_print_no_setuptools_warning(tmp_path: Path,
     assert {"guest_agent/data/imex-guest-agent.service", "guest_agent/py.typed",
             "guest_agent/installer/bootstrap.py", "host_agent/py.typed"} <= names
     assert "License-Expression: Apache-2.0" in meta
+    # the license text itself (PEP 639's default license-files picks LICENSE up)
+    assert "License-File: LICENSE" in meta
+    (text,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read(text) == (REPO / "LICENSE").read_bytes()
     assert not any(n.startswith(("tests/", "tools/")) for n in names)
