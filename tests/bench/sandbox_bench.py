@@ -131,8 +131,9 @@ class Bench:
         self.peak_rss: dict[str, float] = {}
         self.missed: list[str] = []
         self.keep = False  # keep the sandbox's work directory (logs) for a reader
-        #: one idle guest's (own, children) CPU-seconds per second, once measured
-        self.idle_rate: tuple[float, float] | None = None
+        #: one idle guest's (own, children) and one idle IMEX stand-in's CPU-seconds per
+        #: second, once measured
+        self.idle_rate: tuple[float, float, float] | None = None
 
     # ------------------------------------------------------------- readings
 
@@ -300,7 +301,7 @@ class Bench:
         figures = ledger.per_change(self.changes, self.n_vms, seconds, self.idle_rate)
         breakdown = []
         for key, value in figures.items():
-            if key.endswith(("_ms", "_change", "_ratio")):
+            if key.endswith(("_ms", "_change", "_ratio", "_gross")):
                 self.results.set(key, value)
             else:
                 breakdown.append(f"{key} {value * 1000:.0f} ms")
@@ -312,7 +313,9 @@ class Bench:
             f"nvidia-imex-ctl children {figures['guest_ctl_cpu_ms_per_change'] * self.n_vms:.0f}"
             f" ms, IMEX stand-ins {figures['standin_cpu_ms_per_change'] * self.n_vms:.0f} ms "
             f"({total * self.n_vms:.0f} ms in the VMs); " + ", ".join(breakdown)
-            + (" (guests net of their idle rate)" if self.idle_rate else "")))
+            + (" (net of the idle rates; the stand-ins' gross "
+               f"{figures['standin_cpu_ms_per_change_gross'] * self.n_vms:.0f} ms)"
+               if self.idle_rate else "")))
 
     def dns_changes(self) -> list[float]:
         vms = self.sbx.vms_of(self.spec)
@@ -401,7 +404,10 @@ class Bench:
                     window = 5.0 if self.quick else 30.0
                     cpu0, t0 = self.cpu(), time.monotonic()
                     kids0 = guest_cpu(self)
+                    standins = Ledger(self)
+                    standins.sample()
                     time.sleep(window)
+                    standins.sample()
                     took = time.monotonic() - t0
                     idle = self.cpu_pct(cpu0, self.cpu(), took)
                     kids = guest_cpu(self)
@@ -409,7 +415,8 @@ class Bench:
                             for v in kids0 if v in kids]
                     own = [(kids[v][0] - kids0[v][0]) / took for v in kids0 if v in kids]
                     ctl = [(kids[v][1] - kids0[v][1]) / took for v in kids0 if v in kids]
-                    self.idle_rate = (statistics.fmean(own), statistics.fmean(ctl))
+                    self.idle_rate = (statistics.fmean(own), statistics.fmean(ctl),
+                                      standins.standin_rate(took))
                     r.set("guest_idle_cpu_pct_with_children", max(both))
                     rss_now = [rss_mb(p) for p in self.guest_pids().values()]
                     r.set("guest_idle_cpu_pct", max(idle))

@@ -20,8 +20,10 @@ A ``Ledger`` is sampled at the start of a phase, after each change and at the en
 
 Errs low for a process that dies between samples (its CPU after the last sample), and
 the guest figures include whatever else the guest did in the window (its heartbeat
-reports, DNS standby polls): ``idle`` (CPU-seconds per second per guest, from the
-idle phase) is subtracted when it was measured.
+reports, DNS standby polls), and the stand-ins' whatever theirs did (a ping to every
+peer twice a second): ``idle`` (CPU-seconds per second per guest and per stand-in, from
+the idle phase) is subtracted when it was measured; the stand-ins' gross figure is
+printed beside (``standin_cpu_ms_per_change_gross``).
 """
 
 from __future__ import annotations
@@ -96,25 +98,34 @@ class Ledger:
             entry = self.others.setdefault(name, [got[0], got[0]])
             entry[1] = got[0]
 
+    def standin_rate(self, seconds: float) -> float:
+        """CPU-seconds per second of one stand-in over ``seconds`` (an idle window)."""
+        n = max(1, len(self.standins))
+        return sum(last - first for first, last in self.standins.values()) / seconds / n
+
     def per_change(self, changes: int, members: int, seconds: float,
-                   idle: tuple[float, float] | None) -> dict[str, float]:
+                   idle: tuple[float, float, float] | None) -> dict[str, float]:
         """CPU ms per member per change: guest own, ctl children, stand-ins; and the
         whole sandbox's CPU seconds per change by kind (``*_s_per_change``).
 
-        ``idle``: (own, children) CPU-seconds per second of one idle guest."""
+        ``idle``: (own, children, stand-in) CPU-seconds per second of one idle guest and
+        one idle stand-in (the stand-ins ping every peer twice a second, idle or not)."""
         live = {pid for pid in self.standins if stat(pid) is not None}
         dead_total = sum(last for pid, (_, last) in self.standins.items() if pid not in live)
         own = sum(e[1] - e[0] for e in self.guests.values())
         kids = sum(e[3] - e[2] for e in self.guests.values()) - dead_total
         standin = sum(last - first for first, last in self.standins.values())
         n = max(1, len(self.guests))
+        gross_standin = standin
         if idle is not None:
             own -= idle[0] * seconds * n
             kids -= idle[1] * seconds * n
+            standin -= idle[2] * seconds * max(1, len(live))
         per = 1000.0 / (changes * members)
         out = {"guest_change_cpu_ms": max(0.0, own) * per,
                "guest_ctl_cpu_ms_per_change": max(0.0, kids) * per,
-               "standin_cpu_ms_per_change": standin * per}
+               "standin_cpu_ms_per_change": max(0.0, standin) * per,
+               "standin_cpu_ms_per_change_gross": gross_standin * per}
         with contextlib.suppress(ZeroDivisionError):
             out["standin_to_guest_cpu_ratio"] = out["standin_cpu_ms_per_change"] / \
                 out["guest_change_cpu_ms"]
