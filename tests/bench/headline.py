@@ -55,7 +55,8 @@ def render(results: Mapping[str, Any] | None, peers: Mapping[str, Any] | None) -
              "| figure | value | goal | verdict |", "|---|---:|---|---|"]
     for goal in GOALS:
         doc = peers if goal.key.startswith("peers_") else results
-        raw = doc.get(goal.key) if doc is not None else None
+        full = doc is not None and not (doc.get("_meta") or {}).get("quick")
+        raw = doc.get(goal.key) if full and doc is not None else None
         value = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) \
             else None
         verdict = {True: "PASS", False: "MISS", None: "n/a"}[goal.passed(value)]

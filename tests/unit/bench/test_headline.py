@@ -40,6 +40,9 @@ def test_quick_figures_never_pose_as_the_real_ones() -> None:
     text = render(quick, None)
     assert "quick run" in text and "`bench-peers.json`: not found" in text
     assert all(line.endswith("| n/a |") for line in text.splitlines() if line.startswith("| `"))
+    # bench-peers --quick writes its usual keys (3 members): not judged either
+    text = render(None, {**PEERS, "_meta": {**PEERS["_meta"], "quick": True}})
+    assert all(line.endswith("| n/a |") for line in text.splitlines() if line.startswith("| `"))
 
 
 def test_write_replaces_only_the_block(tmp_path: Path) -> None:
