@@ -46,7 +46,7 @@ class _Batch:
 class ReportPersister:
     """Coalesced, per-ensemble writes of reports into their ConfigMap (module docstring)."""
 
-    def __init__(self, client: Any, namespace: str, *, interval: float = 1.0,
+    def __init__(self, client: Any, namespace: str, *, interval: float = 0.5,
                  clock: Callable[[], float] = time.monotonic,
                  persisted: Callable[[EnsembleId], Mapping[int, GuestReport]] | None = None,
                  refresh_after: float = 0.0,

@@ -122,6 +122,8 @@ class Reconciler:
         self._last_problems: dict[Key, tuple[str, ...]] = {}
         self._orphans: set[Key] = set()
         self._examine = ExamineMemo()
+        #: slice and Service events that came during a pass of their ensemble (``_defer``)
+        self._deferred: dict[Key, list[tuple[str, Any]]] = {}
         self._started = False
         self._initial: set[Key] | None = None
         self.passes = 0
@@ -140,6 +142,9 @@ class Reconciler:
         if new is not None and old is not None and self._pairs is not None and \
                 self._pairs.service_echo(object_key(new), new):
             return  # our own membership annotation coming back: nothing to do
+        if new is not None and old is not None and self._pairs is not None and \
+                self._defer(object_key(new), ("service", new)):
+            return
         self._enqueue_keys(object_key(o) for o in (old, new) if o is not None)
 
     def on_cr(self, old: Obj | None, new: Obj | None) -> None:
@@ -166,7 +171,35 @@ class Reconciler:
             if self._applier.is_echo(namespace, name, new):
                 self._metrics.echoes.inc()
                 return
+            keys = {slice_ensemble(o) for o in (old, new) if o is not None}
+            if len(keys) == 1 and (key := keys.pop()) is not None and \
+                    self._defer(key, ("slice", (namespace, name, new))):
+                return
         self._enqueue_keys(slice_ensemble(o) for o in (old, new) if o is not None)
+
+    def _defer(self, key: Key, event: tuple[str, Any]) -> bool:
+        """An event that arrives while ``key``'s pass runs may be that pass's own write
+        coming back before the write's answer (the watch is faster than the response):
+        is_echo cannot know yet. Look again when the pass ends (``_deferred_news``)
+        instead of marking the key dirty for a second pass that would find nothing."""
+        if not self._queue.is_active(key):
+            return False
+        self._deferred.setdefault(key, []).append(event)
+        return True
+
+    def _deferred_news(self, key: Key) -> bool:
+        """Some event deferred during ``key``'s pass was not the pass's own write."""
+        news = False
+        for kind, event in self._deferred.pop(key, ()):
+            if kind == "service":
+                echo = self._pairs is not None and self._pairs.service_echo(key, event)
+            else:
+                namespace, name, obj = event
+                echo = self._applier.is_echo(namespace, name, obj)
+                if echo:
+                    self._metrics.echoes.inc()
+            news = news or not echo
+        return news
 
     def _enqueue_keys(self, keys: Iterable[Key | None]) -> None:
         for key in set(keys):
@@ -254,6 +287,8 @@ class Reconciler:
             else:
                 self._failures.pop(key, None)
                 self._metrics.reconciles.labels("ok").inc()
+                if self._deferred_news(key):
+                    self._queue.mark_dirty(key)
                 if self._queue.done(key):
                     self.enqueue(key)
                 elif key in self._recheck:
@@ -262,6 +297,8 @@ class Reconciler:
                 self.passes += 1
                 self._metrics.reconcile_seconds.observe(time.perf_counter() - started)
                 self._queue.done(key)
+                if self._deferred.pop(key, None):  # the pass failed: look again
+                    self.enqueue(key)
                 if self._initial is not None:
                     self._initial.discard(key)
                     if not self._initial:

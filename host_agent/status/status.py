@@ -146,9 +146,11 @@ def _generation_applied(report: GuestReport | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def members_status(snap: EnsembleSnapshot, now: float, stale_after: float) -> list[Status]:
+def members_status(snap: EnsembleSnapshot, now: float, stale_after: float,
+                   with_since: bool = True) -> list[Status]:
     """``status.members``: every published slot, index order, no timestamp that moves by
-    itself (``since`` moves with ``ip``); ``clique`` as the registry serves it."""
+    itself (``since`` moves with ``ip``); ``clique`` as the registry serves it.
+    ``with_since=False``: without ``since`` (an evaluation only the Events read)."""
     out: list[Status] = []
     cliques = served_cliques(snap)
     prefix = snap.ens.slot(0)[:-1]  # "imex-<domain id>-": the sha256 once, not per member
@@ -170,7 +172,8 @@ def members_status(snap: EnsembleSnapshot, now: float, stale_after: float) -> li
         clique = cliques.get(m.index)
         if clique:
             entry["clique"] = clique
-        entry["since"] = rfc3339(pub.since)  # persisted with the generation (issue 16)
+        if with_since:
+            entry["since"] = rfc3339(pub.since)  # persisted with the generation (issue 16)
         out.append(entry)
     return out
 
@@ -282,12 +285,16 @@ def desired_status(
     stale_after: float,
     previous: Mapping[str, Any] | None = None,
     declared_max: int | None = None,
+    events_only: bool = False,
 ) -> Status:
     """The whole ``status`` the CR should have now (see the module docstring).
 
     ``previous`` is the status as last observed (or written): only its conditions'
     lastTransitionTime is read. ``declared_max`` (the CR's spec.maxMembers) sizes
-    ``publishedSummary`` while nothing is published.
+    ``publishedSummary`` while nothing is published. ``events_only``: a Service-only
+    ensemble's evaluation, which nothing writes and only the Events read
+    (events.facts_of): without the domain view (``domainStatus``, ``DomainUp``) and the
+    members' ``since``, which cost most of an evaluation and which no Event reads.
     """
     prev = previous_conditions(previous)
     gen = decl.generation
@@ -313,7 +320,7 @@ def desired_status(
 
     spec = snap.spec
     published = len(snap.members)
-    members = members_status(snap, now, stale_after)
+    members = members_status(snap, now, stale_after, with_since=not events_only)
     ready_count = sum(1 for m in members if m["imexState"] == READY_STATE)
     out.update(
         membershipGeneration=snap.generation,
@@ -379,14 +386,15 @@ def desired_status(
     else:
         pub = (False, NO_MEMBERS, f"no member is published (0/{spec.max_members})")
 
-    domain, domain_up = cr_status(aggregate(snap, now, stale_after))
-    out["domainStatus"] = domain
     out["conditions"] = [
         _condition(CONDITION_READY, *ready, gen, prev, now),
         _condition(CONDITION_DEGRADED, *degraded, gen, prev, now),
         _condition(CONDITION_PUBLISHED, *pub, gen, prev, now),
-        _domain_up(domain_up, gen, prev, now),
     ]
+    if not events_only:
+        domain, domain_up = cr_status(aggregate(snap, now, stale_after))
+        out["domainStatus"] = domain
+        out["conditions"].append(_domain_up(domain_up, gen, prev, now))
     out["problems"] = [_clip(p, MAX_PROBLEM_LENGTH) for p in problems][:MAX_PROBLEMS]
     return out
 

@@ -131,6 +131,9 @@ class StatusWriter:
         self._written: dict[Key, _Written] = {}
         #: Service-only ensembles: the last evaluated status (none is written)
         self._shadow: dict[Key, Obj] = {}
+        #: Service-only ensembles: what the last evaluation saw (declaration, snapshot,
+        #: when time alone would change it); the same again is not evaluated
+        self._seen: dict[Key, tuple[Declaration, EnsembleSnapshot, float]] = {}
         self._last_write: dict[Key, float] = {}
         self._failures: dict[Key, int] = {}
         self._queue: WorkQueue[Key] = WorkQueue()
@@ -147,6 +150,7 @@ class StatusWriter:
             if self._decls.pop(key, None) is not None:
                 self._written.pop(key, None)
                 self._shadow.pop(key, None)
+                self._seen.pop(key, None)
                 self._last_write.pop(key, None)
                 self._failures.pop(key, None)
                 self._queue.cancel_timer(key)
@@ -364,6 +368,12 @@ class StatusWriter:
     def _evaluate_only(self, key: Key, decl: Declaration) -> bool:
         """A Service-only ensemble: the same evaluation, for its Events; no status exists.
 
+        Nothing is evaluated before the ensemble is published (an empty first evaluation
+        would make every member of a fleet the agent starts over a "MemberJoined" Event),
+        nor when the declaration and the snapshot are what the last evaluation saw and
+        time has changed nothing since (``next_change``): a pass that changes nothing,
+        the echo of the agent's own writes, costs no evaluation.
+
         The rate limit applies as if a changed evaluation were a write, so Events of both
         kinds of ensemble come from evaluations at most a second apart.
         """
@@ -371,11 +381,18 @@ class StatusWriter:
             snap = self._state.get(EnsembleId(*key))
         except ModelError:
             return False
+        if snap is None:
+            return False  # not published yet: its first pass requests the evaluation
         now = self._wall()
+        seen = self._seen.get(key)
+        if seen is not None and seen[0] == decl and seen[1] == snap and now < seen[2]:
+            return False  # what the last evaluation saw: the same facts, the same Events
         previous = self._shadow.get(key)
-        desired = desired_status(decl, snap, now, self._stale_after, previous)
+        desired = desired_status(decl, snap, now, self._stale_after, previous,
+                                 events_only=True)
         self._evaluated(Evaluation(decl, snap, desired, now))
         due = next_change(snap, now, self._stale_after)
+        self._seen[key] = (decl, snap, float("inf") if due is None else due)
         loop = asyncio.get_running_loop()
         if due is not None:
             self.request(key, loop.time() + (due - now) + 0.05)

@@ -27,13 +27,16 @@ import time
 import traceback
 from pathlib import Path
 
-from tests.bench.common import REPO_ROOT, Results, loadavg, machine, table
+from tests.bench.common import REPO_ROOT, Results, commit, loadavg, machine, table
 
 #: name -> (module, what it measures). Order: cheapest / least disruptive first.
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "host": ("tests.bench.host_scale", "host agent: 10,000 VMIs sync, updates/s, RSS"),
     "host-real": ("tests.bench.host_scale:run_real",
                   "host agent: the same against a real kube-apiserver and etcd"),
+    "fleet": ("tests.bench.fleet_scale", "host agent: 25,200 VMIs in 1,400 ensembles of 18"),
+    "fleet-real": ("tests.bench.fleet_scale:run_real",
+                   "host agent: the same fleet against a real kube-apiserver and etcd"),
     "registry": ("tests.bench.registry_load", "registry GET/s and 5,000 long-polls"),
     "guest": ("tests.bench.sandbox_bench", "guest agent RSS and CPU, idle and under churn"),
     "convergence": ("tests.bench.sandbox_bench", "18-VM sandbox: change -> every /etc/hosts"),
@@ -76,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     errors: dict[str, str] = {}
     loads: dict[str, list[float]] = {}
     started = datetime.datetime.now(datetime.UTC)
+    tree = commit()
 
     def save() -> None:
         meta = {"date": started.isoformat(timespec="seconds"), "quick": args.quick,
+                "commit": tree,
                 "benchmarks": names, "machine": machine(), "loadavg_1min": loads,
                 "errors": errors}
         args.out.write_text(json.dumps(results.as_json(meta), indent=2) + "\n")

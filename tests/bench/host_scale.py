@@ -22,6 +22,9 @@ Figures:
 - ``host_status_writes_per_report_storm`` / ``_churn`` (and friends): ImexEnsemble
   status writes per guest report, from ``status_writes`` (its own fleet of
   ImexEnsembles, run after the figures above).
+- ``host_sync_writes_per_ensemble``, ``host_sync_events_per_ensemble``,
+  ``host_restart_writes``, ``host_takeover_writes`` and the ImexEnsemble fleet's
+  ``host_sync_10k_cr_s``: API writes counted at the double (``host_writes``).
 
 ``profile="wall"`` runs the agent under pyinstrument (wall-clock samples),
 ``profile="cpu"`` under cProfile with a CPU-time clock (``cpu_profile``); either
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from imex_shared.model import EnsembleId
+from tests.bench import host_writes
 from tests.bench.common import (
     PY,
     REPO_ROOT,
@@ -238,6 +242,13 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
             put("host_sync_cpu_s", cpu_synced)
             ready_at = wait_for("registry /readyz", lambda: _ready(port), timeout=60)
             put("host_rss_after_sync_mb", rss_mb(agent.pid))
+            if api == "double":  # what the first sync wrote, counted by the API (issue 27)
+                made = host_writes.quiet_writes(target.url, target.token)
+                other, events = host_writes.split(made)
+                put("host_sync_writes_per_ensemble", other / ensembles)
+                put("host_sync_events_per_ensemble", events / ensembles)
+                results.note("host_sync_writes", f"first sync of {ensembles} Service-only "
+                             f"ensembles wrote: {host_writes.breakdown(made)}")
 
             # Steady: updates as fast as the API accepts them.
             cpu_before = cpu_seconds(agent.pid)
@@ -277,6 +288,11 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
                 watch.close()
             if agent is not None:
                 stop(agent, timeout=60 if profile else 10)
+        if api == "double":  # the fleet is published and unchanged now
+            host_writes.restart_writes(results, target.url, target.token, target.kubeconfig,
+                                       work)
+            host_writes.takeover_writes(results, target.url, target.token,
+                                        target.kubeconfig, work)
         if profile == "wall" and session.exists():
             write_profile(session, prof_out)
             results.note(f"{prefix}profile", str(prof_out))
@@ -288,6 +304,7 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
         from tests.bench import status_writes
 
         status_writes.run(results, quick=quick)
+        host_writes.cr_fleet(results, quick=quick)
 
 
 def run_real(results: Results, *, quick: bool = False, profile: str | None = None,

@@ -62,6 +62,7 @@ from tests.bench.common import (
     wait_for,
 )
 from tests.bench.hostswatch import HostsWatch
+from tests.bench.sandbox_cpu import Ledger, guest_cpu, imex_counts, imex_views
 
 PREFIX = "bch"
 NAMESPACE = "bench"
@@ -130,6 +131,9 @@ class Bench:
         self.peak_rss: dict[str, float] = {}
         self.missed: list[str] = []
         self.keep = False  # keep the sandbox's work directory (logs) for a reader
+        #: one idle guest's (own, children) and one idle IMEX stand-in's CPU-seconds per
+        #: second, once measured
+        self.idle_rate: tuple[float, float, float] | None = None
 
     # ------------------------------------------------------------- readings
 
@@ -259,6 +263,9 @@ class Bench:
         signals = dict.fromkeys(prev, 0)
         own_moves = 0
         cpu0, t0 = self.cpu(), time.monotonic()
+        ledger = Ledger(self)
+        ledger.sample()
+        imex0 = imex_counts(self)
         lat = []
         for n in range(self.changes):
             vm = vms[n % len(vms)]
@@ -266,6 +273,7 @@ class Bench:
             lat.append(self.latency_ms(pending, f"registry-path change {n}"))
             self.sample_rss()
             time.sleep(SIGNAL_INTERVAL + 1.0 if spaced else 0.3)
+            ledger.sample()
             now = self.counters()
             for v, (starts, sigs) in now.items():
                 if v not in prev:
@@ -278,12 +286,36 @@ class Bench:
                 restarts[v] = restarts.get(v, 0) + d_starts
                 signals[v] = signals.get(v, 0) + d_sigs
             prev = now
+        self.charge(ledger, time.monotonic() - t0)
+        with contextlib.suppress(Exception):
+            self.results.note("imex_standins", imex_views(self, imex0))
         churn = self.cpu_pct(cpu0, self.cpu(), time.monotonic() - t0)
         self.results.set("guest_churn_cpu_pct", statistics.fmean(churn) if churn else None)
         self.results.set("guest_churn_cpu_pct_max", max(churn) if churn else None)
         self.results.set("storm_single_own_move_restarts", own_moves)
         return (lat, max(r / self.changes for r in restarts.values()),
                 max(s / self.changes for s in signals.values()))
+
+    def charge(self, ledger: Ledger, seconds: float) -> None:
+        """CPU per change by kind of process (sandbox_cpu.py), and what the stand-ins do."""
+        figures = ledger.per_change(self.changes, self.n_vms, seconds, self.idle_rate)
+        breakdown = []
+        for key, value in figures.items():
+            if key.endswith(("_ms", "_change", "_ratio", "_gross")):
+                self.results.set(key, value)
+            else:
+                breakdown.append(f"{key} {value * 1000:.0f} ms")
+        total = figures["guest_change_cpu_ms"] + figures["guest_ctl_cpu_ms_per_change"] + \
+            figures["standin_cpu_ms_per_change"]
+        self.results.note("sandbox_cpu_per_change", (
+            f"CPU per change over {self.changes} changes, all {self.n_vms} members: guest "
+            f"agents {figures['guest_change_cpu_ms'] * self.n_vms:.0f} ms, their "
+            f"nvidia-imex-ctl children {figures['guest_ctl_cpu_ms_per_change'] * self.n_vms:.0f}"
+            f" ms, IMEX stand-ins {figures['standin_cpu_ms_per_change'] * self.n_vms:.0f} ms "
+            f"({total * self.n_vms:.0f} ms in the VMs); " + ", ".join(breakdown)
+            + (" (net of the idle rates; the stand-ins' gross "
+               f"{figures['standin_cpu_ms_per_change_gross'] * self.n_vms:.0f} ms)"
+               if self.idle_rate else "")))
 
     def dns_changes(self) -> list[float]:
         vms = self.sbx.vms_of(self.spec)
@@ -371,8 +403,21 @@ class Bench:
                 if "guest" in self.parts:
                     window = 5.0 if self.quick else 30.0
                     cpu0, t0 = self.cpu(), time.monotonic()
+                    kids0 = guest_cpu(self)
+                    standins = Ledger(self)
+                    standins.sample()
                     time.sleep(window)
-                    idle = self.cpu_pct(cpu0, self.cpu(), time.monotonic() - t0)
+                    standins.sample()
+                    took = time.monotonic() - t0
+                    idle = self.cpu_pct(cpu0, self.cpu(), took)
+                    kids = guest_cpu(self)
+                    both = [(sum(kids[v]) - sum(kids0[v])) / took * 100
+                            for v in kids0 if v in kids]
+                    own = [(kids[v][0] - kids0[v][0]) / took for v in kids0 if v in kids]
+                    ctl = [(kids[v][1] - kids0[v][1]) / took for v in kids0 if v in kids]
+                    self.idle_rate = (statistics.fmean(own), statistics.fmean(ctl),
+                                      standins.standin_rate(took))
+                    r.set("guest_idle_cpu_pct_with_children", max(both))
                     rss_now = [rss_mb(p) for p in self.guest_pids().values()]
                     r.set("guest_idle_cpu_pct", max(idle))
                     r.set("guest_idle_cpu_pct_mean", statistics.fmean(idle))

@@ -63,6 +63,7 @@ from typing import Any, TypeVar
 
 from imex_shared.hostsfile import read_block
 from imex_shared.model import EnsembleId
+from tests.sandbox.ctl_build import standin_ctl
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer, follow_kubernetes
 from tests.sandbox.imex_standin import write_standin_files
 from tests.sandbox.kube_api import ThreadedKubeApi
@@ -399,7 +400,8 @@ class Vm:
             "imex_control": "process",
             "imex_command": [STANDIN_IMEX, "-c", str(self.imex_cfg),
                              "--state-file", str(self.imex_state_file)],
-            "imex_ctl": [STANDIN_CTL, "-c", str(self.imex_cfg)],
+            # the native stand-in itself, as a guest has the real binary (issue 27)
+            "imex_ctl": [str(standin_ctl()), "-c", str(self.imex_cfg)],
             "nvidia_smi": [STANDIN_SMI, "--fabric-file", str(self.dir / "fabric.json")],
             "imex_channel_device": str(self.dir / "channel0"),
             "report_interval": s.report_interval,

@@ -12,8 +12,10 @@ the parts of IMEX's behaviour that the agent depends on (FACTS.md, "The IMEX dae
   addresses in the node configuration file", as IMEX does.
 * It listens on ``SERVER_PORT`` on its own address and keeps one outgoing connection to
   every other node, retrying forever (500 ms doubling to 3 s) and resolving the name again
-  on every attempt through the system resolver (``getaddrinfo``, any family: glibc asks
-  ``/etc/hosts``, then DNS with the search list, A and AAAA). A missing peer does not keep
+  on every attempt as the system resolver does (glibc asks ``/etc/hosts``, then DNS with
+  the search list, A and AAAA): ``/etc/hosts`` is read by :class:`HostsFile` on the loop
+  (parsed again only when it changed), any other name goes to ``getaddrinfo``, any
+  family (in a thread: a DNS lookup may block). A missing peer does not keep
   it from READY. When a name gives several addresses they are dialled in the order the
   resolver returns them until one connects (gRPC's ``pick_first``, without its Happy
   Eyeballs stagger); FACTS.md does not say which address IMEX takes, this is the
@@ -73,7 +75,11 @@ and ``nvidia-imex-ctl`` are the console wrappers a guest agent's ``imex_command`
 script too (copied into a guest image as ``nvidia-imex``).
 
 Concurrency: one asyncio loop; each peer link is one task that owns its socket; signal
-handlers only set flags or restart tasks from the loop. Bad input on any socket closes that
+handlers only set flags or restart tasks from the loop. No thread per peer: names in
+``/etc/hosts`` resolve on the loop; only a DNS lookup uses the loop's resolver thread.
+The state file is written at most once per turn of the loop (issue 27: what a change
+costs the stand-in should be what it costs a C++ daemon, not an interpreter's threads
+and serialisations). Bad input on any socket closes that
 connection with a log line and never stops the daemon.
 """
 
@@ -314,6 +320,64 @@ def resolve_all(host: str) -> list[str]:
     return out
 
 
+class HostsFile:
+    """``/etc/hosts`` as glibc's ``files`` source answers getaddrinfo: every address of
+    every line naming the host (canonical name or alias, any case), in file order.
+
+    Why not getaddrinfo for these: asyncio runs it in a thread per lookup, and a SIGUSR1
+    re-resolves every peer, so each change cost 17 thread hand-offs and 17 parses of
+    the same file per member; a C++ daemon resolves without an interpreter's thread
+    pool. Parsed again only when the file changed (inode, size, mtime, ctime). A name
+    the file does not hold is None: the caller asks the system resolver (DNS), as
+    ``hosts: files dns`` does. IP literals are themselves, without a lookup.
+    """
+
+    def __init__(self, path: Path = Path("/etc/hosts")) -> None:
+        self.path = path
+        self._key: tuple[int, ...] | None = None
+        self._names: dict[str, list[str]] = {}
+        self.parses = 0
+
+    def lookup(self, host: str) -> list[str] | None:
+        try:
+            return [str(ipaddress.ip_address(host))]
+        except ValueError:
+            pass
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        key = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if key != self._key:
+            try:
+                text = self.path.read_text(errors="replace")
+            except OSError:
+                return None
+            self._names = parse_hosts(text)
+            self._key = key
+            self.parses += 1
+        found = self._names.get(host.lower().rstrip("."))
+        return list(found) if found else None
+
+
+def parse_hosts(text: str) -> dict[str, list[str]]:
+    """name (lower case) -> its addresses in file order (pure)."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) < 2:
+            continue
+        try:
+            ip = str(ipaddress.ip_address(fields[0].split("%")[0]))
+        except ValueError:
+            continue
+        for name in fields[1:]:
+            addrs = out.setdefault(name.lower().rstrip("."), [])
+            if ip not in addrs:
+                addrs.append(ip)
+    return out
+
+
 def find_own_node(
     entries: Sequence[str],
     resolve: Callable[[str], list[str]],
@@ -497,6 +561,24 @@ async def _read_json_line(reader: asyncio.StreamReader, timeout: float) -> JsonD
     return obj
 
 
+#: ``nvidia-imex-ctl -N``'s legend for a connection's state (FACTS.md)
+TABLE_MARKS = {"CONNECTED": "C", "DISCONNECTED": "D", "NEVER_CONNECTED": "N", "INVALID": "I",
+               "MISMATCH": "!M!", "AUTHENTICATING": "A", "RECOVERING": "R"}
+
+
+def render_table(domain: JsonDict) -> str:
+    """``nvidia-imex-ctl -N`` as text (what tests/sandbox/imex_ctl.py renders from -N -j)."""
+    lines = [f"Domain State: {domain.get('status')}"]
+    for nid, node in domain.get("nodes", {}).items():
+        lines.append(f"Node #{nid} - {node.get('host')} - {node.get('status')} "
+                     f"- Version: {node.get('version')}")
+        conns = node.get("connections", {})
+        if conns:
+            lines.append("    " + " ".join(f"{k}:{TABLE_MARKS.get(v.get('status'), '?')}"
+                                           for k, v in conns.items()))
+    return "\n".join(lines)
+
+
 def _write_json_line(writer: asyncio.StreamWriter, obj: JsonDict) -> None:
     writer.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
@@ -569,6 +651,9 @@ class ImexStandin:
         self.links = {i: PeerLink(i, e) for i, e in enumerate(entries) if i != node_id}
         self.signals_received = 0
         self.signals_acted = 0
+        self._state_due = False
+        self._view_key: tuple[Any, ...] | None = None
+        self._view_line = b""
         self.signals_ignored = 0
         self.signal_log: list[JsonDict] = []
         self.last_acted: float | None = None
@@ -578,6 +663,7 @@ class ImexStandin:
             self.signals_ignored += 1
             self.signal_log.append({"t": t, "acted": False, "early": True})
         self.attempt_log = AttemptLog(opts.attempt_log)
+        self.hosts = HostsFile()
         self._stop = asyncio.Event()
         self._servers: list[asyncio.base_events.Server] = []
         self._incoming: set[asyncio.StreamWriter] = set()
@@ -603,6 +689,19 @@ class ImexStandin:
             },
             "version": self.opts.version,
         }
+
+    def own_view_line(self) -> bytes:
+        """The pong that carries ``own_view``, encoded once per change of what it says
+        (the same bytes object while nothing changed: a link compares by identity).
+        Every peer pings every 0.5 s; encoding the 17-link view for each pong was most of
+        an idle stand-in's CPU, which a C++ daemon's keepalive does not spend."""
+        key = (self.state, tuple((ln.ip, ln.host, ln.status, ln.changed)
+                                 for _, ln in sorted(self.links.items())))
+        if key != self._view_key:
+            self._view_key = key
+            self._view_line = (json.dumps({"type": "pong", "status": self.own_view()},
+                                          separators=(",", ":")) + "\n").encode()
+        return self._view_line
 
     def domain_view(self) -> JsonDict:
         """``-N -j``: our own entry, and each peer's own entry as relayed over our link to
@@ -662,6 +761,22 @@ class ImexStandin:
             return 0
 
     def write_state(self) -> None:
+        """The state file, once per turn of the event loop however many changes the turn
+        made (a SIGUSR1 changes 17 links twice each; real IMEX writes no such file, so
+        the stand-in should not spend a serialisation per change on it)."""
+        if self.opts.state_file is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write_state_now()
+            return
+        if not self._state_due:
+            self._state_due = True
+            loop.call_soon(self._write_state_now)
+
+    def _write_state_now(self) -> None:
+        self._state_due = False
         if self.opts.state_file is None:
             return
         tmp = self.opts.state_file.with_name(self.opts.state_file.name + ".tmp")
@@ -753,13 +868,15 @@ class ImexStandin:
             logged = False  # this attempt's outcome is in the attempt log already
             try:
                 t_try = time.time()
-                try:
-                    infos = await loop.getaddrinfo(ln.host, port, type=socket.SOCK_STREAM)
-                except OSError as e:  # socket.gaierror: the name does not resolve now
-                    self.attempt_log.attempt(ln, None, "no_address", t_try, str(e))
-                    logged = True
-                    raise
-                addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
+                addrs = self.hosts.lookup(ln.host)
+                if addrs is None:  # not in /etc/hosts: the resolver (DNS), in a thread
+                    try:
+                        infos = await loop.getaddrinfo(ln.host, port, type=socket.SOCK_STREAM)
+                    except OSError as e:  # socket.gaierror: the name does not resolve now
+                        self.attempt_log.attempt(ln, None, "no_address", t_try, str(e))
+                        logged = True
+                        raise
+                    addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
                 if addrs and addrs[0] != ln.ip:
                     log.info("peer %d %s resolves to %s", ln.index, ln.host, ", ".join(addrs))
                 logged = True  # _dial logs each failed address; a success is logged below
@@ -894,10 +1011,14 @@ class ImexStandin:
                 log.warning("incoming node %s: node map mismatch", hello.get("node_id"))
             _write_json_line(writer, self._hello())
             await writer.drain()
+            sent: bytes | None = None  # the view this link last carried
             while True:
                 msg = await _read_json_line(reader, PEER_TIMEOUT_S * 4)
                 if msg.get("type") == "ping":
-                    _write_json_line(writer, {"type": "pong", "status": self.own_view()})
+                    view = self.own_view_line()
+                    # the view only when it changed: the dialler keeps the last one it got
+                    writer.write(view if view is not sent else b'{"type":"pong"}\n')
+                    sent = view
                     await writer.drain()
         except AuthError as e:
             log.warning("incoming connection refused: %s", e)
@@ -919,6 +1040,8 @@ class ImexStandin:
                 reply = self.domain_view()
             elif cmd == "stats":
                 reply = self.state_doc()
+            elif cmd == "table":  # ``nvidia-imex-ctl -N`` without -j (the bash ctl)
+                reply = {"table": render_table(self.domain_view())}
             else:
                 reply = {"error": f"unknown command {cmd!r}"}
             _write_json_line(writer, reply)

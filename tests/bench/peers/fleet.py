@@ -54,6 +54,7 @@ from tests.bench.peers.resolved import (
     stub_resolv_conf,
 )
 from tests.realk8s.fixtures import ENSEMBLE_LABEL, INDEX_LABEL
+from tests.sandbox.ctl_build import standin_ctl
 from tests.sandbox.imex_standin import write_standin_files
 from tests.sandbox.netns import DEFAULT_HOSTS, NetnsError, Node, netns_pids
 from tests.sandbox.netns import ip as ip_cmd
@@ -556,7 +557,7 @@ class OursSide(Side):
             "imex_control": "process",
             "imex_command": [STANDIN_IMEX, "-c", str(slot.imex_cfg), "--state-file",
                              str(slot.state_file), "--attempt-log", str(slot.attempt_log)],
-            "imex_ctl": [STANDIN_CTL, "-c", str(slot.imex_cfg)],
+            "imex_ctl": [str(standin_ctl()), "-c", str(slot.imex_cfg)],  # native (issue 27)
         }
         if self.own_slot is not None:
             values["own_slot"] = self.own_slot

@@ -168,3 +168,19 @@ def missing_required(figures: Mapping[str, float | None],
                      reasons: Mapping[str, str]) -> list[str]:
     """Required keys that are null without a stated reason (a harness bug if non-empty)."""
     return [k for k in REQUIRED_KEYS if figures.get(k) is None and k not in reasons]
+
+
+def goal_figures(figures: Mapping[str, float | None], window_s: float
+                 ) -> dict[str, float | None]:
+    """The ratios issue 27's goals judge (tests/bench/common.py ``GOALS``), from the figures:
+    replacement p50 recipe / ours (registry), the hosts-file p50 ours / the floor probe,
+    absent-slot DNS queries recipe / ours (ours at least one query per window)."""
+    hosts, floor = figures.get("ours_registry_hosts_p50_ms"), figures.get("floor_hosts_p50_ms")
+    return {
+        "peers_replace_speedup_p50": speedup(figures.get("recipe_replace_p50_ms"),
+                                             figures.get("ours_registry_replace_p50_ms")),
+        "peers_hosts_vs_floor_p50": (hosts / floor if hosts is not None and floor
+                                     else None),
+        "peers_absent_dns_fewer": fewer(figures.get("recipe_absent_dns_qps"),
+                                        figures.get("ours_absent_dns_qps"), window_s),
+    }

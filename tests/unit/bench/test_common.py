@@ -13,7 +13,13 @@ def test_goal_keys_are_the_issues_thirteen() -> None:
         "storm_restarts_per_member_names", "storm_signals_per_member_names",
         "storm_restarts_per_member_ips", "host_sync_10k_s", "host_updates_per_s", "host_rss_mb",
         "registry_get_per_s", "longpoll_5000_last_answer_ms", "guest_rss_mb",
-        "guest_idle_cpu_pct", "ha_rolling_failed_requests", "ha_rss_mb_max")
+        "guest_idle_cpu_pct", "ha_rolling_failed_requests", "ha_rss_mb_max",
+        # issue 27's, added after them; none of the earlier ones moved or weakened
+        "host_sync_writes_per_ensemble", "host_restart_writes", "host_takeover_writes",
+        "host_update_cpu_ms", "host_sync_25k_s", "host_rss_25k_mb",
+        "host_status_storm_answer_p99_s", "host_status_writes_per_ensemble_storm",
+        "guest_change_cpu_ms", "standin_to_guest_cpu_ratio", "peers_replace_speedup_p50",
+        "peers_hosts_vs_floor_p50", "peers_absent_dns_fewer")
 
 
 @pytest.mark.parametrize(("key", "value", "verdict"), [
@@ -23,6 +29,11 @@ def test_goal_keys_are_the_issues_thirteen() -> None:
     ("storm_restarts_per_member_names", 0, True), ("storm_restarts_per_member_names", 0.01, False),
     ("storm_restarts_per_member_ips", 1, True), ("storm_restarts_per_member_ips", 2, False),
     ("host_rss_mb", None, None),
+    ("host_sync_writes_per_ensemble", 2.0, True), ("host_sync_writes_per_ensemble", 2.01, False),
+    ("host_restart_writes", 0, True), ("host_restart_writes", 1, False),
+    ("host_update_cpu_ms", 0.5, True), ("host_update_cpu_ms", 0.51, False),
+    ("host_status_storm_answer_p99_s", 1.0, True), ("host_status_storm_answer_p99_s", 1.1, False),
+    ("standin_to_guest_cpu_ratio", 0.99, True), ("standin_to_guest_cpu_ratio", 1.0, False),
 ])
 def test_goal_verdicts(key: str, value: float | None, verdict: bool | None) -> None:
     goal = next(g for g in GOALS if g.key == key)

@@ -107,10 +107,10 @@ def test_a_replica_keeps_its_later_heartbeat_over_an_older_copy_from_the_api() -
 class Recording(ReportPersister):
     """The real persister; each write lands in ``api`` (also the informer's view)."""
 
-    def __init__(self, refresh_after: float = 40.0) -> None:
+    def __init__(self, refresh_after: float = 40.0, interval: float = 0.0) -> None:
         self.api: dict[int, GuestReport] = {}
         self.patches: list[dict[str, str]] = []
-        super().__init__(None, "imex-system", interval=0.0, refresh_after=refresh_after,
+        super().__init__(None, "imex-system", interval=interval, refresh_after=refresh_after,
                          persisted=lambda ens: self.api if ens == ENS else {})
 
     async def _write(self, ens: EnsembleId, data: dict[str, str]) -> None:
@@ -177,6 +177,30 @@ async def test_a_forgotten_ensemble_holds_nothing() -> None:
         p.forget(ENS)
         await p.persist(ENS, 0, rep(1011, imex_state="DOWN"))
         assert sorted(p.patches[-1]) == ["0"]
+
+
+async def test_a_boot_storm_waits_at_most_one_interval_and_is_stored_before_its_answer(
+        ) -> None:
+    """issue 27: 18 guests reporting within 0.9 s, at the default interval: every report is
+    in the API when its persist returns, none waits longer than the interval (plus the
+    write), and the ensemble costs at most one write per interval (3 here)."""
+    p = Recording()
+    p.interval = ReportPersister(None, "imex-system").interval
+    assert p.interval <= 0.5
+    loop = asyncio.get_running_loop()
+    waits: list[float] = []
+
+    async def guest(i: int, at: float) -> None:
+        await asyncio.sleep(at)
+        t0 = loop.time()
+        await p.persist(ENS, i, rep(1000 + at, ip=f"10.0.0.{i}"))
+        waits.append(loop.time() - t0)
+        assert p.api[i].received_at == 1000 + at  # stored before answered
+
+    async with running(p):
+        await asyncio.gather(*(guest(i, 0.05 * i) for i in range(18)))
+    assert max(waits) <= p.interval + 0.1
+    assert p.writes <= 3 and sorted(int(k) for x in p.patches for k in x) == list(range(18))
 
 
 def test_the_refresh_stays_well_inside_staleness() -> None:

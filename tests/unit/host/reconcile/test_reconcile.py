@@ -269,6 +269,41 @@ async def test_own_write_echo_queues_no_pass_but_a_foreign_edit_does() -> None:
     await cancel(task)
 
 
+async def test_an_echo_faster_than_the_writes_answer_costs_no_second_pass() -> None:
+    """issue 27: the watch delivers the agent's own slice write before the write's answer
+    (a fast watch, a slow response): the event is looked at again when the pass ends,
+    and it is an echo, so no second pass runs; a foreign edit during a pass still is."""
+    rec, _state, (vmis, services, slices), client, metrics = make(
+        replace(SETTINGS, settle_seconds=0))
+    original = client.apply_slice
+
+    async def watch_first(body: dict[str, Any], resource_version: str | None = None
+                          ) -> str | None:
+        rv = await original(body, resource_version)
+        stored = slices.get(body["metadata"]["namespace"], body["metadata"]["name"])
+        rec.on_slice(None, stored)  # delivered while the pass still waits for the answer
+        if client.foreign:
+            client.foreign = False
+            edited = {**stored, "endpoints": [],
+                      "metadata": {**stored["metadata"], "resourceVersion": "999"}}
+            put(slices, rec, edited, "slice")
+        return rv
+
+    client.foreign = False  # type: ignore[attr-defined]
+    client.apply_slice = watch_first  # type: ignore[method-assign]
+    task = await start_one_member(rec, vmis, services)
+    await asyncio.wait_for(_idle(rec), 5)
+    assert rec.passes == 1 and client.calls == ["apply:gb200-imex"]
+    assert metrics.echoes._value.get() == 1  # type: ignore[attr-defined]
+    # a change, and during its pass someone else edits the slice: passed again, repaired
+    client.foreign = True  # type: ignore[attr-defined]
+    put(vmis, rec, vmi("gb200-0", ip="10.0.0.9"), "vmi")
+    await asyncio.wait_for(_idle(rec), 5)
+    assert rec.passes == 3
+    assert client.calls == ["apply:gb200-imex"] * 3
+    await cancel(task)
+
+
 class FakeCas:
     """A CA manager that asks to be looked at again in a minute, and counts its passes."""
 

@@ -262,3 +262,25 @@ def test_domain_up_and_domain_status_follow_the_domain_view() -> None:
     assert (cond2["status"], cond2["reason"], cond2["message"]) == (
         "False", "LinksMissing", "1 links not CONNECTED: 1->2")
     assert cond2["lastTransitionTime"] != cond["lastTransitionTime"]  # it moved
+
+
+def test_an_events_only_evaluation_tells_the_events_what_the_whole_one_does() -> None:
+    """issue 27: a Service-only ensemble's evaluation (nothing writes it, only the Events
+    read it) skips the domain view and the members' since; every fact an Event is decided
+    from is the same as the whole evaluation's."""
+    from host_agent.status.events import facts_of
+    from host_agent.status.status import Evaluation
+
+    svc = decl(kind="Service", uid="svc-uid", generation=0)
+    absent = (Absent("gb200-3", 3, "Pending", "MemberNotRunning"),)
+    for snap in (snapshot(reports=ready_all()), snapshot(absent=absent),
+                 snapshot(reports={0: ("READY", -1, T0), 1: ("DOWN", -1, T0)},
+                          problems=("VMI gb200-9 has no address",)),
+                 snapshot(reports=ready_all(at=T0 - 500))):
+        whole = desired_status(svc, snap, T0, STALE)
+        lean = desired_status(svc, snap, T0, STALE, events_only=True)
+        assert "domainStatus" not in lean and all("since" not in m for m in lean["members"])
+        assert facts_of(Evaluation(svc, snap, lean, T0)) == \
+            facts_of(Evaluation(svc, snap, whole, T0))
+        assert [c for c in whole["conditions"] if c["type"] != "DomainUp"] == \
+            lean["conditions"]

@@ -330,3 +330,28 @@ async def test_the_events_hear_every_declaration_and_evaluation_from_the_writer_
         assert w.feed.calls[-1] == ("forget", KEY)
         # one evaluation, one observation: the writer counts what it hands over
         assert kinds.count("observe") == w.writer.evaluations
+
+
+async def test_a_service_only_ensemble_is_evaluated_once_published_and_once_per_news() -> None:
+    """issue 27: a Service-only ensemble declared before it is published is not evaluated
+    empty (that made every member of a fleet a 'joined' Event at agent start), and a pass
+    that changes nothing (the same declaration, the same snapshot) costs no evaluation."""
+    async with World(min_interval=0.01) as w:
+        decl = Declaration("rack1", "gb200", "svc-uid", 0, w.spec, kind="Service")
+        w.writer.declare(KEY, decl)  # the pass declares before the state holds the ensemble
+        await w.quiet()
+        assert w.writer.evaluations == 0
+        members = [Member(i, f"10.0.0.{i + 1}", vmi=f"gb200-{i}", phase="Running",
+                          ready=True) for i in range(3)]
+        w.state.set(w.spec, members, [])
+        await w.quiet()
+        assert [s for k, s in w.feed.calls if k == "observe"] == [3]
+        for _ in range(3):  # passes that find nothing new: echoes, resyncs
+            w.writer.declare(KEY, decl)
+            w.state.set(w.spec, members, [])
+            await w.quiet()
+        assert w.writer.evaluations == 1
+        w.report(0)  # news: evaluated again
+        await w.quiet()
+        assert w.writer.evaluations == 2
+        assert w.api.calls == []  # a Service has no status

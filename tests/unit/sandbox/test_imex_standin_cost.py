@@ -1,0 +1,58 @@
+"""What a change costs the IMEX stand-in (issue 27): /etc/hosts is parsed once per change,
+not once per peer, and never through a thread; the state file once per loop turn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from pathlib import Path
+
+from tests.sandbox.imex_standin import HostsFile, ImexStandin, Options, parse_hosts
+
+
+def test_parse_hosts_reads_like_the_files_source() -> None:
+    text = ("127.0.0.1 localhost\n# comment 10.0.0.9 a\n10.0.0.1 A.example a  # trailing\n"
+            "fe80::1%eth0 a\n10.0.0.2 b\nnot-an-ip c\n10.0.0.1 a\n")
+    assert parse_hosts(text) == {"localhost": ["127.0.0.1"], "a.example": ["10.0.0.1"],
+                                 "a": ["10.0.0.1", "fe80::1"], "b": ["10.0.0.2"]}
+
+
+def test_hosts_file_is_parsed_again_only_when_it_changed(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("10.0.0.1 a\n10.0.0.2 b\n")
+    hosts = HostsFile(path)
+    for _ in range(17):  # one SIGUSR1: every peer re-resolved
+        assert hosts.lookup("a") == ["10.0.0.1"]
+    assert hosts.lookup("B") == ["10.0.0.2"]
+    assert hosts.lookup("c") is None  # not in the file: the resolver's (DNS) turn
+    assert hosts.lookup("10.0.0.7") == ["10.0.0.7"]
+    assert hosts.parses == 1
+    new = tmp_path / "hosts.new"  # the guest agent's atomic rewrite
+    new.write_text("10.0.0.9 a\n")
+    os.replace(new, path)
+    assert hosts.lookup("a") == ["10.0.0.9"] and hosts.lookup("b") is None
+    assert hosts.parses == 2
+
+
+def test_the_state_file_is_written_once_per_loop_turn(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    opts = Options.__new__(Options)
+    object.__setattr__(opts, "state_file", state)
+    daemon = ImexStandin.__new__(ImexStandin)
+    daemon.opts = opts
+    daemon._state_due = False
+    writes = []
+    daemon.state_doc = lambda: (writes.append(1), {"n": len(writes)})[1]  # type: ignore[method-assign]
+
+    async def change_many() -> None:
+        for _ in range(34):  # 17 links lost and found again
+            daemon.write_state()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    threads = threading.active_count()
+    asyncio.run(change_many())
+    assert len(writes) == 1 and json.loads(state.read_text()) == {"n": 1}
+    assert threading.active_count() == threads
