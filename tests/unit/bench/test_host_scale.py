@@ -13,7 +13,9 @@ from tests.bench.loadgen import HttpError, split_url, tls_context
 
 def test_fleet_is_written_in_phases_that_must_not_overlap() -> None:
     ns, creates, statuses = fleet_requests(2, 3)
-    assert [(m, p) for m, p, _ in ns] == [("POST", "/api/v1/namespaces")]
+    # the VMs' namespace and the agent's own (imex-system: the agent is not ready without it)
+    assert [(m, p, o["metadata"]["name"]) for m, p, o in ns] == [
+        ("POST", "/api/v1/namespaces", NAMESPACE), ("POST", "/api/v1/namespaces", "imex-system")]
     kinds = [obj["kind"] for _, _, obj in creates]
     assert kinds.count("Service") == 2 and kinds.count("VirtualMachineInstance") == 6
     for _, _, obj in creates:
