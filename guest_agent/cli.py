@@ -11,12 +11,19 @@ are ``guest_agent.commands.main``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from guest_agent.config import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_settings
+from guest_agent.config import (
+    DEFAULT_CONFIG_PATH,
+    ConfigError,
+    Settings,
+    load_settings,
+    settings_from_mapping,
+)
 from imex_shared.hostsfile import merge_hosts
 from imex_shared.model import EnsembleId, ModelError, members_from_json, pins_of
 from imex_shared.render import render_nodes_config
@@ -60,13 +67,42 @@ def cmd_render(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+#: the keys ``render`` takes as flags; given all three, it reads no config file
+_RENDER_KEYS = ("ensemble", "namespace", "max_members")
+
+
+def render_settings(args: argparse.Namespace) -> Settings:
+    """``render``'s settings: from its flags alone when ``--ensemble``, ``--namespace`` and
+    ``--max-members`` are all given and ``--config`` is not (a workstation has no agent
+    config); otherwise the config file, with any of those flags (and ``--mode``) over it."""
+    flags = {key: getattr(args, key) for key in (*_RENDER_KEYS, "mode")
+             if getattr(args, key, None) is not None}
+    if args.config is None and set(_RENDER_KEYS) <= set(flags):
+        return settings_from_mapping(flags, "render flags")
+    try:
+        settings = load_settings(args.config or DEFAULT_CONFIG_PATH)
+    except ConfigError as exc:
+        if args.config is None:
+            missing = [f"--{k.replace('_', '-')}" for k in _RENDER_KEYS if k not in flags]
+            raise ConfigError(f"{exc} (or give {', '.join(missing)} instead of a config "
+                              "file)") from exc
+        raise
+    if not flags:
+        return settings
+    merged = {"ensemble": settings.ensemble, "namespace": settings.namespace,
+              "max_members": settings.max_members, "mode": settings.mode, **flags}
+    checked = settings_from_mapping(merged, f"{settings.source} with render flags")
+    return dataclasses.replace(settings, **{k: getattr(checked, k) for k in merged})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="imex-guest-agent",
         description="Keeps an IMEX ensemble's nodes_config and /etc/hosts true inside a VM.",
     )
     parser.add_argument("--version", action=VersionAction)
-    parser.add_argument("--config", default=DEFAULT_CONFIG_PATH, help="TOML config file")
+    parser.add_argument("--config", default=None,
+                        help=f"TOML config file (default {DEFAULT_CONFIG_PATH})")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", default=argparse.SUPPRESS, help="TOML config file")
@@ -77,8 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", parents=[common], help="show the agent's status")
     render = sub.add_parser("render", parents=[common], help="print a file without writing it")
     render.add_argument("--members", required=True, help='JSON list of {"index": 0, "ip": "..."}')
-    render.add_argument("--what", required=True, choices=("nodes_config", "hosts"))
+    render.add_argument("--what", required=True, choices=("nodes_config", "hosts"),
+                        help="the nodes file, or the whole hosts file with our block merged")
     render.add_argument("--hosts-input", help="hosts file to merge into (default: hosts_file)")
+    render.add_argument("--ensemble", help="the ensemble's name (with --namespace and "
+                        "--max-members: no config file is read)")
+    render.add_argument("--namespace", help="the ensemble's namespace")
+    render.add_argument("--max-members", type=int, help="the ensemble's maxMembers")
+    render.add_argument("--mode", choices=("names", "ips"), help="the nodes file's mode "
+                        "(default: the config's, else names)")
+    # handled by main() before this parser sees it: listed here so --help shows it
+    sub.add_parser("cloudinit", add_help=False,
+                   help="print #cloud-config user-data for one member (operator side; its "
+                   "own flags: imex-guest-agent cloudinit --help)")
     return parser
 
 
@@ -91,12 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cloudinit_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "cloudinit":  # after a global flag: --config means nothing to it
+        return _fail("cloudinit takes no agent flags: imex-guest-agent cloudinit ...")
     try:
-        settings = load_settings(args.config)
+        if args.command == "render":
+            return cmd_render(args, render_settings(args))
+        settings = load_settings(args.config or DEFAULT_CONFIG_PATH)
     except ConfigError as exc:
         return _fail(str(exc))
-    if args.command == "render":
-        return cmd_render(args, settings)
     # The daemon's modules need the [guest] extra; import them only here. The
     # daemon is the only pyroute2 user in its process, so it may skip pyroute2's
     # eager package init (rtnl_import.py: about 4 MB of RSS).

@@ -49,37 +49,70 @@ class Nameserver:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The guest agent's whole configuration (DESIGN.md "Guest agent")."""
+    """The guest agent's whole configuration (DESIGN.md "Guest agent").
 
+    Each key's ``#:`` comment is its documentation: ``python -m tools.cli_reference
+    --write`` puts them in docs/guest-agent.md's key table (a test fails on drift).
+    """
+
+    #: the ensemble's name (the ImexEnsemble's, or the hand-made Service's)
     ensemble: str
+    #: the namespace of the ensemble and its VMs
     namespace: str
+    #: the cluster DNS zone the slot names live under
     cluster_domain: str = DEFAULT_ZONE
+    #: slots in the nodes file; equal to the ensemble's maxMembers on every member
     max_members: int = DEFAULT_MAX_MEMBERS
+    #: IMEX's SERVER_PORT (the ensemble's port)
     port: int = DEFAULT_PORT
+    #: "names": the nodes file holds the slot names, final from the first boot;
+    #: "ips": it holds addresses, for IMEX older than 570.158.01 (a change restarts IMEX)
     mode: Mode = "names"
+    #: the host agent's registry (the fast path); without it, DNS only
     registry_url: str | None = None
+    #: the ensemble token for status reports (and certificates); mode 0600
     token_file: str | None = None
+    #: DNS servers for the fallback path, "IP", "IP:PORT" or "[IPv6]:PORT" (default:
+    #: resolv.conf's)
     nameservers: tuple[Nameserver, ...] = ()
+    #: the IMEX nodes file the agent writes
     nodes_config: str = "/etc/nvidia-imex/nodes_config.cfg"
+    #: the hosts file whose managed block pins every slot name
     hosts_file: str = "/etc/hosts"
+    #: how IMEX is told: "systemd" (the unit below), "process" (the agent runs
+    #: imex_command itself) or "none" (files only)
     imex_control: ImexControl = "systemd"
+    #: the IMEX unit, with imex_control = "systemd"
     imex_unit: str = "nvidia-imex.service"
+    #: IMEX's argv, with imex_control = "process" (required there)
     imex_command: tuple[str, ...] = ("/usr/bin/nvidia-imex", "-c", "/etc/nvidia-imex/config.cfg")
+    #: argv prefix of nvidia-imex-ctl (asked for -N -j)
     imex_ctl: tuple[str, ...] = ("/usr/bin/nvidia-imex-ctl",)
+    #: what a membership change does to IMEX: "signal" (SIGUSR1, names mode) or
+    #: "restart"
     on_change: OnChange = "signal"
+    #: seconds between discovery passes while DNS is in charge
     poll_interval: float = 2.0
+    #: this VM's slot, when neither its addresses nor its hostname say it
     own_index: int | None = None
+    #: where the own slot points: "auto" (the default-route address when the published
+    #: one is not local, as under masquerade), "published" or "local"
     own_slot: OwnSlot = "auto"
+    #: where the agent writes its status (read by imex-guest-agent status)
     status_file: str = "/run/imex-guest-agent/status.json"
-    #: IMEX acts on at most one SIGUSR1 per 5 s (FACTS.md).
+    #: IMEX acts on at most one SIGUSR1 per 5 s (FACTS.md): keep 5 for real IMEX.
     signal_interval: float = 5.0
-    #: ips mode: wait this long without a further change before restarting IMEX.
+    #: ips mode (and on_change = "restart"): wait this long without a further change
+    #: before restarting IMEX.
     settle_time: float = 2.0
     #: Restart IMEX when it has not said READY for this long.
     ready_grace: float = 120.0
+    #: seconds per DNS query
     dns_timeout: float = 2.0
+    #: the registry long-poll's timeout (s)
     longpoll_timeout: float = 30.0
-    #: DNS pass interval while the registry answers (DNS views are not used then).
+    #: DNS pass interval while the registry answers (DNS views are not used then); never
+    #: later than the registry's overdue time.
     dns_standby_interval: float = 10.0
     #: Mutual TLS between the IMEX daemons (issue 19): a key made here, a certificate
     #: from the registry, IMEX's config pointing at them. Needs registry_url,
@@ -95,11 +128,16 @@ class Settings:
     #: IMEX's config.cfg: with auth_encryption the agent makes sure its TLS keys are set.
     imex_config: str = "/etc/nvidia-imex/config.cfg"
     #: Keep ``port`` out of the kernel's ephemeral range (portreserve.py), so no
-    #: outgoing connection can take IMEX's port before IMEX binds it.
+    #: outgoing connection can take IMEX's port before IMEX binds it; where it cannot
+    #: write the sysctl (an unprivileged container), one warning.
     reserve_port: bool = True
-    #: Status report (and -N -j collection) at least this often, changes or not.
+    #: Status report (and -N -j collection) at least this often, changes or not; a
+    #: report older than the registry's --report-stale-after marks the guest silent.
     report_interval: float = 10.0
+    #: argv prefix of nvidia-smi; -q is asked at most once a minute for the GPUs'
+    #: fabric identity (missing: no fabric)
     nvidia_smi: tuple[str, ...] = ("/usr/bin/nvidia-smi",)
+    #: reported as imex_channel0: whether this device exists
     imex_channel_device: str = "/dev/nvidia-caps-imex-channels/channel0"
     source: str = field(default="<defaults>", compare=False)
 

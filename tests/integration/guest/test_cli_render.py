@@ -182,3 +182,51 @@ def test_missing_and_malformed_config_files(tmp_path: Path) -> None:
     out = _run("render", "--config", str(bad), "--members", "x", "--what", "hosts")
     assert out.returncode == 2 and b"not valid TOML" in out.stderr
     assert os.path.exists(bad)
+
+
+def test_render_without_a_config_file_from_its_flags(tmp_path: Path) -> None:
+    """On a workstation: --ensemble, --namespace and --max-members are enough; the file
+    is the one the same values in a config file give."""
+    members = tmp_path / "m.json"
+    members.write_text(json.dumps([{"index": 1, "ip": "10.0.0.2"}]))
+    flags = ("--ensemble", "gb200", "--namespace", "gpu", "--max-members", "4")
+    for what in ("nodes_config", "hosts"):
+        out = _run("render", *flags, "--members", str(members), "--what", what,
+                   "--hosts-input", str(GOLDEN / "hosts" / "debian_default.in"))
+        cfg = _config(tmp_path)
+        want = _run("render", "--config", str(cfg), "--members", str(members), "--what",
+                    what, "--hosts-input", str(GOLDEN / "hosts" / "debian_default.in"))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == want.stdout
+    ips = _run("render", *flags, "--mode", "ips", "--members", str(members), "--what",
+               "nodes_config")
+    assert ips.stdout == b"127.0.0.2\n10.0.0.2\n127.0.0.2\n127.0.0.2\n"
+
+
+def test_render_flags_are_checked_and_a_missing_one_is_named(tmp_path: Path) -> None:
+    members = tmp_path / "m.json"
+    members.write_text("[]")
+    bad = _run("render", "--ensemble", "GB200", "--namespace", "gpu", "--max-members", "4",
+               "--members", str(members), "--what", "hosts")
+    assert bad.returncode == 2 and b"ensemble:" in bad.stderr
+    # not all three and no config file (the default path does not exist here)
+    partial = _run("render", "--ensemble", "gb200", "--members", str(members), "--what",
+                   "hosts")
+    assert partial.returncode == 2
+    assert b"--namespace, --max-members instead of a config file" in partial.stderr
+    # a flag over a config file wins
+    cfg = _config(tmp_path)
+    out = _run("render", "--config", str(cfg), "--max-members", "2", "--members",
+               str(members), "--what", "nodes_config")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == b"imex-93a7a316-0\nimex-93a7a316-1\n"
+
+
+def test_help_lists_every_command_cloudinit_included() -> None:
+    out = _run("--help")
+    assert out.returncode == 0
+    for command in (b"run", b"once", b"status", b"render", b"cloudinit"):
+        assert command in out.stdout
+    # and cloudinit still has its own parser (and needs no config)
+    sub = _run("cloudinit", "--help")
+    assert sub.returncode == 0 and b"--from-ensemble" in sub.stdout
