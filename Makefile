@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 # Each test tier's selection is tests/tiers.py's (one definition for make and CI).
 
+# DEMO_ARGS="--keep --vms 6": python -m tests.sandbox demo --help lists them
 demo: $(STAMP)
-	$(BIN)/python -m tests.sandbox demo
+	$(BIN)/python -m tests.sandbox demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m tests.tiers run test $(TEST_ARGS)
@@ -61,6 +62,11 @@ vmtest-matrix: $(STAMP)
 
 realk8s: $(STAMP)
 	$(BIN)/python -m tests.tiers run realk8s $(REALK8S_ARGS)
+
+# issue 29: the docs' shell blocks pasted in order on the realk8s control plane
+.PHONY: docs-test
+docs-test: $(STAMP)
+	$(BIN)/python -m tests.tiers run docs-test $(DOCS_TEST_ARGS)
 
 # issue 25: the base Deployment on a real node (root; builds kubelet, containerd, runc on
 # first use; needs `make image`); not in CI. tests/realk8s/README.md "A real node"

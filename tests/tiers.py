@@ -43,6 +43,8 @@ _ELSEWHERE = ("vm", "chroot", "realk8s", "realnode", "bench")
 TIERS: dict[str, Tier] = {
     "test": Tier("make test", " and ".join(f"not {m}" for m in _ELSEWHERE), ("tests",)),
     "realk8s": Tier("make realk8s", "realk8s", ("tests/realk8s",)),
+    # issue 29: the docs' shell blocks on the realk8s control plane (tests/docs/blocks.py)
+    "docs-test": Tier("make docs-test", "realk8s", ("tests/docs",)),
     "vmtest": Tier("make vmtest", "vm", ("tests/vm",), ignore=("tests/vm/test_matrix.py",),
                    options=("-q", "-p", "no:cacheprovider")),
     "vmtest-matrix": Tier("make vmtest-matrix", "vm", ("tests/vm/test_matrix.py",),
