@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # Each test tier's selection is tests/tiers.py's (one definition for make and CI).
 
-# DEMO_ARGS="--keep --vms 6": python -m tests.sandbox demo --help lists them
+# DEMO_ARGS="--keep --vms 6" (python -m tests.sandbox demo --help lists them)
 demo: $(STAMP)
 	$(BIN)/python -m tests.sandbox demo $(DEMO_ARGS)
 

@@ -2,15 +2,19 @@
 
 TEST STAND-IN, never product code. Steps, each timed until it has converged:
 
-1. boot: the virt-controller creates the ensemble Service and 4 VMIs; every VM's guest
-   agent pins all slots in its /etc/hosts and its IMEX stand-in sees every peer CONNECTED;
+1. boot: the ensemble is declared as an ImexEnsemble (the host agent creates its
+   Service), the virt-controller creates 4 VMIs; every VM's guest agent pins all slots
+   in its /etc/hosts and its IMEX stand-in sees every peer CONNECTED;
 2. crash: one VM dies (VMI Failed); its peers pin its slot to 127.0.0.2;
 3. restore: the pool recreates it with a new IP; everyone is CONNECTED again.
 
 While a step converges the registry table (``?format=table``) is printed whenever the
-membership or a guest's reported IMEX state changes. At the end: the IMEX stand-ins' own
-view (``nvidia-imex-ctl -N -j`` inside each VM), the step times, teardown, and one verdict
-line. Exit 0 only when every step converged.
+membership or a guest's reported IMEX state changes, under a one-line legend of the IMEX
+column's transient states. After each step: ``kubectl get imexens`` as the API double's
+Table form prints it (the CRD's printer columns: MEMBERS, IMEX-READY, READY, DOMAIN) and
+the Events the agent wrote about the ensemble during the step (demo_views.py). At the
+end: the IMEX stand-ins' own view (``nvidia-imex-ctl -N -j`` inside each VM), the step
+times, teardown, and one verdict line. Exit 0 only when every step converged.
 
 Without root the demo re-runs itself inside an unprivileged user namespace (``unshare
 --user --map-root-user --net --mount``), where it may build the same namespaces, bridge and
@@ -34,7 +38,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from tests.sandbox.ensemble import EnsembleSpec, NotConverged, Sandbox, SandboxSettings, Vm
+from tests.sandbox.demo_views import IMEX_LEGEND, event_lines, imexens_table, new_events
+from tests.sandbox.ensemble import (
+    EnsembleSpec,
+    NotConverged,
+    Sandbox,
+    SandboxSettings,
+    Vm,
+    wait_for,
+)
 
 NAMESPACE = "demo"
 NAME = "gb200"
@@ -139,9 +151,10 @@ def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 f"{sbx.fabric.subnet if sbx.fabric else '?'}, files in {sbx.workdir}")
             ctl = VirtController(sbx)
             try:
-                spec = ctl.create_ensemble(NAMESPACE, NAME, max_members=args.vms)
+                spec = ctl.create_ensemble(NAMESPACE, NAME, max_members=args.vms, form="cr")
                 pool = ctl.pool(spec)
-                failure = _steps(sbx, spec, pool, steps, args, say, out)
+                failure = _steps(sbx, spec, pool, steps, args, say, out,
+                                 CrView(sbx, ctl, spec, out))
                 out.write("\nIMEX stand-ins' own view (nvidia-imex-ctl -N -j in each VM):\n")
                 for vm in sbx.vms_of(spec):
                     out.write(imex_view(vm) + "\n")
@@ -171,13 +184,67 @@ def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return 1
 
 
+class CrView:
+    """After a step: the ImexEnsemble as `kubectl get imexens` shows it, and its new Events."""
+
+    def __init__(self, sbx: Sandbox, ctl: Any, spec: EnsembleSpec, out: TextIO) -> None:
+        self.sbx, self.ctl, self.spec, self.out = sbx, ctl, spec, out
+        self.seen: set[str] = set()
+
+    def show(self, what: str, want: Callable[[dict[str, Any]], bool],
+             want_events: tuple[str, ...] = (), timeout: float = 30.0) -> str:
+        """Print the table once the CR's status says ``want`` (the status writer follows
+        the registry, coalescing to one write a second) and every reason of
+        ``want_events`` is among the Events since the last call, then those Events.
+        Returns "" or what never came (the table and Events are printed either way)."""
+        deadline = time.monotonic() + timeout
+        fresh: list[dict[str, Any]] = []
+        while True:
+            fresh += new_events(self.ctl.events(self.spec), self.seen)
+            status = self.ctl.get_ensemble(self.spec).get("status") or {}
+            missing = [r for r in want_events if r not in {e["reason"] for e in fresh}]
+            if (want(status) and not missing) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        self.out.write(f"\n  $ kubectl get imexens -n {self.spec.namespace}    # {what}\n")
+        for line in imexens_table(self.sbx, self.spec).splitlines():
+            self.out.write(f"    {line}\n")
+        self.out.write(f"  $ kubectl describe imexens {self.spec.name} -n "
+                       f"{self.spec.namespace}    # its Events during this step\n")
+        for line in event_lines(fresh) if fresh else ["(none)"]:
+            self.out.write(f"    {line}\n")
+        self.out.write("\n")
+        self.out.flush()
+        if not want(status):
+            return f"{what}: the ImexEnsemble's status did not follow in {timeout:.0f} s"
+        return f"{what}: no {', '.join(missing)} Event" if missing else ""
+
+
+def ready(n: int, of: int) -> Callable[[dict[str, Any]], bool]:
+    """The status that says ``n`` of ``of`` members are published and IMEX READY, and
+    Ready is True and the domain UP when all are (Ready False otherwise)."""
+    def check(status: dict[str, Any]) -> bool:
+        cond: dict[str, Any] = next(
+            (c for c in status.get("conditions") or () if c["type"] == "Ready"), {})
+        return (status.get("publishedSummary") == f"{n}/{of}"
+                and status.get("imexReady") == n
+                and cond.get("status") == ("True" if n == of else "False")
+                and (n < of or status.get("domainStatus") == "UP"))
+    return check
+
+
 def _steps(sbx: Sandbox, spec: EnsembleSpec, pool: Any, steps: list[Step],
-           args: argparse.Namespace, say: Callable[[str], None], out: TextIO) -> str:
+           args: argparse.Namespace, say: Callable[[str], None], out: TextIO,
+           cr: CrView) -> str:
     timeout = args.timeout
+    out.write(f"  {IMEX_LEGEND}\n")
     with TableWatcher(sbx, spec, out):
-        say(f"step 1/3 boot: ensemble Service {spec.key} (max-members {spec.max_members}) "
-            f"and VMIs {pool.name}-0..{args.vms - 1}: Pending -> Scheduled -> Running")
+        say(f"step 1/3 boot: ImexEnsemble {spec.key} (max-members {spec.max_members}; "
+            f"the host agent creates its Service) and VMIs {pool.name}-0..{args.vms - 1}: "
+            "Pending -> Scheduled -> Running")
         t0 = time.monotonic()
+        # the Service is the agent's: the VMs' reports need it to exist (the e2e does so)
+        wait_for("the ImexEnsemble's Service", lambda: sbx.registry_json(spec), timeout, 0.1)
         pool.scale(args.vms)
         try:
             sbx.wait_converged(spec, timeout)
@@ -186,6 +253,9 @@ def _steps(sbx: Sandbox, spec: EnsembleSpec, pool: Any, steps: list[Step],
         steps[0].seconds = time.monotonic() - t0
         steps[0].note = f"{args.vms} VMs: every slot pinned, every IMEX peer CONNECTED"
         say(f"converged in {steps[0].seconds:.1f} s")
+    if failure := cr.show("after boot", ready(args.vms, args.vms),
+                          ("ServiceCreated", "MemberJoined"), timeout):
+        return failure
 
     victim = min(args.vms - 1, 2)
     vm = sbx.vm(spec, pool.vmi_name(victim))
@@ -202,6 +272,9 @@ def _steps(sbx: Sandbox, spec: EnsembleSpec, pool: Any, steps: list[Step],
         steps[1].seconds = time.monotonic() - t0
         steps[1].note = f"peers pin slot {victim} to 127.0.0.2"
         say(f"converged in {steps[1].seconds:.1f} s")
+    if failure := cr.show("after the crash", ready(args.vms - 1, args.vms),
+                          ("MemberLeft",), timeout):
+        return failure
 
     with TableWatcher(sbx, spec, out):
         say(f"step 3/3 restore: the pool deletes and recreates {vm.vmi}; the new VM gets a "
@@ -216,6 +289,9 @@ def _steps(sbx: Sandbox, spec: EnsembleSpec, pool: Any, steps: list[Step],
         steps[2].seconds = time.monotonic() - t0
         steps[2].note = f"slot {victim}: {old_ip} -> {new_ip}, every IMEX peer CONNECTED"
         say(f"converged in {steps[2].seconds:.1f} s")
+    if failure := cr.show("after the restore", ready(args.vms, args.vms),
+                          ("MemberJoined",), timeout):
+        return failure
     return ""
 
 
