@@ -14,8 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.sandbox.demo_views import IMEX_LEGEND
 from tests.sandbox.netns import list_netns
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = ["NAME", "MEMBERS", "IMEX-READY", "READY", "DOMAIN", "AGE"]
