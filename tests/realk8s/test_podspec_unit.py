@@ -24,7 +24,7 @@ from tests.realk8s.podspec import (
     run_flags,
 )
 
-DEPLOYMENT = Path(__file__).resolve().parents[2] / "manifests" / "base" / "deployment.yaml"
+DEPLOYMENT = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "deployment.yaml"
 KUBELET = Kubelet("imex-host-agent-abc-def", "imex-system", "127.0.0.1", 6443, "/tmp/sa")
 
 
@@ -57,9 +57,9 @@ def test_the_base_deployment_translates_to_its_security_limits_env_and_mounts() 
 def test_listen_moves_to_the_given_address_and_nothing_else_changes() -> None:
     (c,) = pod()["containers"]
     args = run_args(c)
-    assert args == ["--listen=0.0.0.0:8080", "--json", "--leader-elect"]
+    assert args == ["--listen=0.0.0.0:8080", "--json", "--log-level=info", "--leader-elect"]
     assert on_host_network(args, c, "127.0.0.1:4000") == [
-        "--listen=127.0.0.1:4000", "--json", "--leader-elect"]
+        "--listen=127.0.0.1:4000", "--json", "--log-level=info", "--leader-elect"]
     c2 = copy.deepcopy(c)
     c2["args"] = ["--listen=0.0.0.0:9090", "--json"]
     with pytest.raises(PodSpecError, match="not the probes' port 8080"):
