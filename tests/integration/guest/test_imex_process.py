@@ -28,6 +28,7 @@ from guest_agent.imex.control import (
 from guest_agent.imex.supervisor import Action, Policy
 from guest_agent.imex.supervisor_io import Backoff, Supervisor
 from tests.guest_support.agent import FAKE_IMEX, READY_CTL, pid_alive, read_events
+from tests.timing import measured
 
 PINS_A = {0: "10.0.0.1", 1: "10.0.0.2"}
 
@@ -105,6 +106,8 @@ async def test_signals_coalesce_through_the_supervisor(tmp_path: Path) -> None:
             sup.update(pins, "sha-n", own_pinned=True)
             told.append(time.time())
             await asyncio.sleep(0.04)
+        # the burst must fit in one window for exactly two signals
+        assert measured("guest.imex.signal_burst_span", told[-1] - told[0]) < 1.0 - 0.2
         await until("two signals", lambda: len(_events(log, "usr1")) >= 2, 5)
         await asyncio.sleep(1.2)  # a third would come now if anything were pending
         usr1 = [e["t"] for e in _events(log, "usr1")]
@@ -277,9 +280,14 @@ async def test_ips_mode_burst_settles_into_one_restart(tmp_path: Path) -> None:
     sup.update(PINS_A, "sha-0", own_pinned=True)
     async with running(sup):
         await until("started", lambda: _events(log, "start"))
+        gaps = []
         for k in range(8):  # every change rewrites the nodes file in ips mode
             sup.update({0: "10.0.0.1", 1: f"10.0.1.{k}"}, f"sha-{k + 1}", own_pinned=True)
+            t = time.monotonic()
             await asyncio.sleep(0.1)
+            gaps.append(time.monotonic() - t)
+        # each change must come within the settle time of the one before for one restart
+        assert measured("guest.imex.ips_burst_gap", max(gaps)) < 0.4 - 0.1
         await until("one restart", lambda: len(_events(log, "start")) >= 2, 5)
         await asyncio.sleep(0.8)
         assert len(_events(log, "start")) == 2 and not _events(log, "usr1")
