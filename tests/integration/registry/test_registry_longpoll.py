@@ -23,6 +23,7 @@ from tests.integration.registry.registry_harness import (
     seeded_state,
     serve,
 )
+from tests.timing import measured
 
 BASE = "/v1/ensembles/gpu/gb200"
 WAITERS = "imex_registry_longpoll_waiters"
@@ -48,7 +49,7 @@ async def test_long_poll_answers_within_50ms_of_a_change(registry: Running) -> N
             changed_at = time.perf_counter()
             move_member_2(registry, f"10.213.1.{round_ + 1}")
             response = await poll
-            latencies.append(time.perf_counter() - changed_at)
+            latencies.append(measured("registry.longpoll.wake", time.perf_counter() - changed_at))
             assert response.status_code == 200
             body = response.json()
             assert body["generation"] == g + 1
@@ -79,7 +80,7 @@ async def test_long_poll_times_out_with_the_current_state(registry: Running) -> 
     async with httpx.AsyncClient(base_url=registry.url) as client:
         started = time.perf_counter()
         response = await client.get(BASE, params={"wait": g, "timeout": 0.3})
-        took = time.perf_counter() - started
+        took = measured("registry.longpoll.own_timeout", time.perf_counter() - started)
         assert response.status_code == 200 and response.json()["generation"] == g
         assert 0.3 <= took < 10, took  # its own timeout, not early, not the 30 s below
         stale_wait = await client.get(BASE, params={"wait": g - 5, "timeout": 30})
@@ -93,7 +94,7 @@ async def test_timeout_is_capped() -> None:
     async with serve(seeded_state(), config) as reg, httpx.AsyncClient(base_url=reg.url) as client:
         started = time.perf_counter()
         response = await client.get(BASE, params={"wait": generation(reg), "timeout": 3600})
-        took = time.perf_counter() - started
+        took = measured("registry.longpoll.cap", time.perf_counter() - started)
     assert response.status_code == 200
     assert 0.4 <= took < 60, took  # the cap, not the hour asked for
 
@@ -133,7 +134,7 @@ async def test_a_thousand_long_polls_all_answered_after_one_change(registry: Run
         changed_at = time.perf_counter()
         move_member_2(registry, "10.213.2.2")
         answers = await asyncio.wait_for(asyncio.gather(*polls), 10)
-        took = time.perf_counter() - changed_at
+        took = measured("registry.longpoll.thousand", time.perf_counter() - changed_at)
     finally:
         for poll in polls:
             poll.cancel()
@@ -154,6 +155,6 @@ async def test_shutdown_answers_pending_long_polls() -> None:
             reg.server.should_exit = True
             response = await poll
             await asyncio.wait_for(reg.task, 5)
-            took = time.perf_counter() - started
+            took = measured("registry.longpoll.shutdown", time.perf_counter() - started)
     assert response.status_code == 200 and response.json()["generation"] == g
     assert took < 2.0, took  # not the 30 s the poll asked for
