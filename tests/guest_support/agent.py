@@ -101,8 +101,10 @@ class AgentProc:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def wait(self, what: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 20.0
+    def wait(self, what: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0
              ) -> dict[str, Any]:
+        """Until the status satisfies ``pred``: a generous deadline for a start or a
+        change to show (a test that means a bound passes its own ``timeout``)."""
         def probe() -> dict[str, Any] | None:
             if self.proc.poll() is not None:
                 raise AssertionError(f"agent exited ({self.proc.returncode}) while waiting for "

@@ -249,7 +249,9 @@ def test_bookmarks_and_server_timeout(kube_api_factory: KubeApiFactory) -> None:
         for line in resp.iter_lines():
             events.append(json.loads(line))
     took = measured("kube_api.watch_timeout_seconds", time.monotonic() - start)
-    assert 0.9 < took < 10  # ended by timeoutSeconds, not by the client
+    # ended by timeoutSeconds (1), not by the client; measured max 1.8 s, 1.7 s beside
+    # stress-ng (15 runs each, 2026-12-02): bound 10 s
+    assert 0.9 < took < 10, took
     kinds = {e["type"] for e in events}
     assert kinds == {"BOOKMARK"}
     assert all(e["object"]["metadata"]["resourceVersion"] == str(rv) for e in events)

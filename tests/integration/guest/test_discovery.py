@@ -246,6 +246,7 @@ async def test_registry_wins_while_it_answers(dns: DnsServer, registry: FakeRegi
         t0 = time.monotonic()
         registry.set({0: "10.0.0.1", 1: "10.0.0.2", 3: "10.0.0.4"})
         changed = await views.until(lambda v: 3 in v.pins)
+        # measured max 48 ms, 22 ms beside stress-ng (15 runs each, 2026-12-02): bound 0.5 s
         assert measured("guest.discovery.longpoll_change", time.monotonic() - t0) < LONGPOLL / 2
         assert changed.source == "registry" and changed.absent == {2}
         await asyncio.sleep(3 * POLL)  # a window: DNS keeps polling, publishes nothing
@@ -268,8 +269,10 @@ async def test_registry_down_dns_takes_over_then_registry_wins_again(
         t0 = time.monotonic()
         await registry.go_down()
         dview = await views.until(lambda v: v.source == "dns")
+        # a reset registry hands over at once (a stalled one takes POLL + LONGPOLL, 1.25 s);
+        # measured max 0.40 s, 0.21 s beside stress-ng (15 runs each, 2026-12-02): 1 s
         assert measured("guest.discovery.dns_after_registry_down", time.monotonic() - t0) \
-            < POLL + 0.5, "DNS view must follow within poll_interval"
+            < POLL + 0.75, "DNS view must follow within poll_interval"
         assert dview.pins == {0: "10.0.0.1", 2: "10.0.0.3"} and dview.generation is None
         assert not registry_healthy(disc)
         # DNS changes are published while the registry is down
@@ -297,12 +300,14 @@ async def test_stalled_registry_hands_over_after_poll_plus_longpoll(
         dview = await views.until(lambda v: v.source == "dns")
         elapsed = measured("guest.discovery.dns_after_stall", time.monotonic() - t0)
         assert elapsed >= POLL + LONGPOLL - 0.1, "must not give up on a held long-poll early"
+        # measured max 1.70 s, 1.54 s beside stress-ng (15 runs each, 2026-12-02)
         assert elapsed < POLL + LONGPOLL + 2 * POLL + 0.5, "nor much later"
         assert dview.pins[0] == "10.0.0.9"
         # DNS was on standby, so slot 1 (not in DNS) has one absence at the hand-over; the
         # next pass, one poll_interval later, is the second and unpins it
         t1 = time.monotonic()
         await views.until(lambda v: v.source == "dns" and v.pins == {0: "10.0.0.9"})
+        # measured max 0.33 s quiet and beside stress-ng (15 runs each, 2026-12-02)
         assert measured("guest.discovery.second_absence", time.monotonic() - t1) \
             < 2 * POLL + 0.5
 
@@ -392,7 +397,9 @@ async def test_kick_rediscovers_at_once(dns: DnsServer, registry: FakeRegistry) 
         n_reg = len(registry.requests)
         disc.kick()
         t0 = time.monotonic()
-        deadline = t0 + 1  # at once: not at the 30 s poll
+        # at once, not at the 30 s poll: measured max 40 ms quiet and beside stress-ng
+        # (15 runs each, 2026-12-02): bound 1 s
+        deadline = t0 + 1
         while (dns.query_count(ENS.srv_name(), "SRV") == n_dns
                or len(registry.requests) == n_reg):
             assert time.monotonic() < deadline, "kick did not rediscover on both paths"
@@ -439,6 +446,7 @@ async def test_refused_registry_fails_over_at_once(dns: DnsServer) -> None:
         t0 = time.monotonic()
         first = await views.until(lambda v: True)
         assert first.source == "dns"
+        # measured max 0.35 s, 0.04 s beside stress-ng (15 runs each, 2026-12-02)
         assert measured("guest.discovery.refused_registry", time.monotonic() - t0) < POLL + 0.5
         assert not registry_healthy(disc)
 

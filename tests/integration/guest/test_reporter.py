@@ -145,6 +145,7 @@ async def test_submit_never_blocks_on_a_dead_registry(tmp_path: Path) -> None:
         t0 = time.monotonic()
         for k in range(100):
             rep.submit(0, {**BODY, "signals": k})
+        # measured under 1 ms, also beside stress-ng (15 runs each, 2026-12-02): 50 ms
         assert measured("guest.report.hundred_submits", time.monotonic() - t0) < 0.05
         async with asyncio.timeout(10):
             while rep.failures < 1:  # noqa: ASYNC110 - a counter in the object under test

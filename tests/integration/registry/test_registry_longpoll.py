@@ -56,8 +56,9 @@ async def test_long_poll_answers_within_50ms_of_a_change(registry: Running) -> N
             assert body["members"][1]["ip"] == f"10.213.1.{round_ + 1}"
     print(f"long-poll wake latency: median {statistics.median(latencies) * 1000:.1f} ms, "
           f"max {max(latencies) * 1000:.1f} ms")  # fmt: skip
-    # The median meets the 50 ms contract; the max is only bounded loosely because the
-    # CI machine's two cores are shared and one scheduling hiccup must not fail the run.
+    # The median meets the 50 ms contract; the max is bounded for one scheduling hiccup.
+    # Measured 2026-12-02, 75 wakes each, at load average 15-19 from other jobs and
+    # beside stress-ng: median 2 ms both, max 15 ms and 20 ms. Bounds kept: 50 ms, 0.25 s.
     assert statistics.median(latencies) < 0.05
     assert max(latencies) < 0.25
 
@@ -82,7 +83,9 @@ async def test_long_poll_times_out_with_the_current_state(registry: Running) -> 
         response = await client.get(BASE, params={"wait": g, "timeout": 0.3})
         took = measured("registry.longpoll.own_timeout", time.perf_counter() - started)
         assert response.status_code == 200 and response.json()["generation"] == g
-        assert 0.3 <= took < 10, took  # its own timeout, not early, not the 30 s below
+        # its own timeout, not early, not the 30 s below; measured max 0.41 s, 0.49 s
+        # beside stress-ng (15 runs each, 2026-12-02): bound 10 s
+        assert 0.3 <= took < 10, took
         stale_wait = await client.get(BASE, params={"wait": g - 5, "timeout": 30})
         assert stale_wait.json()["generation"] == g  # differs already: answered at once
         text = await client.get(f"{BASE}/nodes_config", params={"wait": g - 1, "mode": "ips"})
@@ -96,7 +99,8 @@ async def test_timeout_is_capped() -> None:
         response = await client.get(BASE, params={"wait": generation(reg), "timeout": 3600})
         took = measured("registry.longpoll.cap", time.perf_counter() - started)
     assert response.status_code == 200
-    assert 0.4 <= took < 60, took  # the cap, not the hour asked for
+    # the cap, not the hour asked for; measured max 0.52 s quiet and loaded: bound 60 s
+    assert 0.4 <= took < 60, took
 
 
 async def test_deleted_while_waiting_is_404(registry: Running) -> None:
@@ -142,7 +146,10 @@ async def test_a_thousand_long_polls_all_answered_after_one_change(registry: Run
     assert [status for status, _ in answers] == [200] * n
     assert {body["generation"] for _, body in answers} == {g + 1}
     assert registry.sample(WAITERS) == 0
-    assert took < 3.0
+    # measured median 1.5 s and 1.2 s, max 2.3 s and 3.3 s beside stress-ng (15 runs each,
+    # 2026-12-02; the 3 s this had failed 1 in 15 loaded): bound 8 s, inside the
+    # answers' 10 s deadline and far below the 30 s each poll asked for
+    assert took < 8.0, took
 
 
 async def test_shutdown_answers_pending_long_polls() -> None:
@@ -157,4 +164,6 @@ async def test_shutdown_answers_pending_long_polls() -> None:
             await asyncio.wait_for(reg.task, 5)
             took = measured("registry.longpoll.shutdown", time.perf_counter() - started)
     assert response.status_code == 200 and response.json()["generation"] == g
-    assert took < 2.0, took  # not the 30 s the poll asked for
+    # not the 30 s the poll asked for; measured max 0.21 s, 0.25 s beside stress-ng
+    # (15 runs each, 2026-12-02): bound 2 s
+    assert took < 2.0, took

@@ -398,7 +398,11 @@ def edited(obj: dict[str, Any], **spec: Any) -> dict[str, Any]:
 
 async def until(check: Callable[[], bool], timeout: float) -> float:
     """Poll ``check`` (the loop under test runs between polls) for up to ``timeout``;
-    the seconds it took."""
+    the seconds it took.
+
+    A wake that must beat the 2 s retry sleep is bounded at 1 s: measured (the
+    ``host.election.*`` figures) max 76 ms, 49 ms beside stress-ng (15 runs each,
+    2026-12-02)."""
     t0 = time.monotonic()
     while not check():
         assert time.monotonic() < t0 + timeout, f"not within {timeout} s"

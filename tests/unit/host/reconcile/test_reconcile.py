@@ -201,6 +201,7 @@ async def test_thousand_vmis_pure_reconcile_cost() -> None:
     assert len(state.all()) == 100 and len(client.calls) == 100
     assert all(len(s.members) == 10 for s in state.all())
     print(f"\n100 ensembles / 1,000 VMIs, reconcile without API: {elapsed * 1000:.0f} ms")
+    # measured max 0.35 s, 0.64 s beside stress-ng (15 runs each, 2026-12-02): bound 2 s
     assert elapsed < 2.0
     await cancel(task)
 
