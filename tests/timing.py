@@ -9,9 +9,9 @@ value it compares through :func:`measured`, which returns it unchanged and, when
 pytest selection ``--runs`` times in a row, quiet or beside the load ``make stress-check``
 uses (``stress-ng --cpu 2 --vm 1 --vm-bytes 2G``, its process group killed at the end),
 logging every value and every run's exit status (each run's output kept beside the log).
-``summary`` prints, per bound and load, the count, median, 95th percentile and maximum,
-and the runs that failed with the tests that failed in them: the figures a bound's
-comment quotes.
+``summary`` prints, per bound and load, the count, minimum, median, 95th percentile and
+maximum, and the runs that failed with the tests that failed in them: the figures a
+bound's comment quotes.
 """
 
 from __future__ import annotations
@@ -95,11 +95,12 @@ def summary(paths: list[Path]) -> int:
                 values.setdefault((rec["bound"], rec["load"]), []).append(float(rec["s"]))
             else:
                 runs.setdefault(str(rec["load"]), []).append(rec)
-    print(f"{'bound':<48} {'load':<7} {'n':>4} {'median':>8} {'p95':>8} {'max':>8}")
+    print(f"{'bound':<44} {'load':<7} {'n':>4} {'min':>8} {'median':>8} {'p95':>8} "
+          f"{'max':>8}")
     for (name, load), vs in sorted(values.items()):
         vs.sort()
         p95 = vs[min(len(vs) - 1, round(0.95 * (len(vs) - 1)))]
-        print(f"{name:<48} {load:<7} {len(vs):>4} {statistics.median(vs):>8.3f} "
+        print(f"{name:<44} {load:<7} {len(vs):>4} {vs[0]:>8.3f} {statistics.median(vs):>8.3f} "
               f"{p95:>8.3f} {vs[-1]:>8.3f}")
     for load, rs in sorted(runs.items()):
         bad = [r for r in rs if r["exit"] != 0]

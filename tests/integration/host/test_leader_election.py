@@ -129,10 +129,13 @@ async def test_graceful_stop_hands_over_and_answers_parked_long_polls(
         answered_after = measured("host.stop.parked_answered", time.monotonic() - t0)
         assert answer.status_code == 200 and answer.json()["generation"] == gen
         assert answer.headers["x-imex-registry"] == "closing"
+        # not at the poll's 30 s: measured max 20 ms, 30 ms beside stress-ng (8 runs each,
+        # 2026-12-02): bound 0.5 s
         assert answered_after < 0.5, answered_after
         await eventually(lambda: leaders([follower]), 3, "the follower takes over")
         took = measured("host.stop.released_taken", time.monotonic() - t0)
-        # released, not expired: within about one jittered retry, far below the 3 s lease
+        # released, not expired: within about one jittered retry, far below the 3 s lease;
+        # measured max 57 ms, 86 ms beside stress-ng (8 runs each, 2026-12-02)
         assert took < 0.5 * 2.2 + 0.5, took
         await stopping
         lease = api.get(*LEASE, "imex-host-agent", "imex-system")
@@ -234,6 +237,7 @@ async def test_reports_land_on_any_replica_show_everywhere_and_survive_restarts(
         assert r.status_code == 200, r.text
         t0 = time.monotonic()
         while await shown(client, leader, 3) != "READY":
+            # measured max 17 ms, 27 ms beside stress-ng (8 runs each, 2026-12-02)
             assert time.monotonic() - t0 < 2.0, "the leader must show it within 2 s"
             await asyncio.sleep(0.05)
         measured("host.report.shown_by_leader", time.monotonic() - t0)
@@ -243,7 +247,7 @@ async def test_reports_land_on_any_replica_show_everywhere_and_survive_restarts(
                                          for i in range(18)))
         assert {a.status_code for a in answers} == {200}
         assert api.writes("configmaps", served_only=True) - before <= 2
-        t0 = time.monotonic()
+        t0 = time.monotonic()  # shown everywhere within 2.5 s: measured max 1 ms (16 runs)
         for a in agents:
             await eventually(lambda a=a: a.agent.state.get(ENS) is not None and all(
                 (rep.fields.get("imex_state") == "WAITING_FOR_PEERS")
@@ -287,6 +291,8 @@ async def test_a_released_lease_is_taken_through_the_watch_not_the_next_read(
     await first.stop()
     await eventually(lambda: el.may_write(), 3, "the follower takes over")
     took = measured("host.lease.released_taken_via_watch", time.monotonic() - t0)
+    # not at the next read 5-11 s on: measured max 0.70 s, 0.75 s beside stress-ng (8 runs
+    # each, 2026-12-02): bound 1.5 s
     assert took < 1.5, took
     lease = api.get(*LEASE, "imex-host-agent", "imex-system")
     assert lease["spec"]["holderIdentity"] == "r1"

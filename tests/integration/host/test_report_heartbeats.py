@@ -118,11 +118,15 @@ async def test_a_follower_keeps_a_heartbeating_member_fresh_and_a_silent_one_goe
             await asyncio.sleep(BEAT)
         assert reached, "the first write never reached the other replica"
         # the other replica saw only the refreshes: older than a heartbeat, never stale
-        measured("host.heartbeat.follower_age", worst)
-        assert 2 * BEAT < worst <= REFRESH + BEAT + 2.5, worst  # + 1 s coalescing, load
+        # + 1 s coalescing; measured max 2.1 s, 2.2 s beside stress-ng (8 runs each,
+        # 2026-12-02): bound 4.7 s, below the 6 s at which it would be stale
+        assert 2 * BEAT < measured("host.heartbeat.follower_age", worst) \
+            <= REFRESH + BEAT + 2.5, worst
         writes = api.writes("configmaps", served_only=True)
         # silence: stale on the other replica no later than STALE_AFTER after the last
         # report, and no sooner than STALE_AFTER - REFRESH (it sees the last refresh)
+        # stale at STALE_AFTER after the last report at the latest: seen (from the last
+        # answer) after at most 5.6 s, 5.1 s beside stress-ng (8 runs each, 2026-12-02)
         while not (await guest_of(client, other, 2))["stale"]:
             assert time.monotonic() - last_beat < STALE_AFTER + 0.5, "never went stale"
             await asyncio.sleep(0.05)
