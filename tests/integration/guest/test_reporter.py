@@ -12,6 +12,7 @@ from typing import Any
 
 from guest_agent.config import settings_from_mapping
 from guest_agent.report.report_io import Reporter
+from tests.timing import measured
 
 BODY = {"imex_state": "READY", "generation_applied": 7, "nodes_config_sha256": "a" * 64,
         "hosts_sha256": "b" * 64, "signals": 1, "restarts": 0, "agent_version": "0.1.0"}
@@ -144,6 +145,9 @@ async def test_submit_never_blocks_on_a_dead_registry(tmp_path: Path) -> None:
         t0 = time.monotonic()
         for k in range(100):
             rep.submit(0, {**BODY, "signals": k})
-        assert time.monotonic() - t0 < 0.05
-        await asyncio.sleep(0.3)
-        assert rep.failures >= 1 and rep.delivered == 0
+        # measured under 1 ms, also beside stress-ng (15 runs each, 2026-12-02): 50 ms
+        assert measured("guest.report.hundred_submits", time.monotonic() - t0) < 0.05
+        async with asyncio.timeout(10):
+            while rep.failures < 1:  # noqa: ASYNC110 - a counter in the object under test
+                await asyncio.sleep(0.01)
+        assert rep.delivered == 0
