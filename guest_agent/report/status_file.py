@@ -59,6 +59,10 @@ class Status:
     last_error_at: float | None = None
     #: authEncryption: the certificate's state (guest_agent/tls/keeper.py ``TlsStatus``)
     tls: dict[str, Any] | None = None
+    #: the registry as the reporter sees it: url, transport, the pinned registry CA, the
+    #: server certificate last seen, the host agent's version and what the guest makes
+    #: of it (report_io.py); None before the first report
+    registry: dict[str, Any] | None = None
     #: from ``nvidia-imex-ctl -N -j``: the domain status IMEX printed and our own row
     #: (peer index -> link state); None when the last pass had no valid answer.
     imex_domain_status: str | None = None
@@ -132,6 +136,7 @@ def format_table(data: Mapping[str, Any], now: float | None = None) -> str:
         ("signals", str(data.get("signals", 0))),
         ("restarts", f"{data.get('restarts', 0)} (starts {data.get('starts', 0)})"),
         ("re-asserts", str(data.get("reasserts", 0))),
+        ("registry", _registry(data.get("registry"))),
         ("updated", _age(data.get("updated_at"), now)),
         ("last error", f"{data.get('last_error') or '-'}"
          + (f" ({_age(data.get('last_error_at'), now)})" if data.get("last_error") else "")),
@@ -151,6 +156,23 @@ def format_table(data: Mapping[str, Any], now: float | None = None) -> str:
     if not members:
         lines.append("  (no members known)")
     return "\n".join(lines) + "\n"
+
+
+def _registry(doc: object) -> str:
+    if not isinstance(doc, dict):
+        return "-"
+    host = doc.get("host") if isinstance(doc.get("host"), dict) else {}
+    cert = doc.get("server_cert") if isinstance(doc.get("server_cert"), dict) else {}
+    parts = [str(doc.get("transport") or "?")]
+    if doc.get("ca_sha256"):
+        parts.append(f"CA {str(doc['ca_sha256'])[:16]}")
+    if cert:
+        parts.append(f"cert {str(cert.get('sha256'))[:16]} until {cert.get('not_after')}")
+    if host:
+        parts.append(f"host {host.get('version') or 'before 0.2'} ({host.get('skew')})")
+    if doc.get("refused_fields"):
+        parts.append(f"fields refused: {', '.join(map(str, doc['refused_fields']))}")
+    return ", ".join(parts)
 
 
 def _domain_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:

@@ -62,6 +62,7 @@ from host_agent.registry.metrics import RegistryMetrics
 from host_agent.registry.models import TEXT_200, json_errors
 from host_agent.registry.page_routes import add_ui_routes
 from host_agent.registry.report_routes import STATUS_PATH_PATTERN, ReportSink, add_report_routes
+from host_agent.registry.version_routes import add_version_routes
 from host_agent.state.store import State
 
 log = logging.getLogger("host_agent.registry")  # logger name pinned
@@ -169,6 +170,7 @@ def create_app(
     async def metrics_text() -> Response:
         return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
+    add_version_routes(app)
     reads = EnsembleReads(state, config, metrics.waiters)
     add_ensemble_routes(app, reads, config.report_stale_after)
     add_report_routes(app, reads, config.trusted_proxies, metrics, reports)
