@@ -51,4 +51,9 @@ SPEC_FIELDS: Final[dict[str, dict[str, Any]]] = {
         "kind": "string",
         "max_length": 63,
     },
+    "registryTLS": {
+        "kind": "string",
+        "default": "Optional",
+        "enum": ["Optional", "Required"],
+    },
 }

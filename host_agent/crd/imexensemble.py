@@ -69,6 +69,8 @@ LABEL_KEY: Final = (r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE: Final = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+#: ``spec.registryTLS``: whether the token may cross the network in clear
+REGISTRY_TLS_MODES: Final = ("Optional", "Required")
 
 _CONDITION_TYPE = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
@@ -151,6 +153,11 @@ SPEC: Final = Field(
               "Any change starts a rotation of the ensemble's CA (a date or a counter "
               "serves well).",
               max_length=63),
+        Field("registryTLS", "string",
+              "Required: the registry refuses this ensemble's token over plain HTTP (status "
+              "reports, certificate requests, long-polls with a token); its guests must use "
+              "the registry's https:// URL and pin registryCASHA256. Optional: both.",
+              default="Optional", enum=REGISTRY_TLS_MODES),
     ),
 )
 
@@ -218,6 +225,11 @@ STATUS: Final = Field(
         Field("domainStatus", "string", "The IMEX domain's status (nvidia-imex-ctl -N).",
               enum=DOMAIN_STATUSES),
         Field("caSHA256", "string", "sha256 of the ensemble CA certificate guests trust.",
+              max_length=64, pattern=SHA256_HEX),
+        Field("registryCASHA256", "string",
+              "sha256 of the registry's TLS CA certificate: what guests pin as "
+              "registry_ca_sha256 (the generator's --registry-ca-sha256 or --from-ensemble). "
+              "Absent while the registry serves no HTTPS.",
               max_length=64, pattern=SHA256_HEX),
         Field("caBundleSHA256", "string",
               "sha256 of the CA bundle guests trust (authEncryption): part of what "

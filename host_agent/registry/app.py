@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -62,6 +62,7 @@ from host_agent.registry.metrics import RegistryMetrics
 from host_agent.registry.models import TEXT_200, json_errors
 from host_agent.registry.page_routes import add_ui_routes
 from host_agent.registry.report_routes import STATUS_PATH_PATTERN, ReportSink, add_report_routes
+from host_agent.registry.tls_routes import add_tls_routes
 from host_agent.registry.version_routes import add_version_routes
 from host_agent.state.store import State
 
@@ -89,10 +90,12 @@ def create_app(
     ca_source: CaSource | None = None,
     cert_config: CertConfig | None = None,
     reports: ReportSink | None = None,
+    registry_ca: Callable[[], str | None] | None = None,
 ) -> FastAPI:
     """The registry's ASGI app: reads ``state``, registers metrics on ``metrics_registry``.
 
-    ``ca_source`` (the per-ensemble CAs) enables certificate issuing (cert_routes.py).
+    ``ca_source`` (the per-ensemble CAs) enables certificate issuing (cert_routes.py);
+    ``registry_ca`` gives the registry CA's PEM when HTTPS is served (tls_routes.py).
     """
     metrics = RegistryMetrics(metrics_registry)
 
@@ -171,6 +174,7 @@ def create_app(
         return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
     add_version_routes(app)
+    add_tls_routes(app, registry_ca)
     reads = EnsembleReads(state, config, metrics.waiters)
     add_ensemble_routes(app, reads, config.report_stale_after)
     add_report_routes(app, reads, config.trusted_proxies, metrics, reports)

@@ -132,6 +132,7 @@ def add_report_routes(app: FastAPI, reads: EnsembleReads,
                 snap, index, request.headers.get("authorization"),
                 request.client.host if request.client else None,
                 request.headers.getlist("x-forwarded-for"), trusted_proxies,
+                scheme=request.url.scheme,
             )
         except AuthFailure as exc:
             metrics.auth_failures.labels(exc.reason).inc()
