@@ -265,10 +265,43 @@ COLUMNS: Final = (
                   priority=1),
 )
 
+VERSIONING: Final = """\
+`v1alpha1` is the only version served and stored in 0.2.0, and it stays so for every
+0.2.x. A later `v1beta1` will be added beside it, not instead of it:
+
+1. **One release serves both.** The CRD lists `v1beta1` (served, and from then on the
+   storage version) and `v1alpha1` (still served, `deprecated: true` with a warning
+   naming `v1beta1`). Conversion strategy `None`: `v1beta1` keeps every field of
+   `v1alpha1` under the same name, type and meaning, so the API server converts by
+   changing `apiVersion` alone and no conversion webhook (another thing to run and
+   secure) is needed. A field whose shape would have to change is not changed in
+   place: the new shape gets a new name, the old one stays until `v1alpha1` goes.
+2. **Upgrade order.** The CRD is applied first (it serves both), then the host agent
+   (which reads and writes `v1beta1` from then on); a host agent one release older keeps
+   working through `v1alpha1`, as docs/install.md "Upgrades" allows.
+3. **`v1alpha1` goes** no earlier than one minor release later, after every stored
+   object has been rewritten in `v1beta1` (a no-op update of each ImexEnsemble, or the
+   storage version migrator) and `v1alpha1` is gone from the CRD's
+   `status.storedVersions`.
+
+Fixed from now on (they will be in `v1beta1` as they are): `spec.maxMembers`, `port`,
+`network`, `mode`, `tokenSHA256`, `memberSelector`, `authEncryption`, `caRotation`;
+`status.observedGeneration`, `membershipGeneration`, `domainID`, `caSHA256`,
+`caBundleSHA256`, `registryCASHA256`, `members[]` (its keys and fields) and the
+condition types `Ready`, `Degraded`, `Published`, `DomainUp`.
+
+May still change before `v1beta1`: `spec.registryTLS` (new in 0.2; more values may
+come), the words of `status.domainStatus`, `members[].imexState` and the condition
+reasons (more may come; software must treat unknown ones as unknown), `status.problems`
+(text for people, never parsed), `publishedSummary` and the printer columns. Fields may
+be added to `v1alpha1` in any minor release; none is renamed or removed without a new
+version.
+"""
+
 IMEX_ENSEMBLE: Final = CustomResource(
     group=GROUP, version=VERSION, kind=KIND, plural=PLURAL, singular=SINGULAR,
     short_names=(SHORT_NAME,), categories=(),
     doc="An IMEX ensemble of KubeVirt VMs: one headless Service and EndpointSlice, the "
         "registry's membership, and each member's IMEX state.",
-    spec=SPEC, status=STATUS, columns=COLUMNS,
+    spec=SPEC, status=STATUS, columns=COLUMNS, versioning=VERSIONING,
 )
