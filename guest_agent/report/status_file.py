@@ -195,3 +195,38 @@ def _own_row(data: Mapping[str, Any], own: object) -> list[str]:
     peers = sorted({int(k) for k in row if str(k).isdigit()} | {own})
     cells = [SELF_CELL if p == own else letter(row.get(str(p))) for p in peers]
     return ["", *matrix_lines(peers, [(own, cells)])]
+
+
+def _label(value: object) -> str:
+    text = str(value)
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus_text(data: Mapping[str, Any]) -> str:
+    """The status as Prometheus text (node_exporter's textfile collector; pure).
+
+    ``imex_build_info{version}`` is the running daemon's release (the status file's
+    ``agent_version``), the same gauge the host agent serves; the others are the
+    status's counters and states."""
+    ens = f'namespace="{_label(data.get("namespace"))}",ensemble="{_label(data.get("ensemble"))}"'
+    running = 1 if data.get("agent_running", True) else 0
+    rows = [
+        ("imex_build_info", "gauge", "1, labelled with the imex-ensemble release this agent "
+         "runs", f'{{version="{_label(data.get("agent_version"))}"}}', 1),
+        ("imex_guest_agent_running", "gauge", "1 while the pid in the status file runs",
+         f"{{{ens}}}", running),
+        ("imex_guest_imex_ready", "gauge", "1 while IMEX says READY", f"{{{ens}}}",
+         1 if data.get("imex_state") == "READY" else 0),
+        ("imex_guest_generation_applied", "gauge", "the membership generation applied",
+         f"{{{ens}}}", data.get("generation_applied") or 0),
+        ("imex_guest_imex_signals_total", "counter", "SIGUSR1 sent to IMEX", f"{{{ens}}}",
+         data.get("signals") or 0),
+        ("imex_guest_imex_restarts_total", "counter", "IMEX restarts by the agent",
+         f"{{{ens}}}", data.get("restarts") or 0),
+        ("imex_guest_reasserts_total", "counter", "managed files restored after another "
+         "writer", f"{{{ens}}}", data.get("reasserts") or 0),
+    ]
+    out = []
+    for name, kind, doc, labels, value in rows:
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"]
+    return "\n".join(out) + "\n"
