@@ -12,6 +12,8 @@ Figures, each once per listener (``_http``, ``_https``), in one run of one agent
 - ``registry_tls_get_newconn_per_s``: one GET per connection, 16 at a time, for 10 s:
   how a guest asks (``Connection: close``), so every request pays the TCP and, for
   https, the TLS handshake;
+- ``..._cpu_ms``: the agent's own CPU (``/proc``, utime + stime) per request in each of
+  the two above: the cost on the registry, independent of what else the machine runs;
 - ``registry_tls_longpoll_wake_p50_ms`` (and ``_p99_ms``): 1,000 long-polls parked on
   each listener at the same time; one VMI's IP is patched at the double; from the patch
   to each answer's arrival at the load generator (watch event, settle, wake-up, write).
@@ -31,6 +33,7 @@ from tests.bench.common import (
     PY,
     BenchError,
     Results,
+    cpu_seconds,
     free_port,
     get_load,
     http_json,
@@ -87,17 +90,25 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None) ->
                      timeout=120, interval=0.2)
             tls_args = ["--ca", str(ca)]
             for scheme, url in urls.items():
+                cpu = cpu_seconds(agent.pid)
                 out = get_load(url, connections=32, seconds=seconds,
                                log=work / f"get-{scheme}.log",
                                extra=tls_args if scheme == "https" else ())
                 results.set(f"registry_tls_get_keepalive_per_s_{scheme}", out["per_s"])
                 results.set(f"registry_tls_get_keepalive_p50_ms_{scheme}", out["p50_ms"])
+                results.set(f"registry_tls_get_keepalive_cpu_ms_{scheme}",
+                            (cpu_seconds(agent.pid) - cpu) * 1000 / max(1, out["requests"]))
             for scheme, url in urls.items():
+                cpu = cpu_seconds(agent.pid)
                 out = get_load(url, connections=16, seconds=seconds,
                                log=work / f"newconn-{scheme}.log", what="new-connection GETs",
                                extra=["--new-conn", *(tls_args if scheme == "https" else ())])
                 results.set(f"registry_tls_get_newconn_per_s_{scheme}", out["per_s"])
                 results.set(f"registry_tls_get_newconn_p50_ms_{scheme}", out["p50_ms"])
+                # the agent's own CPU per request: what the handshake costs, whatever
+                # else the machine runs
+                results.set(f"registry_tls_get_newconn_cpu_ms_{scheme}",
+                            (cpu_seconds(agent.pid) - cpu) * 1000 / max(1, out["requests"]))
             _longpolls(results, api, token, urls, tls_args, polls, port, work)
             if quick:
                 results.note("registry-tls", f"quick: {polls} long-polls per listener")
