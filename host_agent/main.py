@@ -317,10 +317,10 @@ class HostAgent:
         self.address = (addr[0], addr[1])
         server = _Server(self._server_config(s.listen_host, sock, app), self.state)
         log.info(
-            "imex-host-agent serving %s; watching %s%s",
-            (f"HTTP on {addr[0]}:{addr[1]}" if sock is not None else "no plain HTTP")
-            + (f", HTTPS on {self.tls.address[0]}:{self.tls.address[1]}"
-               if self.tls is not None else ""),
+            "imex-host-agent serving on %s; watching %s%s",  # the line as 0.1 wrote it
+            (f"{addr[0]}:{addr[1]}" if sock is not None else "HTTPS only")
+            + (f" (HTTPS on {self.tls.address[0]}:{self.tls.address[1]} once its "
+               "certificate is in)" if self.tls is not None else ""),
             ", ".join(s.namespaces) if s.namespaces else "all namespaces",
             f" (sidecar scope: VMI {s.vmi})" if s.vmi else "",
         )

@@ -53,7 +53,6 @@ SPEC_FIELDS: Final[dict[str, dict[str, Any]]] = {
     },
     "registryTLS": {
         "kind": "string",
-        "default": "Optional",
         "enum": ["Optional", "Required"],
     },
 }

@@ -156,8 +156,9 @@ SPEC: Final = Field(
         Field("registryTLS", "string",
               "Required: the registry refuses this ensemble's token over plain HTTP (status "
               "reports, certificate requests, long-polls with a token); its guests must use "
-              "the registry's https:// URL and pin registryCASHA256. Optional: both.",
-              default="Optional", enum=REGISTRY_TLS_MODES),
+              "the registry's https:// URL and pin registryCASHA256. Optional (or absent): "
+              "both.",
+              enum=REGISTRY_TLS_MODES),
     ),
 )
 

@@ -162,7 +162,7 @@ def parse_ensemble_cr(cr: Mapping[str, Any]) -> CrParse:
         auth = spec.get("authEncryption", _default("authEncryption"))
         if not isinstance(auth, bool):
             raise ValueError(f"spec.authEncryption={auth!r} is not true or false")
-        registry_tls = spec.get("registryTLS", _default("registryTLS"))
+        registry_tls = spec.get("registryTLS") or "Optional"  # absent: Optional
         if registry_tls not in ("Optional", "Required"):
             raise ValueError(f"spec.registryTLS={registry_tls!r} is not Optional or Required")
     except ValueError as exc:
