@@ -1,7 +1,10 @@
 """Logging setup: readable lines for people, one JSON object per line for machines.
 
 Call sites log with ``extra={"ensemble": "ns/name", ...}``; both formats show
-those fields, so a problem can be grepped by ensemble or VMI either way.
+those fields, so a problem can be grepped by ensemble or VMI either way. At INFO a
+line is an event a person would want (a member joined, left or moved; a slice was
+written; leadership changed; a refused report; an error); per-request and periodic
+lines are DEBUG, so an idle leader writes no INFO line at all.
 """
 
 from __future__ import annotations
@@ -35,4 +38,9 @@ def setup_logging(level: str, json_logs: bool, stream: TextIO | None = None) -> 
     handler._imex_host_agent = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # the HTTP client logs every API request at INFO (an idle leader's Lease GET and PUT
+    # every 2 s): that is DEBUG here, so INFO holds only events a person wants
+    quiet = logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
+    for name in ("httpx2", "httpx", "httpcore"):
+        logging.getLogger(name).setLevel(quiet)
     return handler

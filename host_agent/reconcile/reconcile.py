@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from host_agent.ensembles.service_spec import ENSEMBLE_LABEL
@@ -63,3 +64,34 @@ def new_stores() -> tuple[Store, Store, Store]:
 def managed_slice_labels() -> dict[str, str]:
     """The label selector of the slice informer: only slices we manage."""
     return {MANAGED_BY_LABEL: MANAGED_BY}
+
+
+@dataclass(frozen=True, slots=True)
+class MemberChange:
+    """One slot whose published address changed between two snapshots."""
+
+    slot: int
+    vmi: str | None
+    old_ip: str | None
+    new_ip: str | None
+
+    def text(self) -> str:
+        who = f"slot {self.slot}" + (f" ({self.vmi})" if self.vmi else "")
+        if self.old_ip is None:
+            return f"{who} joined at {self.new_ip}"
+        if self.new_ip is None:
+            return f"{who} left (was at {self.old_ip})"
+        return f"{who} moved from {self.old_ip} to {self.new_ip}"
+
+
+def member_changes(before: Mapping[int, tuple[str | None, str]],
+                   after: Mapping[int, tuple[str | None, str]]) -> list[MemberChange]:
+    """Slot by slot, what changed between two published member maps (slot -> (vmi, ip))."""
+    out = []
+    for slot in sorted(set(before) | set(after)):
+        old, new = before.get(slot), after.get(slot)
+        if old is not None and new is not None and old[1] == new[1]:
+            continue
+        vmi = (new or old or (None, ""))[0]
+        out.append(MemberChange(slot, vmi, old[1] if old else None, new[1] if new else None))
+    return out

@@ -51,7 +51,7 @@ from host_agent.kube.objects import Key, Obj, object_key
 from host_agent.metrics import HostMetrics
 from host_agent.persist.pair_io import Pairs
 from host_agent.persist.reports import report_applies
-from host_agent.reconcile.reconcile import slice_ensemble, vmi_ensemble
+from host_agent.reconcile.reconcile import member_changes, slice_ensemble, vmi_ensemble
 from host_agent.reconcile.spec_io import Specs
 from host_agent.settings import HostSettings
 from host_agent.state.snapshot import CaPublished, EnsembleSnapshot, EnsembleSpec, GuestReport
@@ -322,6 +322,7 @@ class Reconciler:
         all_problems = [*problems, *ca_problems, *derived.problems]
         by_name = {vmi_name(v): v for v in vmis}
         addresses = {m.index: vmi_addresses(by_name[m.vmi]) for m in members if m.vmi in by_name}
+        before = self._state.get(spec.ens)
         if self._pairs is not None:
             pair = await self._pairs.settle(key, spec, members, addresses, ca, all_problems,
                                             derived.absent)
@@ -337,12 +338,7 @@ class Reconciler:
         if self._persisted_reports is not None:
             snap = self._adopt_reports(snap)
         if changed:
-            log.info(
-                "%s: %d members published, generation %d",
-                ident, len(snap.members), snap.generation,
-                extra={"ensemble": ident, "members": len(snap.members),
-                       "generation": snap.generation},
-            )
+            self._log_changes(ident, before, snap)
         self._report_problems(key, all_problems)
         self._metrics.set_ensemble(namespace, name, len(snap.members), len(all_problems))
         if not self._gate.may_write():
@@ -353,6 +349,24 @@ class Reconciler:
             self._metrics.applies.labels(op).inc()
             log.info("%s: %s EndpointSlice %s", ident, "applied" if op == "apply" else "deleted",
                      slice_name, extra={"ensemble": ident})
+
+    def _log_changes(self, ident: str, before: EnsembleSnapshot | None,
+                     snap: EnsembleSnapshot) -> None:
+        """One INFO line per slot that joined, left or moved. An ensemble this process
+        first learns while its caches are still being reconciled (a start or a
+        restart) is one DEBUG line: the INFO line is the whole "initial reconcile"."""
+        log.debug("%s: %d members published, generation %d", ident, len(snap.members),
+                  snap.generation, extra={"ensemble": ident, "members": len(snap.members),
+                                          "generation": snap.generation})
+        if before is None and not self._state.synced:
+            return
+        old = {p.index: (p.member.vmi, p.member.ip) for p in before.members} \
+            if before is not None else {}
+        new = {p.index: (p.member.vmi, p.member.ip) for p in snap.members}
+        for change in member_changes(old, new):
+            log.info("%s: %s, generation %d", ident, change.text(), snap.generation,
+                     extra={"ensemble": ident, "slot": change.slot, "old_ip": change.old_ip,
+                            "new_ip": change.new_ip, "generation": snap.generation})
 
     async def _reconcile_ca(self, key: Key, spec: EnsembleSpec
                             ) -> tuple[list[str], CaPublished | None]:

@@ -316,3 +316,16 @@ async def test_a_cas_pending_recheck_never_holds_back_an_event() -> None:
     finally:
         await cancel(task)
     assert rec._ca_rechecks == {}  # stopping cancelled the re-check
+
+
+def test_member_changes_name_each_slot_that_joined_left_or_moved() -> None:
+    from host_agent.reconcile.reconcile import member_changes
+
+    before = {0: ("gb200-0", "10.0.0.1"), 1: ("gb200-1", "10.0.0.2"), 2: ("gb200-2", "10.0.0.3")}
+    after = {0: ("gb200-0", "10.0.0.1"), 1: ("gb200-1", "10.0.0.9"), 3: ("gb200-3", "10.0.0.4")}
+    assert [c.text() for c in member_changes(before, after)] == [
+        "slot 1 (gb200-1) moved from 10.0.0.2 to 10.0.0.9",
+        "slot 2 (gb200-2) left (was at 10.0.0.3)",
+        "slot 3 (gb200-3) joined at 10.0.0.4",
+    ]
+    assert member_changes(after, after) == []
