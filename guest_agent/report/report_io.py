@@ -12,8 +12,9 @@ Concurrency and failure rules:
 - 401/403/404/422 are not retried (a wrong token or address will not fix
   itself by repetition); each distinct refusal is logged once (then at debug level)
   and recorded as ``last_error``. The next report tries again.
-- Version skew (docs/install.md "Upgrades"): before its first report the reporter asks
-  the host agent's ``GET /version`` and says once what it makes of it
+- Version skew (docs/install.md "Upgrades"): after its first delivered report (never
+  in the way of one) the reporter asks the host agent's ``GET /version``, at most once
+  a minute until it answers, and says once what it makes of it
   (``imex_shared.version.host_verdict``; a 404 is a 0.1 host agent). A field an older
   registry refuses as unknown (its 422 says "Extra inputs are not permitted") is left
   out and the report sent again at once; the field is tried again after
@@ -187,7 +188,7 @@ class Reporter:
         assert self.settings.registry_url is not None and self.trust is not None
         try:
             resp = await http.request(
-                "GET", f"{self.settings.registry_url}/version", read_timeout=10.0,
+                "GET", f"{self.settings.registry_url}/version", read_timeout=5.0,
                 connect_timeout=min(5.0, self.settings.dns_timeout * 2),
                 ssl_context=await self.trust.context(), max_body=4096)
         except http.HttpError as exc:
@@ -255,9 +256,6 @@ class Reporter:
 
     async def send(self, report: Report) -> None:
         """One PUT (raises http.HttpError / ReportError); remembers what was accepted."""
-        if self.host is None and self.clock() - self._host_asked_at >= 60.0:
-            self._host_asked_at = self.clock()
-            await self.check_host()
         sent_at = self.clock()
         try:
             resp, key = await self._put(report)
@@ -319,3 +317,8 @@ class Reporter:
             self._sent = report
             self.delivered += 1
             log.debug("status report delivered", extra={"index": report.index})
+            if self.host is None and self.clock() - self._host_asked_at >= 60.0:
+                # after a delivered report, never before one: a slow /version must not
+                # hold up what the registry needs first
+                self._host_asked_at = self.clock()
+                await self.check_host()
