@@ -49,8 +49,8 @@ class _Said:
     def __init__(self) -> None:
         self.last: str | None = None
 
-    def problem(self, message: str) -> None:
-        log.log(logging.DEBUG if message == self.last else logging.ERROR, "%s", message)
+    def problem(self, message: str, level: int = logging.ERROR) -> None:
+        log.log(logging.DEBUG if message == self.last else level, "%s", message)
         self.last = message
 
     def ok(self) -> None:
@@ -89,7 +89,7 @@ class SelfIssuedSource:
         if obj is None:
             if not self.gate.may_write():
                 self._said.problem(f"registry TLS: {self.where} does not exist yet; the "
-                                   "leader creates it (HTTPS waits for it)")
+                                   "leader creates it (HTTPS waits for it)", logging.INFO)
                 return min(self.recheck, 2.0)
             tls = rt.first(self.namespace, self.names, now, self.lifetime)
             self.gate.ensure()

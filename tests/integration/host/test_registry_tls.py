@@ -202,3 +202,24 @@ async def test_cert_files_are_re_read_when_they_change(
     assert agent.agent.tls.rotations == 1
     seen = await http.request("GET", f"{https_url(agent)}/version", ssl_context=ctx)
     assert seen.server_cert is not None and seen.server_cert["sha256"] == second
+
+
+async def test_replicas_serve_the_one_registry_ca_the_leader_keeps(
+        api: KubeApiHandle, start_agent: AgentFactory) -> None:
+    """Two electing replicas: one Secret, created once (by the leader); both serve a
+    certificate from the same registry CA, so a guest's pin fits whichever answers."""
+    setup(api)
+    elect = {"leader_elect": True, "leader_elect_lease_duration": 3.0,
+             "leader_elect_renew_deadline": 2.0, "leader_elect_retry_period": 0.5}
+    agents = [await start_agent(identity=f"r{i}", **elect, **tls_settings()) for i in range(2)]
+    for a in agents:
+        await eventually(lambda a=a: a.agent.tls is not None and a.agent.tls.loaded.is_set(),
+                         timeout=30, what="HTTPS served by every replica")
+    ca_sha = secret_ca_sha256(api)
+    assert ca_sha is not None
+    assert {a.agent.tls.ca_sha256() for a in agents} == {ca_sha}  # type: ignore[union-attr]
+    assert api.writes("secrets") == 1  # created once, by the leader
+    for a in agents:
+        ctx = await RegistryTrust(https_url(a), ca_sha).context()
+        answer = await http.request("GET", f"{https_url(a)}/version", ssl_context=ctx)
+        assert answer.status == 200
