@@ -144,7 +144,7 @@ def _driver(s: Settings, f: Facts) -> Check:
     if version is None:
         return _check(name, "WARN", f"unrecognised driver version {shown(text)}; cannot "
                       "check it against the mode")
-    v = ".".join(map(str, version))
+    v = text.strip()  # checked by parse_version: digits and dots only
     if s.mode == "names" and version < NAMES_FLOOR:
         return _check(name, "FAIL", f"driver {v} cannot read host names in nodes_config "
                       "(needs 570.158.01 or later): upgrade the driver, or use mode = \"ips\"")
