@@ -213,6 +213,8 @@ async def test_docs_and_openapi(registry: Running) -> None:
         "imex_domain",
         "fabric",
         "imex_channel0",
+        "imex_channels",
+        "preflight",
     }
     assert "$ref" not in json.dumps(body)  # inlined: a #/$defs reference would point nowhere
     assert {"401", "403", "404", "413", "422"} <= set(status["responses"])

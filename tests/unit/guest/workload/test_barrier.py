@@ -20,8 +20,10 @@ A = "0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10.1"
 B = "0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10.2"
 
 
-def registry_doc(n: int, *, cliques: dict[int, str] | None = None, not_ready: set[int] = set(),
-                 missing: set[tuple[int, int]] = set(), silent: set[int] = set()) -> dict:
+def registry_doc(n: int, *, cliques: dict[int, str] | None = None,
+                 not_ready: frozenset[int] = frozenset(),
+                 missing: frozenset[tuple[int, int]] = frozenset(),
+                 silent: frozenset[int] = frozenset()) -> dict[str, object]:
     cliques = cliques or {}
     return {
         "status": "UP",
@@ -46,18 +48,19 @@ def test_a_vm_that_sees_only_itself_is_not_a_domain() -> None:
 
 
 def test_what_is_missing_names_members_and_links() -> None:
-    v = judge_domain(from_registry(registry_doc(3, not_ready={2}, missing={(0, 1)}), 0, None), 3)
+    doc = registry_doc(3, not_ready=frozenset({2}), missing=frozenset({(0, 1)}))
+    v = judge_domain(from_registry(doc, 0, None), 3)
     assert not v.ready
     assert v.missing == ("not READY: member 2 (WAITING_FOR_PEERS)",
                          "links not CONNECTED: 0->1 (DISCONNECTED)")
     # a silent member's last state does not count
-    v = judge_domain(from_registry(registry_doc(2, silent={1}), 0, None), 2)
+    v = judge_domain(from_registry(registry_doc(2, silent=frozenset({1})), 0, None), 2)
     assert v.missing == ("not READY: member 1 (no report)",)
 
 
 def test_only_the_own_clique_counts() -> None:
-    doc = registry_doc(4, cliques={0: A, 1: A, 2: B, 3: B}, not_ready={3},
-                       missing={(2, 3), (0, 2)})
+    doc = registry_doc(4, cliques={0: A, 1: A, 2: B, 3: B}, not_ready=frozenset({3}),
+                       missing=frozenset({(2, 3), (0, 2)}))
     assert judge_domain(from_registry(doc, 0, A), 4).ready
     v = judge_domain(from_registry(doc, 2, B), 4)
     assert v.missing == ("not READY: member 3 (WAITING_FOR_PEERS)",
