@@ -98,6 +98,8 @@ class Options:
     #: IMEX mutual TLS (issue 19): the config keys, and the CA fingerprint guests pin.
     auth_encryption: bool = False
     ca_sha256: str | None = None
+    #: modprobe.d: NVreg_CreateImexChannel0=1 (channel 0 only, at the next module load)
+    imex_channel0_module_param: bool = False
 
     @property
     def ens(self) -> EnsembleId:
