@@ -55,7 +55,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -299,6 +299,8 @@ class Vm:
         self.dir = sandbox.workdir / "vms" / f"{spec.namespace}.{vmi}"
         self.agent: subprocess.Popen[bytes] | None = None
         self.boots = 0
+        #: the agent's imex_channels (none by default: see write_config)
+        self.channels: list[int] = []
 
     # ---- paths and views
     @property
@@ -401,7 +403,9 @@ class Vm:
                              "--state-file", str(self.imex_state_file)],
             "imex_ctl": [STANDIN_CTL, "-c", str(self.imex_cfg)],
             "nvidia_smi": [STANDIN_SMI, "--fabric-file", str(self.dir / "fabric.json")],
-            "imex_channel_device": str(self.dir / "channel0"),
+            # IMEX channel nodes: none, unless a test asks (tests/e2e/test_barrier.py, in a
+            # private mount namespace): the host's /dev is never touched
+            "imex_channels": list(self.channels),
             "report_interval": s.report_interval,
             "poll_interval": s.poll_interval,
             "signal_interval": s.signal_interval,
@@ -418,8 +422,10 @@ class Vm:
         cfg.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
         return cfg
 
-    def start(self) -> None:
-        """Boot: start the guest agent inside the namespace (it starts IMEX itself)."""
+    def start(self, wrap: Sequence[str] = ()) -> None:
+        """Boot: start the guest agent inside the namespace (it starts IMEX itself).
+        ``wrap``: a command the agent's argv is appended to, inside the namespace (the
+        channel test's private mount namespace)."""
         if self.running():
             return
         cfg = self.write_config()
@@ -429,7 +435,8 @@ class Vm:
                        .encode())
             logf.flush()
             self.agent = subprocess.Popen(
-                self.node.argv([self.sandbox.settings.guest_python, "-m", "guest_agent.cli",
+                self.node.argv([*wrap, self.sandbox.settings.guest_python, "-m",
+                                "guest_agent.cli",
                                 "run", "--config", str(cfg), "--json"]),
                 stdout=logf, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO_ROOT,
                 preexec_fn=_pdeathsig)

@@ -291,7 +291,8 @@ def test_setup_is_committed_between_two_syncs_before_anything_starts(install: st
     commit = next(i for i, x in enumerate(joined) if x.startswith("sync; touch "))
     # every install and enable step before it, every (re)start after it
     assert joined.index("systemctl daemon-reload") < commit
-    assert joined.index("systemctl enable imex-guest-agent.service imex-domain-ready.service") < commit
+    enable = "systemctl enable imex-guest-agent.service imex-domain-ready.service"
+    assert joined.index(enable) < commit
     assert all("restart" not in x for x in joined[:commit])
     assert joined[commit + 1] == "systemctl restart imex-guest-agent.service"
 
