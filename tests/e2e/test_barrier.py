@@ -30,6 +30,7 @@ import pytest
 
 from tests.e2e.domain_support import block_dials, domain, unblock_dials
 from tests.sandbox.ensemble import (
+    RACK_CLUSTER_UUID,
     REPO_ROOT,
     EnsembleSpec,
     Sandbox,
@@ -51,6 +52,7 @@ WAIT_RETURN_MS: list[float] = []
 @dataclass
 class Trio:
     sbx: Sandbox
+    ctl: VirtController
     spec: EnsembleSpec
     pool: Pool
 
@@ -70,10 +72,10 @@ def trio() -> Iterator[Trio]:
         tag = sbx.fabric.tag
         ctl = VirtController(sbx)
         try:
-            spec = ctl.create_ensemble("rack-w", "trio", max_members=N)
+            spec = ctl.create_ensemble("rack-w", "trio", max_members=N, form="cr")
             pool = ctl.pool(spec)
             pool.scale(N - 1)
-            yield Trio(sbx, spec, pool)
+            yield Trio(sbx, ctl, spec, pool)
         finally:
             ctl.close()
     finally:
@@ -170,6 +172,58 @@ def test_without_imex_wait_does_not_apply(trio: Trio, tmp_path: Path) -> None:
                           env=child_env(), cwd=REPO_ROOT, timeout=60)
     assert done.returncode == 4, done.stderr
     assert "IMEX is not installed" in done.stderr
+
+
+def conditions(trio: Trio, spec: EnsembleSpec) -> dict[str, dict[str, str]]:
+    status = trio.ctl.get_ensemble(spec).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions") or ()}
+
+
+def test_guest_checks_and_a_shared_clique_with_the_real_host_agent(trio: Trio) -> None:
+    """The condition, the metric and the page column from the guests' own preflight; then
+    an ensemble in another namespace whose member reports the same clique: CliqueShared
+    on both (informational), an Event, and gone when it moves."""
+    sbx, spec = trio.sbx, trio.spec
+    until("GuestChecks judged", lambda: conditions(trio, spec).get(
+        "GuestChecks", {}).get("status") in ("True", "False"), 60, 0.5)
+    checks = conditions(trio, spec)["GuestChecks"]
+    # the sandbox has no /etc/nvidia-imex/config.cfg: the guests say so
+    assert (checks["status"], checks["reason"]) == ("False", "ImexConfigFailed"), checks
+    assert "imex_config FAIL on members 0, 1, 2" in checks["message"]
+    _, metrics = sbx.registry_get("/metrics")
+    assert ('imex_ensemble_guest_checks{check="imex_config",ensemble="trio",'
+            'namespace="rack-w",result="FAIL"} 3.0') in metrics.decode()
+    _, page = sbx.registry_get("/ui/ensembles/rack-w/trio")
+    assert "<th>checks</th>" in page.decode() and "FAIL: imex_config" in page.decode()
+
+    degraded = conditions(trio, spec)["Degraded"]["status"]
+    restarts = {vm.index: vm.status()["restarts"] for vm in trio.sbx.vms_of(spec)}
+    other = trio.ctl.create_ensemble("rack-x", "solo", max_members=1, form="cr")
+    pool = trio.ctl.pool(other)
+    pool.scale(1)
+    until("CliqueShared on both", lambda: all(
+        conditions(trio, s).get("CliqueShared", {}).get("status") == "True"
+        for s in (spec, other)), 60, 0.5)
+    shared = conditions(trio, spec)["CliqueShared"]
+    assert "an ensemble in another namespace" in shared["message"]
+    assert "solo" not in shared["message"] and "rack-x" not in shared["message"]
+    assert conditions(trio, spec)["Degraded"]["status"] == degraded
+    until("the CliqueShared Event", lambda: "CliqueShared" in
+          [e["reason"] for e in trio.ctl.events(spec)], 30, 0.5)
+    problems = sbx.registry_json(spec, strict=True)["problems"]
+    assert any(p.startswith(f"NVLink clique {RACK_CLUSTER_UUID}.1") for p in problems)
+    # the other one moves to another clique: both lose it
+    vm = sbx.vm(other, pool.vmi_name(0))
+    vm.stop()
+    sbx.fabrics[(other.namespace, vm.vmi)] = {"cluster_uuid": RACK_CLUSTER_UUID,
+                                              "clique_id": 2}
+    vm.start()
+    until("CliqueShared gone", lambda: all(
+        conditions(trio, s).get("CliqueShared", {}).get("status") == "False"
+        for s in (spec, other)), 60, 0.5)
+    assert conditions(trio, spec)["Degraded"]["status"] == degraded
+    assert {vm.index: vm.status()["restarts"] for vm in trio.sbx.vms_of(spec)} == restarts
+    pool.scale(0)
 
 
 def test_a_removed_channel_node_is_back_within_one_poll(trio: Trio) -> None:
