@@ -362,10 +362,11 @@ class Agent:
     # -- preflight
 
     async def _preflight(self) -> None:
-        """The checks at start (after the first apply) and every 10 minutes."""
+        """The checks after the first apply (or 30 s without one) and every 10 minutes."""
         from guest_agent.workload.preflight_io import preflight_loop
 
-        await self.first_apply.wait()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.first_apply.wait(), 30.0)
         await preflight_loop(self.settings, self._preflight_facts, self._on_preflight)
 
     def _preflight_facts(self) -> dict[str, Any]:

@@ -9,9 +9,9 @@ ensemble's Service name. The commands and the network questions run concurrently
 pass takes about as long as its slowest part (bounded by the deadlines). Nothing here
 raises for what it finds: a failure is a fact the checks judge.
 
-The daemon runs :func:`run_preflight` at start and every ``PREFLIGHT_EVERY`` seconds
-(the agent's preflight task) and reports the result; the command runs it once and
-prints it.
+The daemon runs :func:`run_preflight` at start (after its first apply, or 30 s without
+one, spread over ``START_SPREAD`` seconds) and every ``PREFLIGHT_EVERY`` seconds (the
+agent's preflight task) and reports the result; the command runs it once and prints it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import shutil
 import sys
 import time
@@ -45,6 +46,8 @@ log = logging.getLogger("guest_agent.preflight")  # logger name pinned
 
 #: the daemon re-runs the checks this often (seconds)
 PREFLIGHT_EVERY: Final = 600.0
+#: the daemon's first run starts up to this long after it could (seconds)
+START_SPREAD: Final = 5.0
 COMMAND_TIMEOUT: Final = 10.0
 FILE_MAX: Final = 64 * 1024
 RESERVED_PORTS: Final = "/proc/sys/net/ipv4/ip_local_reserved_ports"
@@ -208,6 +211,8 @@ async def preflight_loop(settings: Settings, facts: Callable[[], dict[str, Any]]
                          on_checks: Callable[[list[dict[str, str]]], None]) -> None:
     """The daemon's task: the checks now and every ``PREFLIGHT_EVERY`` seconds; each
     result that is not PASS is logged when it is news."""
+    # a boot storm's guests do not all start their commands in the same second
+    await asyncio.sleep(random.uniform(0.0, START_SPREAD))
     last: list[dict[str, str]] = []
     while True:
         checks = await run_preflight(settings, **facts())
