@@ -78,6 +78,8 @@ def agent_config(opts: Options) -> dict[str, object]:
     if opts.cluster_domain is not None:
         raw["cluster_domain"] = opts.cluster_domain
     raw["max_members"] = opts.max_members
+    if opts.expected_members is not None:
+        raw["expected_members"] = opts.expected_members
     raw["port"] = opts.imex_port
     raw["mode"] = opts.mode
     raw["own_slot"] = opts.own_slot

@@ -266,6 +266,14 @@ def test_imex_channel0_module_param_writes_modprobe_d() -> None:
         "options nvidia NVreg_CreateImexChannel0=1"
 
 
+def test_expected_members_reaches_the_agent_config() -> None:
+    s = settings_from_mapping(tomllib.loads(guest_files.render_agent_config(
+        opts(max_members=4, expected_members=3))))
+    assert s.members_expected == 3
+    with pytest.raises(opt.CloudInitError, match="expected_members: 5 is more than"):
+        guest_files.render_agent_config(opts(max_members=4, expected_members=5))
+
+
 def test_no_restart_imex() -> None:
     script = setup_script.render_setup_script(opts(restart_imex=False), UNIT)
     assert "nvidia-imex" not in script
