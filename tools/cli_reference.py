@@ -200,7 +200,8 @@ def _allowed(check: Callable[..., Any]) -> str:
              "_path": "an absolute path", "_argv": "a non-empty list of strings",
              "_bool": "`true`, `false`", "_sha256": "64 hex digits",
              "_nameservers": 'a list of `"IP"`, `"IP:PORT"`, `"[IPv6]:PORT"`',
-             "_str": "a non-empty string"}
+             "_str": "a non-empty string", "_channels": "a list of channel numbers, 0 to 2047",
+             "_mode": 'an octal mode string, e.g. `"0660"`', "_group": "a group name"}
     return named.get(qual.split(".")[0], "")
 
 
@@ -225,7 +226,7 @@ def render_keys() -> str:
     lines = [BEGIN, "", "| key | type | default | takes | what |",
              "| --- | --- | --- | --- | --- |"]
     for f in dataclasses.fields(config.Settings):
-        if f.name == "source":
+        if f.name not in config._CHECKS:  # not a key: where it came from, its warnings
             continue
         if f.default is dataclasses.MISSING:
             default = "required"
