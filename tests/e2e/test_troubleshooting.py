@@ -24,9 +24,11 @@ from tests.e2e.domain_support import block_dials, unblock_dials
 from tests.sandbox.demo_views import new_events
 from tests.sandbox.ensemble import (
     RACK_CLUSTER_UUID,
+    STANDIN_IMEX,
     EnsembleSpec,
     Sandbox,
     SandboxSettings,
+    Vm,
     wait_for,
 )
 from tests.sandbox.virt_controller import (
@@ -165,6 +167,25 @@ def _scenarios(r: Rig) -> list[tuple[str, Callable[[], None], Callable[[], None]
             r.pool.restore(2)
         return do
 
+    def imex_stuck(stuck: bool) -> Callable[[], None]:
+        """VM 2 boots again with an IMEX that never leaves WAITING_FOR_PEERS (the
+        stand-in's --stuck-state) and a ready_grace of 2 s, so its agent restarts IMEX
+        every 2 s; or boots again as the others."""
+        def do() -> None:
+            vm = vms[2]
+            where = (r.spec.namespace, vm.vmi)
+            if stuck:
+                r.sbx.guest_config[where] = {
+                    "ready_grace": 2.0,
+                    "imex_command": [STANDIN_IMEX, "-c", str(vm.imex_cfg), "--state-file",
+                                     str(vm.imex_state_file), "--stuck-state",
+                                     "WAITING_FOR_PEERS"]}
+            else:
+                r.sbx.guest_config.pop(where, None)
+            r.pool.crash(2)
+            r.pool.restore(2)
+        return do
+
     agent = vms[0].agent
     assert agent is not None
     return [
@@ -177,6 +198,7 @@ def _scenarios(r: Rig) -> list[tuple[str, Callable[[], None], Callable[[], None]
         ("clique-split", other_clique(True), other_clique(False)),
         ("registry-unreachable", lambda: r.sbx.block_registry(True),
          lambda: r.sbx.block_registry(False)),
+        ("imex-restart-loop", imex_stuck(True), imex_stuck(False)),
     ]
 
 
@@ -188,7 +210,13 @@ WANT: dict[str, tuple[dict[str, str | tuple[str, str]], tuple[str, ...]]] = {
     "links-missing": ({"DomainUp": "LinksMissing"}, ()),
     "clique-split": ({"Degraded": ("Problem", "NVLink cliques")}, ()),
     "registry-unreachable": ({"Ready": ("GuestSilent", "slots 0, 1, 2")}, ()),
+    "imex-restart-loop": ({"Ready": ("GuestNotReady", "slot 2: IMEX WAITING_FOR_PEERS")},
+                          ()),
 }
+
+
+def restarted_twice(vm: Vm) -> Callable[[], bool]:
+    return lambda: int(vm.status().get("restarts", 0)) >= 2
 
 
 def test_the_doc_shows_what_the_agent_writes(rig: Rig) -> None:
@@ -198,6 +226,9 @@ def test_the_doc_shows_what_the_agent_writes(rig: Rig) -> None:
         do()
         try:
             rig.observe(key, *WANT[key])
+            if key == "imex-restart-loop":  # a loop, not one slow start
+                wait_for("IMEX restarted twice",
+                         restarted_twice(rig.sbx.vm(rig.spec, rig.pool.vmi_name(2))), 30, 0.3)
         finally:
             undo()
         print(f"{key}: observed in {time.monotonic() - t0:.1f} s")
