@@ -10,6 +10,7 @@ variable parts aside (addresses, generations). ``IMEX_PRINT_OBSERVED=1`` prints 
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
@@ -19,10 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Secret
 
 from tests.e2e.domain_support import block_dials, unblock_dials
 from tests.sandbox.demo_views import new_events
 from tests.sandbox.ensemble import (
+    AGENT_NAMESPACE,
     RACK_CLUSTER_UUID,
     STANDIN_IMEX,
     EnsembleSpec,
@@ -33,6 +37,7 @@ from tests.sandbox.ensemble import (
 )
 from tests.sandbox.virt_controller import (
     VMI,
+    ImexEnsemble,
     Pool,
     VirtController,
     running_status,
@@ -77,12 +82,15 @@ class Rig:
         self.sbx, self.ctl, self.spec, self.pool = sbx, ctl, spec, pool
         self.seen: set[str] = set()
         self.observed: dict[str, str] = {}
+        #: the ensemble a symptom shows on (another one for the CA's)
+        self.target = spec
 
     def status(self) -> dict[str, Any]:
-        return self.ctl.get_ensemble(self.spec).get("status") or {}
+        return self.ctl.get_ensemble(self.target).get("status") or {}
 
     def healthy(self, timeout: float = 60.0) -> None:
         """Every guest converged, and the CR says so at the registry's generation."""
+        self.target = self.spec
         with self.sbx.diagnostics_on_failure():
             self.sbx.wait_converged(self.spec, timeout)
             gen = self.sbx.registry_json(self.spec)["generation"]
@@ -102,7 +110,7 @@ class Rig:
         fresh: list[dict[str, Any]] = []
 
         def probe() -> dict[str, Any] | None:
-            fresh.extend(new_events(self.ctl.events(self.spec), self.seen))
+            fresh.extend(new_events(self.ctl.events(self.target), self.seen))
             st = self.status()
             conds = {c["type"]: c for c in st.get("conditions") or ()}
             have = {e["reason"] for e in fresh}
@@ -186,6 +194,23 @@ def _scenarios(r: Rig) -> list[tuple[str, Callable[[], None], Callable[[], None]
             r.pool.restore(2)
         return do
 
+    ca_secret = "imex-ca-gpu-jobs.gb300"
+
+    def ca_edited() -> None:
+        """A second ensemble with authEncryption; once the agent made its CA Secret, a
+        hand edits the certificate in it."""
+        r.target = r.ctl.create_ensemble("gpu-jobs", "gb300", max_members=2,
+                                         auth_encryption=True, form="cr")
+        secret = wait_for("the CA Secret", lambda: _get_secret(r, ca_secret), 30, 0.2)
+        assert secret.data is not None
+        secret.data["ca.crt"] = base64.b64encode(b"edited by hand").decode()
+        r.ctl.client.replace(secret)
+
+    def ca_removed() -> None:
+        r.target = r.spec
+        r.ctl.client.delete(ImexEnsemble, "gb300", namespace="gpu-jobs")
+        r.ctl.client.delete(Secret, ca_secret, namespace=AGENT_NAMESPACE)
+
     agent = vms[0].agent
     assert agent is not None
     return [
@@ -199,6 +224,7 @@ def _scenarios(r: Rig) -> list[tuple[str, Callable[[], None], Callable[[], None]
         ("registry-unreachable", lambda: r.sbx.block_registry(True),
          lambda: r.sbx.block_registry(False)),
         ("imex-restart-loop", imex_stuck(True), imex_stuck(False)),
+        ("ca-secret-invalid", ca_edited, ca_removed),
     ]
 
 
@@ -212,7 +238,17 @@ WANT: dict[str, tuple[dict[str, str | tuple[str, str]], tuple[str, ...]]] = {
     "registry-unreachable": ({"Ready": ("GuestSilent", "slots 0, 1, 2")}, ()),
     "imex-restart-loop": ({"Ready": ("GuestNotReady", "slot 2: IMEX WAITING_FOR_PEERS")},
                           ()),
+    "ca-secret-invalid": ({"Degraded": "CASecretInvalid"}, ()),
 }
+
+
+def _get_secret(r: Rig, name: str) -> Secret | None:
+    try:
+        return r.ctl.client.get(Secret, name, namespace=AGENT_NAMESPACE)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
 
 
 def restarted_twice(vm: Vm) -> Callable[[], bool]:
@@ -225,7 +261,7 @@ def test_the_doc_shows_what_the_agent_writes(rig: Rig) -> None:
         t0 = time.monotonic()
         do()
         try:
-            rig.observe(key, *WANT[key])
+            rig.observe(key, *WANT[key], timeout=90 if key == "ca-secret-invalid" else 45)
             if key == "imex-restart-loop":  # a loop, not one slow start
                 wait_for("IMEX restarted twice",
                          restarted_twice(rig.sbx.vm(rig.spec, rig.pool.vmi_name(2))), 30, 0.3)
