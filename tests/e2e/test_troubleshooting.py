@@ -273,6 +273,6 @@ def test_the_doc_shows_what_the_agent_writes(rig: Rig) -> None:
         for key, text in rig.observed.items():
             print(f"\n<!-- observed: {key} -->\n```text\n{text}```")
     doc = documented()
-    assert set(doc) >= set(rig.observed), f"not in {DOC.name}: {set(rig.observed) - set(doc)}"
+    assert set(doc) == set(rig.observed) == set(WANT), (set(doc), set(rig.observed))
     for key, text in rig.observed.items():
         assert normalize(doc[key]) == normalize(text), f"{DOC.name} {key}:\n{text}"
