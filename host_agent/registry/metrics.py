@@ -5,6 +5,11 @@ from __future__ import annotations
 import prometheus_client
 from prometheus_client import Counter, Gauge
 
+#: auth.py's refusals: 401 for the token, 403 (wrong_address) for the caller (the alert
+#: ImexGuestReportsRefused reads every reason)
+AUTH_REASONS = ("no_token_configured", "bad_token_annotation", "missing_token", "wrong_token",
+                "wrong_address")
+
 
 class RegistryMetrics:
     """The registry's Prometheus metrics, registered on the agent's registry."""
@@ -33,3 +38,5 @@ class RegistryMetrics:
             ("reason",),
             registry=registry,
         )
+        for reason in AUTH_REASONS:  # series from 0, so that rate() sees the first refusal
+            self.auth_failures.labels(reason)
