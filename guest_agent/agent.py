@@ -126,6 +126,7 @@ def make_keeper(settings: Settings, on_renewed: Any, on_status: Any) -> CertKeep
         ca_sha256=settings.ca_sha256,
         url_for=lambda index: f"{base}/members/{index}/certificate",
         token_file=settings.token_file,
+        registry_ca_sha256=settings.registry_ca_sha256,
         on_renewed=on_renewed,
         on_status=on_status,
     )
@@ -175,7 +176,8 @@ class Agent:
         if settings.registry_url is not None:
             from guest_agent.report.report_io import Reporter
 
-            self.reporter = Reporter(settings, on_error=self._report_error)
+            self.reporter = Reporter(settings, on_error=self._report_error,
+                                     on_registry=self._on_registry, agent_version=AGENT_VERSION)
         self.collector = DomainCollector(settings, self._on_collected)
         self.collected: Collected | None = None
         self.discovery: Discovery | None = None
@@ -210,6 +212,11 @@ class Agent:
 
     def _report_error(self, message: str | None) -> None:
         self.record_error(message)
+
+    def _on_registry(self, doc: dict[str, Any]) -> None:
+        """The reporter's view of the registry: transport, pin, certificate, host version."""
+        self.status.registry = doc
+        self.write_status()
 
     def write_status(self) -> None:
         self.status.updated_at = time.time()

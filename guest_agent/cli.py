@@ -74,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", parents=[common], help="run the daemon")
     sub.add_parser("once", parents=[common], help="one discover-and-apply pass")
-    sub.add_parser("status", parents=[common], help="show the agent's status")
+    status = sub.add_parser("status", parents=[common], help="show the agent's status")
+    status.add_argument("--prometheus", action="store_true",
+                        help="as Prometheus text (imex_build_info{version} and counters), "
+                        "for node_exporter's textfile collector")
     render = sub.add_parser("render", parents=[common], help="print a file without writing it")
     render.add_argument("--members", required=True, help='JSON list of {"index": 0, "ip": "..."}')
     render.add_argument("--what", required=True, choices=("nodes_config", "hosts"))

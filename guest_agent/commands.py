@@ -21,7 +21,12 @@ from guest_agent.config import Settings
 from guest_agent.daemon import EXIT_FAILED, EXIT_NOTHING_LEARNED, EXIT_OK, setup_logging
 from guest_agent.files.apply import ApplyError
 from guest_agent.pins.merge import learn, plan_pins
-from guest_agent.report.status_file import StatusError, format_table, load_status
+from guest_agent.report.status_file import (
+    StatusError,
+    format_table,
+    load_status,
+    prometheus_text,
+)
 
 log = logging.getLogger("guest_agent")  # logger name pinned
 
@@ -61,8 +66,9 @@ async def run_once(settings: Settings) -> int:
     return EXIT_OK
 
 
-def cmd_status(settings: Settings, as_json: bool) -> int:
-    """Print the status file the daemon writes, and whether its pid still runs."""
+def cmd_status(settings: Settings, as_json: bool, prometheus: bool = False) -> int:
+    """Print the status file the daemon writes, and whether its pid still runs
+    (``prometheus``: as metrics, for node_exporter's textfile collector)."""
     try:
         data = load_status(settings.status_file)
     except StatusError as exc:
@@ -79,7 +85,9 @@ def cmd_status(settings: Settings, as_json: bool) -> int:
         except PermissionError:
             running = True
     data["agent_running"] = running
-    if as_json:
+    if prometheus:
+        sys.stdout.write(prometheus_text(data))
+    elif as_json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         sys.stdout.write(format_table(data))
@@ -109,7 +117,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     """Entry point for ``run``, ``once`` and ``status`` (called by ``cli.main``)."""
     as_json = bool(getattr(args, "json", False))
     if args.command == "status":
-        return cmd_status(settings, as_json)
+        return cmd_status(settings, as_json, bool(getattr(args, "prometheus", False)))
     setup_logging(as_json)
     if args.command == "once":
         return eventloop.leave(eventloop.run(run_once(settings)))

@@ -58,6 +58,10 @@ class Settings:
     port: int = DEFAULT_PORT
     mode: Mode = "names"
     registry_url: str | None = None
+    #: hex sha256 of the registry CA's certificate (an ImexEnsemble's
+    #: status.registryCASHA256): an https registry_url is trusted only through it
+    #: (guest_agent/registry_trust.py); unset: the system trust store.
+    registry_ca_sha256: str | None = None
     token_file: str | None = None
     nameservers: tuple[Nameserver, ...] = ()
     nodes_config: str = "/etc/nvidia-imex/nodes_config.cfg"
@@ -247,6 +251,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "port": _int_range(1, 65535),
     "mode": _choice("names", "ips"),
     "registry_url": _url,
+    "registry_ca_sha256": _sha256,
     "token_file": _path,
     "nameservers": _nameservers,
     "nodes_config": _path,
@@ -308,6 +313,11 @@ def settings_from_mapping(raw: Mapping[str, object], source: str = "<mapping>") 
             f'{source}: own_slot: "local" cannot work in mode "ips" (the nodes file must be '
             "identical on every member); use bridge binding"
         )
+    if settings.registry_ca_sha256 is not None and not (
+            settings.registry_url or "").startswith("https://"):
+        raise ConfigError(
+            f"{source}: registry_ca_sha256: pins the registry's TLS CA, so registry_url "
+            f"must be an https:// URL (it is {settings.registry_url or 'unset'})")
     if settings.auth_encryption:
         missing = [k for k in ("registry_url", "token_file", "ca_sha256")
                    if getattr(settings, k) is None]

@@ -70,6 +70,8 @@ def agent_config(opts: Options) -> dict[str, object]:
     raw["own_slot"] = opts.own_slot
     if opts.registry_url is not None:
         raw["registry_url"] = opts.registry_url
+    if opts.registry_ca_sha256 is not None:
+        raw["registry_ca_sha256"] = opts.registry_ca_sha256
     if opts.token is not None:
         raw["token_file"] = TOKEN_PATH
     if opts.nameservers:

@@ -98,6 +98,8 @@ class Options:
     #: IMEX mutual TLS (issue 19): the config keys, and the CA fingerprint guests pin.
     auth_encryption: bool = False
     ca_sha256: str | None = None
+    #: the registry CA's fingerprint an https registry is pinned to (0.2)
+    registry_ca_sha256: str | None = None
 
     @property
     def ens(self) -> EnsembleId:

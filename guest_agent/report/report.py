@@ -35,6 +35,37 @@ from imex_shared.model import EnsembleId
 #: The registry gets the full domain view at least this often (seconds), so a replica
 #: that restarted or joined has every member's link row within a minute.
 DOMAIN_REFRESH = 60.0
+#: A field an older registry refused is left out of reports this long, then tried again
+#: (the host agent may have been upgraded meanwhile).
+FIELD_RETRY = 600.0
+#: pydantic's word for a field a 0.1 registry does not know (``extra="forbid"``)
+_EXTRA_FORBIDDEN = "Extra inputs are not permitted"
+#: never left out: what every registry since 0.1 knows
+CORE_FIELDS = frozenset({"imex_state", "generation_applied", "nodes_config_sha256",
+                         "hosts_sha256", "signals", "restarts", "agent_version"})
+
+
+def refused_fields(answer: bytes) -> frozenset[str]:
+    """Top-level report fields a registry's 422 refused as unknown (a 0.1 registry's
+    ``{"detail": [{"loc": ["<field>"], "msg": "Extra inputs are not permitted"}]}``)."""
+    try:
+        doc = json.loads(answer)
+    except (UnicodeDecodeError, ValueError):
+        return frozenset()
+    detail = doc.get("detail") if isinstance(doc, dict) else None
+    out = set()
+    for entry in detail if isinstance(detail, list) else ():
+        if not isinstance(entry, dict) or entry.get("msg") != _EXTRA_FORBIDDEN:
+            continue
+        loc = entry.get("loc")
+        if isinstance(loc, list) and len(loc) == 1 and isinstance(loc[0], str):
+            out.add(loc[0])
+    return frozenset(out - CORE_FIELDS)
+
+
+def left_out(dropped: dict[str, float], now: float, retry: float = FIELD_RETRY) -> set[str]:
+    """The refused fields still left out at ``now`` (each for ``retry`` seconds)."""
+    return {name for name, at in dropped.items() if now - at < retry}
 
 @dataclass(frozen=True, slots=True)
 class Report:

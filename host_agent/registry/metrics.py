@@ -40,3 +40,10 @@ class RegistryMetrics:
         )
         for reason in AUTH_REASONS:  # series from 0, so that rate() sees the first refusal
             self.auth_failures.labels(reason)
+        self.unknown_fields = Counter(
+            "imex_registry_unknown_report_fields",
+            "Report fields the registry does not know (a newer guest's), ignored, by name: "
+            "the first 16 names seen get a label of their own, any later one is 'other'",
+            ("field",),
+            registry=registry,
+        )

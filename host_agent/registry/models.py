@@ -1,7 +1,9 @@
 """The registry's JSON bodies: what a guest may PUT and what GET answers (the OpenAPI schema).
 
-Requests are strict (unknown fields refused, no coercion), so a malformed report
-is a 422 naming the field, never a half-read one. Responses document what
+Requests are strict (no coercion), so a malformed field is a 422 naming it, never a
+half-read report. A report field the registry does not know (a newer guest's) is
+ignored and counted (report_routes.py), so a guest upgraded before its host agent keeps
+reporting; every field it knows keeps its strict check. Responses document what
 ``views`` builds.
 """
 
@@ -19,9 +21,10 @@ _Count = Annotated[int, Field(default=0, ge=0, le=2**63 - 1)]
 
 
 class StatusReport(BaseModel):
-    """A guest's report (``PUT .../members/{index}/status``); unknown fields are refused."""
+    """A guest's report (``PUT .../members/{index}/status``); unknown fields are kept
+    aside (``model_extra``), counted and dropped by the route."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     imex_state: Annotated[str, Field(min_length=1, max_length=64)]
     generation_applied: Annotated[int | None, Field(default=None, ge=0, le=2**63 - 1)]
@@ -42,6 +45,9 @@ class StatusReport(BaseModel):
         "absent: unknown (the previous report's value stands)")
     imex_channel0: bool | None = Field(
         default=None, description="whether /dev/nvidia-caps-imex-channels/channel0 exists")
+    registry_ca_sha256: _Sha = Field(
+        default=None, description="0.2: sha256 of the registry CA the guest pins (its "
+        "registry_ca_sha256); null: the guest reaches the registry over plain HTTP")
 
 
 class ErrorOut(BaseModel):
@@ -57,6 +63,10 @@ class GuestOut(BaseModel):
     restarts: int | None
     agent_version: str | None
     cert_not_after: str | None = None
+    registry_ca_sha256: str | None = Field(
+        default=None, description="0.2: the registry CA the guest pins; null: plain HTTP")
+    transport: str | None = Field(
+        default=None, description="0.2: how the report came: http or https")
     received_at: str
     from_ip: str
     age_s: float

@@ -34,6 +34,10 @@ REPORT_FIELDS: tuple[str, ...] = (
     "restarts",
     "agent_version",
     "cert_not_after",
+    # 0.2: the registry CA this guest pins (null: plain HTTP), and how its report came
+    # (``transport``, http or https: the registry's own record, not the guest's word)
+    "registry_ca_sha256",
+    "transport",
 )
 
 

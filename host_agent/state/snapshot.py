@@ -50,6 +50,8 @@ class EnsembleSpec:
     source: Source = "service"
     #: The ImexEnsemble's uid (source "cr"): the owned Service's controller reference.
     owner_uid: str | None = None
+    #: ``registryTLS: Required``: the token is refused on plain HTTP (registry/auth.py).
+    registry_tls_required: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ from tests.sandbox.dns_server import ClusterDnsModel, DnsServer, follow_kubernet
 from tests.sandbox.imex_standin import write_standin_files
 from tests.sandbox.kube_api import ThreadedKubeApi
 from tests.sandbox.netns import Fabric, Node, cleanup_stale, ip, list_netns, netns_pids
+from tests.sandbox.releases import Release
 
 log = logging.getLogger("sandbox.ensemble")
 
@@ -135,6 +136,13 @@ class SandboxSettings:
     #: holding just ``imex-ensemble[guest]``'s dependencies, as a real guest has, since
     #: dnspython imports whatever optional HTTP/2 stack it finds installed.
     guest_python: str = PY
+    #: version skew (tests/sandbox/releases.py): the host agent's release and every guest's
+    #: unless ``Sandbox.guest_releases`` names another; None: this tree
+    host_release: Release | None = None
+    guest_release: Release | None = None
+    #: the registry serves HTTPS too (``--tls-self-issued``, its address as a SAN); guests
+    #: of this tree use it, pinned to the registry CA; a previous release's keep HTTP
+    registry_tls: bool = False
 
 
 @dataclass(frozen=True)
@@ -330,6 +338,14 @@ class Vm:
     def hosts_path(self) -> Path:
         return self.node.hosts_path
 
+    @property
+    def release(self) -> Release | None:
+        """The release this VM's guest agent runs (None: this tree)."""
+        key = (self.spec.namespace, self.vmi)
+        if key in self.sandbox.guest_releases:
+            return self.sandbox.guest_releases[key]
+        return self.sandbox.settings.guest_release
+
     def status(self) -> dict[str, Any]:
         """The guest agent's status.json ({} before it wrote one)."""
         return _read_json(self.status_file)
@@ -416,6 +432,10 @@ class Vm:
             # from status.caSHA256), never from the registry
             values |= {"auth_encryption": True, "ca_sha256": self.sandbox.ca_sha256(self.spec),
                        "tls_dir": str(self.dir / "tls"), "imex_config": str(self.imex_cfg)}
+        if self.sandbox.settings.registry_tls and self.release is None:
+            values |= {"registry_url": self.sandbox.registry_tls_url,
+                       "registry_ca_sha256": self.sandbox.registry_ca_sha256()}
+        values |= self.sandbox.guest_config.get((self.spec.namespace, self.vmi), {})
         cfg = self.dir / "config.toml"
         cfg.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
         return cfg
@@ -430,11 +450,14 @@ class Vm:
             logf.write(f"---- boot {self.boots} at {time.strftime('%H:%M:%S')} ip {self.ip}\n"
                        .encode())
             logf.flush()
+            release = self.release
+            head = [release.script("imex-guest-agent")] if release is not None else [
+                self.sandbox.settings.guest_python, "-m", "guest_agent.cli"]
             self.agent = subprocess.Popen(
-                self.node.argv([self.sandbox.settings.guest_python, "-m", "guest_agent.cli",
-                                "run", "--config", str(cfg), "--json"]),
-                stdout=logf, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO_ROOT,
-                preexec_fn=_pdeathsig)
+                self.node.argv([*head, "run", "--config", str(cfg), "--json"]),
+                stdout=logf, stderr=subprocess.STDOUT,
+                env=release.env(child_env()) if release is not None else child_env(),
+                cwd=REPO_ROOT, preexec_fn=_pdeathsig)
         self.node.procs.append(self.agent)
 
     def stop(self, timeout: float = GUEST_STOP_WAIT) -> None:
@@ -489,6 +512,11 @@ class Sandbox:
         self.dns_ip = ""
         self.registry_ip = ""
         self.registry_port = 0
+        self.registry_tls_port = 0
+        #: (namespace, vmi) -> the release its guest runs, overriding the settings'
+        self.guest_releases: dict[tuple[str, str], Release | None] = {}
+        #: (namespace, vmi) -> config keys written over the sandbox's own
+        self.guest_config: dict[tuple[str, str], Mapping[str, object]] = {}
         self.dns_model = ClusterDnsModel(ttl=self.settings.dns_ttl)
         self.dns: DnsServer | None = None
         self._loop: LoopThread | None = None
@@ -514,6 +542,26 @@ class Sandbox:
     @property
     def registry_url(self) -> str:
         return f"http://{self.registry_ip}:{self.registry_port}"
+
+    @property
+    def registry_tls_url(self) -> str:
+        return f"https://{self.registry_ip}:{self.registry_tls_port}"
+
+    def registry_ca_sha256(self, timeout: float = 30.0) -> str:
+        """The registry CA's fingerprint, from its Secret (what guests pin)."""
+        assert self.api is not None
+
+        def probe() -> str | None:
+            try:
+                obj = self.api.get("v1", "Secret", "imex-registry-tls",  # type: ignore[union-attr]
+                                   AGENT_NAMESPACE)
+            except Exception:
+                return None
+            pem = base64.b64decode(obj["data"]["ca.crt"]).decode()
+            return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+
+        return wait_for("the registry TLS Secret", probe, timeout, 0.1,
+                        self.host_agent_log_tail)
 
     @property
     def host_agent_log(self) -> Path:
@@ -582,6 +630,8 @@ class Sandbox:
         self._loop.run(wait_synced(), 25)
         # 4. the host agent and its registry
         self.registry_port = free_port(self.registry_ip)
+        if s.registry_tls:
+            self.registry_tls_port = free_port(self.registry_ip)
         self.start_host_agent()
         log.info("sandbox up: api %s, dns %s, registry %s, subnet %s, workdir %s",
                  self.api.url, self.dns_address, self.registry_url, self.fabric.subnet,
@@ -697,20 +747,27 @@ class Sandbox:
             return
         self.ensure_host_addresses()
         tune = [a for k, v in self.settings.host_tuning.items() for a in ("--tune", f"{k}={v}")]
-        argv = [PY, "-m", "tests.sandbox.host_agent_proc", *tune,
+        release = self.settings.host_release
+        head = [release.script("imex-host-agent")] if release is not None else [
+            PY, "-m", "tests.sandbox.host_agent_proc", *tune]
+        argv = [*head,
                 "--kubeconfig", str(self.kubeconfig),
                 "--listen", f"{self.registry_ip}:{self.registry_port}", "--json",
                 "--report-stale-after", str(self.settings.report_stale_after),
                 "--agent-namespace", AGENT_NAMESPACE,
                 "--ca-overlap", str(self.settings.ca_overlap),
                 "--cert-lifetime", str(self.settings.cert_lifetime)]
+        if self.settings.registry_tls:
+            argv += ["--tls-listen", f"{self.registry_ip}:{self.registry_tls_port}",
+                     "--tls-self-issued", "--tls-san", self.registry_ip]
         self.host_agent_starts += 1
         with open(self.host_agent_log, "ab") as logf:
             logf.write(f"---- start {self.host_agent_starts}\n".encode())
             logf.flush()
-            self.host_agent = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
-                                               env=child_env(), cwd=REPO_ROOT,
-                                               preexec_fn=_pdeathsig)
+            self.host_agent = subprocess.Popen(
+                argv, stdout=logf, stderr=subprocess.STDOUT,
+                env=release.env(child_env()) if release is not None else child_env(),
+                cwd=REPO_ROOT, preexec_fn=_pdeathsig)
 
         def ready() -> bool:
             if self.host_agent is not None and self.host_agent.poll() is not None:

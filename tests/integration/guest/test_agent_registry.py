@@ -163,7 +163,7 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
         assert r["auth"] == "Bearer tok-123"
         assert set(r["body"]) - {"imex_domain", "fabric", "imex_channel0"} == {
             "imex_state", "generation_applied", "nodes_config_sha256", "hosts_sha256",
-            "signals", "restarts", "agent_version"}
+            "signals", "restarts", "agent_version", "registry_ca_sha256"}
         assert r["body"]["hosts_sha256"] == st["hosts_sha256"]
 
         # Every report_interval: -N -j, the fabric and the channel, sent even if unchanged.

@@ -106,3 +106,21 @@ def test_status_body_in_wire_order_with_and_without_a_collection_pass() -> None:
     assert body["imex_domain"] is doc and body["fabric"] is None
     body = status_body(s, Collected(fabric=Fabric(UUID, 4), fabric_known=True), False)
     assert body["fabric"] == {"cluster_uuid": UUID, "clique_id": 4}
+
+
+def test_refused_fields_are_a_0_1_registrys_extra_forbidden_only() -> None:
+    import json
+
+    from guest_agent.report.report import left_out, refused_fields
+
+    old = {"error": "registry_ca_sha256: Extra inputs are not permitted; channels: Extra "
+           "inputs are not permitted",
+           "detail": [{"loc": ["registry_ca_sha256"], "msg": "Extra inputs are not permitted"},
+                      {"loc": ["channels"], "msg": "Extra inputs are not permitted"},
+                      {"loc": ["signals"], "msg": "Input should be a valid integer"},
+                      {"loc": ["fabric", "x"], "msg": "Extra inputs are not permitted"},
+                      {"loc": ["imex_state"], "msg": "Extra inputs are not permitted"}]}
+    assert refused_fields(json.dumps(old).encode()) == {"registry_ca_sha256", "channels"}
+    assert refused_fields(b"not json") == frozenset()
+    assert refused_fields(b'{"detail": "x"}') == frozenset()
+    assert left_out({"a": 100.0, "b": 0.0}, now=650.0, retry=600.0) == {"a"}

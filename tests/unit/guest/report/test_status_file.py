@@ -113,3 +113,31 @@ def test_table_shows_the_own_matrix_row_and_the_clique() -> None:
     table = format_table(s.to_json(), now=100.0)
     assert "clique      none (no NVLink fabric reported by nvidia-smi)" in table
     assert "Nodes From" not in table
+
+
+def test_prometheus_text_carries_the_build_info_of_the_running_daemon() -> None:
+    from guest_agent.report.status_file import prometheus_text
+
+    text = prometheus_text({"namespace": "gpu", "ensemble": "gb200", "agent_version": "0.2.0",
+                            "imex_state": "READY", "signals": 3, "restarts": 1,
+                            "generation_applied": 17, "agent_running": True})
+    assert 'imex_build_info{version="0.2.0"} 1\n' in text
+    assert 'imex_guest_imex_signals_total{namespace="gpu",ensemble="gb200"} 3\n' in text
+    assert 'imex_guest_imex_ready{namespace="gpu",ensemble="gb200"} 1\n' in text
+    assert "# TYPE imex_build_info gauge" in text
+    odd = prometheus_text({"namespace": 'a"b', "ensemble": "c\\d", "agent_version": None})
+    assert 'namespace="a\\"b",ensemble="c\\\\d"' in odd
+
+
+def test_the_status_command_prints_prometheus_text(tmp_path: Path) -> None:
+    status = tmp_path / "status.json"
+    status.write_text(json.dumps({"namespace": "gpu", "ensemble": "gb200", "pid": 2**22 + 7,
+                                  "agent_version": "0.2.0", "imex_state": "READY"}))
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'ensemble = "gb200"\nnamespace = "gpu"\nstatus_file = "{status}"\n')
+    out = subprocess.run([sys.executable, "-m", "guest_agent.cli", "--config", str(cfg),
+                          "status", "--prometheus"], capture_output=True, text=True,
+                         timeout=60, check=False, cwd=Path(__file__).resolve().parents[4])
+    assert out.returncode == 0, out.stderr
+    assert 'imex_build_info{version="0.2.0"} 1' in out.stdout
+    assert 'imex_guest_agent_running{namespace="gpu",ensemble="gb200"} 0' in out.stdout

@@ -88,11 +88,14 @@ def test_report_schema() -> None:
         "imex_domain": None,
         "fabric": None,
         "imex_channel0": None,
+        "registry_ca_sha256": None,
     }
+    newer = StatusReport.model_validate_json('{"imex_state": "READY", "extra": 1}')
+    assert newer.model_extra == {"extra": 1}  # a newer guest's field: the route drops it
     for bad in (
         '{"imex_state": "READY", "cert_not_after": "tomorrow"}',
         "{}",  # imex_state missing
-        '{"imex_state": "READY", "extra": 1}',
+        '{"imex_state": "READY", "registry_ca_sha256": "ABC"}',
         '{"imex_state": "READY", "signals": -1}',
         '{"imex_state": "READY", "signals": "3"}',  # strict: no strings for numbers
         '{"imex_state": "READY", "restarts": true}',
