@@ -1,5 +1,6 @@
-"""The agent's commands: ``run``, ``once`` and ``status`` (``render`` and ``cloudinit`` are
-cli.py's).
+"""The agent's commands: ``run``, ``once``, ``status``, ``preflight``, ``wait`` and
+``members`` (``render`` and ``cloudinit`` are cli.py's; the workload's three live in
+guest_agent/workload).
 
 ``run`` is the daemon (:class:`guest_agent.agent.Agent`) until SIGTERM or SIGINT;
 ``once`` is one discover-and-apply pass that never touches IMEX (exit 3 when nothing
@@ -36,6 +37,9 @@ async def run_once(settings: Settings) -> int:
     from guest_agent.agent import Agent, make_discovery
 
     agent = Agent(settings)
+    channels = agent.keep_channels() if settings.imex_channels else None
+    if channels is not None:  # files the agent keeps, like the hosts block; never IMEX
+        print(f"imex channels: {channels.summary()}")
     await agent.update_addresses()
     discovery = make_discovery(settings)
     view = await discovery.once()
@@ -96,6 +100,22 @@ def cmd_status(settings: Settings, as_json: bool, prometheus: bool = False) -> i
     return EXIT_OK
 
 
+def cmd_wait(args: argparse.Namespace, settings: Settings) -> int:
+    """``wait --for local|domain``: exit 0 ready, 1 error, 2 bad arguments, 3 timed out,
+    4 not applicable (guest_agent/workload/barrier.py)."""
+    from guest_agent.workload.barrier_io import wait_for
+
+    for warning in settings.warnings:
+        print(f"imex-guest-agent: warning: {warning}", file=sys.stderr)
+    n = args.min_members if args.min_members is not None else settings.members_expected
+    if not 1 <= n <= settings.max_members:
+        print(f"imex-guest-agent: error: --min-members {n}: must be between 1 and "
+              f"max_members = {settings.max_members}", file=sys.stderr)
+        return 2
+    return eventloop.leave(eventloop.run(
+        wait_for(settings, args.target, args.timeout, n, args.interval)))
+
+
 def run_daemon(settings: Settings) -> int:
     """``run``: the daemon, until a stop signal or a failed task."""
     from guest_agent.agent import AGENT_VERSION, Agent
@@ -118,9 +138,24 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     as_json = bool(getattr(args, "json", False))
     if args.command == "status":
         return cmd_status(settings, as_json, bool(getattr(args, "prometheus", False)))
+    if args.command == "members":
+        from guest_agent.workload.barrier_io import cmd_members
+
+        if args.slots < 1:
+            print("imex-guest-agent: error: --slots must be at least 1", file=sys.stderr)
+            return 2
+        return cmd_members(settings, args.format, args.addresses, args.slots)
+    if args.command == "wait":
+        return cmd_wait(args, settings)
     setup_logging(as_json)
+    for warning in settings.warnings:
+        log.warning("%s", warning)
     if args.command == "once":
         return eventloop.leave(eventloop.run(run_once(settings)))
+    if args.command == "preflight":
+        from guest_agent.workload.preflight_io import cmd_preflight
+
+        return eventloop.leave(cmd_preflight(settings, as_json))
     if args.command == "run":
         return run_daemon(settings)
     print(f"imex-guest-agent: error: unknown command {args.command!r}", file=sys.stderr)

@@ -103,6 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not enable and restart nvidia-imex.service at first boot",
     )
     p.add_argument(
+        "--expected-members", type=int, default=None, metavar="N",
+        help="members `wait --for domain` (imex-domain-ready.service) needs published "
+        "(default: --max-members)")
+    p.add_argument(
+        "--imex-channel0-module-param",
+        action="store_true",
+        help="also set NVreg_CreateImexChannel0=1 in /etc/modprobe.d: the driver makes "
+        "channel 0 (only) at its next load, without the agent (docs/guest-agent.md)",
+    )
+    p.add_argument(
         "--auth-encryption",
         action="store_true",
         help="IMEX mutual TLS: certificates from the registry (needs --registry-url, --token "
@@ -247,6 +257,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         restart_imex=not args.no_restart_imex,
         output_secret=args.output_secret,
         raw=args.raw,
+        imex_channel0_module_param=bool(getattr(args, "imex_channel0_module_param", False)),
+        expected_members=getattr(args, "expected_members", None),
     )
     try:
         opts.ens  # noqa: B018 - validates both names

@@ -8,7 +8,7 @@ the domain view :mod:`guest_agent.report.collect`, the status file
 - an applied pass (:func:`take_applied`): own slot, source, generation, members, the
   files' digests;
 - IMEX's state and counters (:func:`take_imex`) and a collection pass
-  (:func:`take_collected`): the domain view, fabric and channel; an error either brings
+  (:func:`take_collected`): the domain view, fabric and channels; an error either brings
   becomes ``last_error`` once;
 - the status PUT's body (:func:`status_body`) is built from the status and the last
   collection pass. ``imex_domain`` (~25 KB for 18 nodes) is sent only when the registry
@@ -126,7 +126,8 @@ class Collected:
     imex_domain: dict[str, Any] | None = None
     fabric: Fabric | None = None
     fabric_known: bool = False
-    channel0: bool = False
+    #: the configured IMEX channels whose device nodes are correct (channels_io)
+    channels: list[int] = field(default_factory=list)
     errors: int = 0
     last_error: str | None = None
     at: float = 0.0
@@ -185,7 +186,8 @@ def take_collected(status: Status, result: Collected, own_index: int | None,
     s.imex_row = {str(k): v for k, v in sorted(row.items())} if row is not None else None
     s.fabric = result.fabric.to_json() if result.fabric is not None else None
     s.clique = result.fabric.key if result.fabric is not None else None
-    s.imex_channel0 = result.channel0
+    s.imex_channels = list(result.channels)
+    s.imex_channel0 = 0 in result.channels
     s.domain_errors = result.errors
     s.domain_at = result.at
     if result.last_error is not None and result.last_error != s.last_error:
@@ -206,6 +208,7 @@ def status_body(status: Status, collected: Collected | None,
         "restarts": s.restarts,
         "agent_version": s.agent_version,
         **({"cert_not_after": (s.tls or {}).get("cert_not_after")} if with_cert else {}),
+        **({"preflight": s.preflight} if s.preflight else {}),
     }
     c = collected
     if c is not None:
@@ -214,5 +217,6 @@ def status_body(status: Status, collected: Collected | None,
         body["imex_domain"] = c.imex_domain
         if c.fabric_known:
             body["fabric"] = c.fabric.to_json() if c.fabric is not None else None
-        body["imex_channel0"] = c.channel0
+        body["imex_channels"] = list(c.channels)
+        body["imex_channel0"] = 0 in c.channels  # beside imex_channels for this release
     return body

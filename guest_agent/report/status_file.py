@@ -69,7 +69,15 @@ class Status:
     imex_row: dict[str, str] | None = None
     fabric: dict[str, Any] | None = None
     clique: str | None = None
+    #: deprecated beside imex_channels (this release): channel 0 among them
     imex_channel0: bool | None = None
+    #: the configured IMEX channels whose device nodes exist and are correct
+    imex_channels: list[int] = field(default_factory=list)
+    #: the channel keeper's last word: "present: 0 of 0", "waiting: ...", errors
+    imex_channels_note: str | None = None
+    #: the last preflight run (guest_agent/preflight): [{"name", "result", "message"}]
+    preflight: list[dict[str, str]] = field(default_factory=list)
+    preflight_at: float | None = None
     #: malformed ctl / nvidia-smi output dropped so far
     domain_errors: int = 0
     domain_at: float | None = None
@@ -177,11 +185,19 @@ def _registry(doc: object) -> str:
 
 def _domain_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
     clique = data.get("clique")
-    channel = data.get("imex_channel0")
+    channels = data.get("imex_channels")
+    note = data.get("imex_channels_note")
     view = data.get("imex_domain_status")
+    checks = [c for c in data.get("preflight") or () if isinstance(c, dict)]
+    bad = [f"{c.get('name')} {c.get('result')}" for c in checks
+           if c.get("result") in ("FAIL", "WARN")]
     return [
         ("clique", str(clique) if clique else "none (no NVLink fabric reported by nvidia-smi)"),
-        ("channel0", "-" if channel is None else ("present" if channel else "missing")),
+        ("channels", (", ".join(map(str, channels)) if isinstance(channels, list) and channels
+                      else "none") + (f" ({note})" if note else "")),
+        ("preflight", "-" if not checks else
+         (f"{len(checks)} checks, " + (", ".join(bad) if bad else "all PASS"))
+         + f" ({_age(data.get('preflight_at'), now)})"),
         ("imex view", f"{view or '-'} (nvidia-imex-ctl -N -j, {_age(data.get('domain_at'), now)})"
          + (f", {data['domain_errors']} dropped" if data.get("domain_errors") else "")),
     ]

@@ -47,6 +47,10 @@ CONDITION_READY: Final = "Ready"
 CONDITION_DEGRADED: Final = "Degraded"
 CONDITION_PUBLISHED: Final = "Published"
 CONDITION_DOMAIN_UP: Final = "DomainUp"
+#: the guests' preflight checks: False when any member's check FAILs (issue 28)
+CONDITION_GUEST_CHECKS: Final = "GuestChecks"
+#: members of this and another ensemble report one NVLink clique (informational)
+CONDITION_CLIQUE_SHARED: Final = "CliqueShared"
 #: ``status.domainStatus``: ``nvidia-imex-ctl -N -j``'s domain status, or UNKNOWN.
 DOMAIN_STATUSES: Final = ("UP", "DEGRADED", "DOWN", "UNKNOWN")
 
@@ -243,7 +247,9 @@ STATUS: Final = Field(
               "Every published slot. Transitions only: nothing here moves with time alone.",
               max_items=MAX_MEMBERS_LIMIT, list_type="map", list_map_keys=("index",),
               items=_MEMBER),
-        Field("conditions", "array", "Ready, Degraded, Published, DomainUp.",
+        Field("conditions", "array", "Ready, Degraded, Published, DomainUp, GuestChecks "
+              "(the guests' preflight checks), CliqueShared (informational: another "
+              "ensemble's members report one of this ensemble's NVLink cliques).",
               max_items=MAX_CONDITIONS, list_type="map", list_map_keys=("type",),
               items=_CONDITION),
         Field("problems", "array", "The registry's problems for this ensemble.",

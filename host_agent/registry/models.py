@@ -9,7 +9,7 @@ reporting; every field it knows keeps its strict check. Responses document what
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +18,16 @@ from imex_shared.model import SHA256_HEX_PATTERN
 
 _Sha = Annotated[str | None, Field(default=None, pattern=SHA256_HEX_PATTERN)]
 _Count = Annotated[int, Field(default=0, ge=0, le=2**63 - 1)]
+
+
+class PreflightCheck(BaseModel):
+    """One preflight check's result, as the guest reports it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,47}$")]
+    result: Literal["PASS", "WARN", "FAIL"]
+    message: Annotated[str, Field(max_length=255)]
 
 
 class StatusReport(BaseModel):
@@ -44,10 +54,18 @@ class StatusReport(BaseModel):
         default=None, description="the GPUs' NVLink fabric identity; null: no fabric; "
         "absent: unknown (the previous report's value stands)")
     imex_channel0: bool | None = Field(
-        default=None, description="whether /dev/nvidia-caps-imex-channels/channel0 exists")
+        default=None, description="whether /dev/nvidia-caps-imex-channels/channel0 exists "
+        "(deprecated: imex_channels)")
     registry_ca_sha256: _Sha = Field(
         default=None, description="0.2: sha256 of the registry CA the guest pins (its "
         "registry_ca_sha256); null: the guest reaches the registry over plain HTTP")
+    imex_channels: Annotated[
+        list[Annotated[int, Field(ge=0, le=2047)]], Field(max_length=2048)
+    ] | None = Field(default=None, description="the IMEX channels whose device nodes exist "
+                     "(/dev/nvidia-caps-imex-channels/channel<N>)")
+    preflight: Annotated[list[PreflightCheck], Field(max_length=32)] | None = Field(
+        default=None, description="the guest's preflight checks (imex-guest-agent "
+        "preflight), at most 32")
 
 
 class ErrorOut(BaseModel):

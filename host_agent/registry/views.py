@@ -18,6 +18,7 @@ import datetime as dt
 from typing import Any
 
 from host_agent.registry.domain_view import aggregate, membership_problems
+from host_agent.state.shared import shared_messages
 from host_agent.state.snapshot import EnsembleSnapshot, GuestReport, PublishedMember, served_cliques
 from imex_shared.cliques import pins_for
 from imex_shared.hostsfile import merge_hosts
@@ -126,9 +127,10 @@ def tls_json(snap: EnsembleSnapshot) -> dict[str, Any] | None:
 
 
 def all_problems(snap: EnsembleSnapshot, now: float, stale_after: float) -> list[str]:
-    """The reconciler's problems, then the domain's membership problems."""
+    """The reconciler's problems, then the domain's membership problems, then an NVLink
+    clique another ensemble reports too (state/shared.py: informational)."""
     extra = membership_problems(aggregate(snap, now, stale_after)) if snap.reports else []
-    return [*snap.problems, *extra]
+    return [*snap.problems, *extra, *shared_messages(snap)]
 
 
 def summary_json(snap: EnsembleSnapshot) -> dict[str, Any]:

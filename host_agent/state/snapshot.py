@@ -193,6 +193,9 @@ class EnsembleSnapshot:
     cliques: tuple[tuple[int, str], ...] = ()
     #: VMIs of the ensemble without a published slot (ImexEnsemble status; not served).
     absent: tuple[Absent, ...] = ()
+    #: per NVLink clique its members report: the other ensembles whose members report it
+    #: too (state/shared.py; State keeps it across ensembles). Informational only.
+    shared: tuple[tuple[str, tuple[EnsembleId, ...]], ...] = ()
 
     @property
     def ens(self) -> EnsembleId:

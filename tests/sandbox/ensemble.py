@@ -55,7 +55,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -308,6 +308,8 @@ class Vm:
         self.dir = sandbox.workdir / "vms" / f"{spec.namespace}.{vmi}"
         self.agent: subprocess.Popen[bytes] | None = None
         self.boots = 0
+        #: the agent's imex_channels (none by default: see write_config)
+        self.channels: list[int] = []
 
     # ---- paths and views
     @property
@@ -419,7 +421,9 @@ class Vm:
             # the native stand-in itself, as a guest has the real binary (issue 27)
             "imex_ctl": [str(standin_ctl()), "-c", str(self.imex_cfg)],
             "nvidia_smi": [STANDIN_SMI, "--fabric-file", str(self.dir / "fabric.json")],
-            "imex_channel_device": str(self.dir / "channel0"),
+            # IMEX channel nodes: none, unless a test asks (tests/e2e/test_barrier.py, in a
+            # private mount namespace): the host's /dev is never touched
+            "imex_channels": list(self.channels),
             "report_interval": s.report_interval,
             "poll_interval": s.poll_interval,
             "signal_interval": s.signal_interval,
@@ -427,6 +431,9 @@ class Vm:
             "longpoll_timeout": s.longpoll_timeout,
             "ready_grace": s.ready_grace,
         }
+        if self.release is not None:  # 0.1 knows no imex_channels: its one channel's path
+            del values["imex_channels"]
+            values["imex_channel_device"] = str(self.dir / "channel0")
         if self.spec.auth_encryption:
             # the pin comes from the CA Secret (as the generator's --from-ensemble takes it
             # from status.caSHA256), never from the registry
@@ -440,8 +447,10 @@ class Vm:
         cfg.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
         return cfg
 
-    def start(self) -> None:
-        """Boot: start the guest agent inside the namespace (it starts IMEX itself)."""
+    def start(self, wrap: Sequence[str] = ()) -> None:
+        """Boot: start the guest agent inside the namespace (it starts IMEX itself).
+        ``wrap``: a command the agent's argv is appended to, inside the namespace (the
+        channel test's private mount namespace)."""
         if self.running():
             return
         cfg = self.write_config()
@@ -454,7 +463,7 @@ class Vm:
             head = [release.script("imex-guest-agent")] if release is not None else [
                 self.sandbox.settings.guest_python, "-m", "guest_agent.cli"]
             self.agent = subprocess.Popen(
-                self.node.argv([*head, "run", "--config", str(cfg), "--json"]),
+                self.node.argv([*wrap, *head, "run", "--config", str(cfg), "--json"]),
                 stdout=logf, stderr=subprocess.STDOUT,
                 env=release.env(child_env()) if release is not None else child_env(),
                 cwd=REPO_ROOT, preexec_fn=_pdeathsig)

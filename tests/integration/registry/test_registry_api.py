@@ -231,6 +231,8 @@ async def test_docs_and_openapi(registry: Running) -> None:
         "fabric",
         "imex_channel0",
         "registry_ca_sha256",
+        "imex_channels",
+        "preflight",
     }
     assert "$ref" not in json.dumps(body)  # inlined: a #/$defs reference would point nowhere
     assert {"401", "403", "404", "413", "422"} <= set(status["responses"])

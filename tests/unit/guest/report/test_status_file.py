@@ -102,10 +102,15 @@ def test_table_shows_the_own_matrix_row_and_the_clique() -> None:
     s.imex_row = {str(i): "CONNECTED" for i in range(12) if i != 10} | {"3": "DISCONNECTED"}
     s.imex_domain_status, s.domain_at = "DEGRADED", 97.0
     s.clique = "0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10.7"
-    s.imex_channel0, s.domain_errors = True, 2
+    s.imex_channels, s.domain_errors = [0, 1], 2
+    s.imex_channels_note = "present: 0, 1 of 0, 1"
+    s.preflight = [{"name": "dns", "result": "PASS", "message": "ok"},
+                   {"name": "fabric", "result": "WARN", "message": "In Progress"}]
+    s.preflight_at = 40.0
     table = format_table(s.to_json(), now=100.0)
     assert "clique      0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10.7\n" in table
-    assert "channel0    present\n" in table
+    assert "channels    0, 1 (present: 0, 1 of 0, 1)\n" in table
+    assert "preflight   2 checks, fabric WARN (60s ago)\n" in table
     assert "imex view   DEGRADED (nvidia-imex-ctl -N -j, 3s ago), 2 dropped\n" in table
     assert ("Nodes From\\To  0  1  2  3  4  5  6  7  8  9 10 11\n"
             "           10  C  C  C  D  C  C  C  C  C  C  .  C\n") in table
