@@ -1,4 +1,5 @@
-"""Per-ensemble metrics of what this replica serves: generation, READY members, report age.
+"""Per-ensemble metrics of what this replica serves: generation, READY members, report age,
+shared cliques.
 
 ``imex_registry_generation{namespace,ensemble}`` is the generation this replica serves.
 With leader election every replica serves only pairs it observed in the API, so a
@@ -6,9 +7,12 @@ replica whose number stays below the other replicas' is behind the API (a stuck 
 the alert ImexRegistryGenerationBehind compares them (docs/runbooks.md).
 ``imex_ensemble_members_ready`` and ``imex_ensemble_report_age_seconds`` come from the
 same cached domain view as domain_routes.py's families, so they agree with ``/domain``.
+``imex_ensemble_cliques_shared`` counts this ensemble's NVLink cliques that another
+ensemble's members report too (``CliqueShared``, state/shared.py): the alert
+ImexCliqueShared reads it.
 
 Computed at scrape time from the state, like ``DomainCollector``: an ensemble that goes
-leaves no series behind. Three series per ensemble.
+leaves no series behind. Four series per ensemble.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ def oldest_report_age(view: DomainView, now: float) -> float | None:
 
 
 class EnsembleCollector(Collector):
-    """``imex_registry_generation``, ``imex_ensemble_members_ready`` and
-    ``imex_ensemble_report_age_seconds``."""
+    """``imex_registry_generation``, ``imex_ensemble_members_ready``,
+    ``imex_ensemble_report_age_seconds`` and ``imex_ensemble_cliques_shared``."""
 
     def __init__(self, state: State, cache: DomainCache) -> None:
         self.state = state
@@ -59,13 +63,18 @@ class EnsembleCollector(Collector):
             "imex_ensemble_report_age_seconds",
             "Seconds since the published member that reported longest ago last reported "
             "(no series while no member has reported)", labels=labels)
+        shared = GaugeMetricFamily(
+            "imex_ensemble_cliques_shared",
+            "NVLink cliques of this ensemble that another ensemble's members report too "
+            "(the CliqueShared condition)", labels=labels)
         now = self.cache.clock()
         for snap in self.state.all():
             key = [snap.ens.namespace, snap.ens.name]
             view = self.cache.view(snap, now)
             generation.add_metric(key, float(snap.generation))
             ready.add_metric(key, float(members_ready(view)))
+            shared.add_metric(key, float(len(snap.shared)))
             oldest = oldest_report_age(view, now)
             if oldest is not None:
                 age.add_metric(key, oldest)
-        yield from (generation, ready, age)
+        yield from (generation, ready, age, shared)
