@@ -15,6 +15,7 @@ Whether the agent exports what the expressions read is tests/integration/test_pr
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -278,3 +279,19 @@ def test_the_alerts_fire_when_they_should_not_before_and_never_on_a_healthy_agen
                          text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
+
+
+def test_the_component_builds_beside_base(machine_kubectl: str, tmp_path: Path) -> None:
+    """A kustomization with base and the component, as docs/monitoring.md shows it, built by
+    the real kubectl: base's objects plus the three monitoring ones."""
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(REPO / "manifests/base", tmp_path)],
+        "components": [os.path.relpath(COMPONENT, tmp_path)]}))
+    out = subprocess.run([machine_kubectl, "kustomize", str(tmp_path)], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out.stdout) if d]
+    assert {("PrometheusRule", "imex-ensemble"), ("ServiceMonitor", "imex-host-agent"),
+            ("ConfigMap", "imex-ensemble-dashboard"), ("Deployment", "imex-host-agent")} \
+        <= set(kinds)
