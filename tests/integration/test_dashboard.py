@@ -94,3 +94,15 @@ def test_neutral_and_widened_forms() -> None:
     assert found.grouping == {"namespace", "ensemble", "job"}
     assert promql_check.label_refs(["{{ $labels.instance }} {{ $value }}", "{{kind}} x"]) == \
         {"instance", "kind"}
+
+
+def test_docs_monitoring_lists_the_panels_as_they_are() -> None:
+    doc = (REPO / "docs" / "monitoring.md").read_text()
+    panels = dashboard()["panels"]
+    assert f"holds {len(panels)}\npanels" in doc or f"holds {len(panels)} panels" in doc
+    rows = re.findall(r"^\| ([A-Z][^|`]+?) \| (`imex_[^|]+) \|$", doc, flags=re.M)
+    assert [title for title, _ in rows] == [p["title"] for p in panels]
+    for (title, metrics), p in zip(rows, panels, strict=True):
+        named = set(re.findall(r"`(imex_\w+)`", metrics))
+        used = set().union(*(promql_check.names(t["expr"]).metrics for t in p["targets"]))
+        assert named == used, title

@@ -295,3 +295,12 @@ def test_the_component_builds_beside_base(machine_kubectl: str, tmp_path: Path) 
     assert {("PrometheusRule", "imex-ensemble"), ("ServiceMonitor", "imex-host-agent"),
             ("ConfigMap", "imex-ensemble-dashboard"), ("Deployment", "imex-host-agent")} \
         <= set(kinds)
+
+
+def test_docs_monitoring_lists_the_alerts_as_they_are() -> None:
+    """docs/monitoring.md's alert table (name, for, severity) and its count are the rules'."""
+    doc = (REPO / "docs" / "monitoring.md").read_text()
+    rows = re.findall(r"^\| `(Imex\w+)` \| [^|]+ \| ([^|]+) \| (\w+) \|$", doc, flags=re.M)
+    want = [(a, r["for"], r["labels"]["severity"]) for a, r in alerts().items()]
+    assert [(a, "0m" if f.strip() == "at once" else f.strip(), s) for a, f, s in rows] == want
+    assert f"a PrometheusRule with {len(want)} alerts" in doc

@@ -232,5 +232,8 @@ def check(prom: Prometheus) -> None:
         if not prom.query(f"count by ({label}) ({metric})"):
             failures.append(f"variable {var['name']}: no {label} values of {metric}")
     assert failures == []
+    doc = " ".join((ROOT / "docs/monitoring.md").read_text().split())  # the figures it states
+    assert f"the dashboard's {neutral + len(widened)} expressions" in doc
+    assert f"{neutral} expressions return series as written, and {len(widened)} need" in doc
     FIGURES.update(expressions=neutral + len(widened), neutral=neutral, widened=len(widened))
     print(f"\npromql live: {FIGURES}; widened: {widened}")
