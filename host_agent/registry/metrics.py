@@ -5,10 +5,11 @@ from __future__ import annotations
 import prometheus_client
 from prometheus_client import Counter, Gauge
 
-#: auth.py's refusals: 401 for the token, 403 (wrong_address) for the caller (the alert
-#: ImexGuestReportsRefused reads every reason)
+#: auth.py's refusals: 401 for the token, 403 for the caller (wrong_address) or for a
+#: token over plain HTTP to a registryTLS Required ensemble (plain_http). The alert
+#: ImexGuestReportsRefused reads every reason.
 AUTH_REASONS = ("no_token_configured", "bad_token_annotation", "missing_token", "wrong_token",
-                "wrong_address")
+                "wrong_address", "plain_http")
 
 
 class RegistryMetrics:
