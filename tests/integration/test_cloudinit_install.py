@@ -108,11 +108,12 @@ def test_install_script_installs_what_the_unit_starts(tmp_path: Path) -> None:
     assert f"imex-ensemble[guest]=={version('imex-ensemble')}" in proc.stdout
     assert (tmp_path / "systemctl.log").read_text().splitlines() == [
         "daemon-reload",
-        "enable imex-guest-agent.service",
+        "enable imex-guest-agent.service imex-domain-ready.service",
         "restart imex-guest-agent.service",
         "cat nvidia-imex.service",
         "enable nvidia-imex.service",
         "restart nvidia-imex.service",
+        "start --no-block imex-domain-ready.service",
     ]
     # committed: the next boot's bootcmd leaves cloud-init's semaphores alone
     sem = Path(setup_script.setup_sem(opts, cli.load_unit()))

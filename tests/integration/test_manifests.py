@@ -414,10 +414,11 @@ def test_deployment_is_locked_down() -> None:
     for part in ("requests", "limits"):
         assert set(c["resources"][part]) == {"cpu", "memory"}
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"registry": 8080}
+    assert ports == {"registry": 8080, "registry-tls": 8443}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "registry"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "registry"}
     assert "--listen=0.0.0.0:8080" in c["args"]
+    assert {"--tls-listen=0.0.0.0:8443", "--tls-self-issued"} <= set(c["args"])
     assert pod["serviceAccountName"] == one("base", "ServiceAccount")["metadata"]["name"]
     assert c["image"].startswith("registry.example.com/")  # the kustomize images: entry applied
 
@@ -427,14 +428,15 @@ def test_registry_service_and_network_policy() -> None:
     labels = dep["spec"]["template"]["metadata"]["labels"]
     svc = one("base", "Service")
     assert svc["spec"]["ports"] == [
-        {"name": "registry", "port": 8080, "targetPort": "registry", "protocol": "TCP"}
+        {"name": "registry", "port": 8080, "targetPort": "registry", "protocol": "TCP"},
+        {"name": "registry-tls", "port": 8443, "targetPort": "registry-tls", "protocol": "TCP"},
     ]
     assert svc["spec"]["selector"].items() <= labels.items()
     np = one("base", "NetworkPolicy")
     assert np["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     assert np["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = np["spec"]["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 8443}]
     assert rule["from"] == [
         {"namespaceSelector": {}, "podSelector": {"matchLabels": {"kubevirt.io": "virt-launcher"}}},
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
@@ -652,6 +654,6 @@ def test_containerfile_matches_the_deployment() -> None:
         pod["securityContext"]["runAsGroup"],
     )
     assert int(user.group(1)) != 0
-    assert re.search(r"^EXPOSE (\d+)$", text, re.M).group(1) == "8080"  # type: ignore[union-attr]
+    assert re.search(r"^EXPOSE (.+)$", text, re.M).group(1) == "8080 8443"  # type: ignore[union-attr]
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert '["imex-host-agent"]' in text and "imex-host-agent" in scripts
