@@ -296,7 +296,7 @@ def parse_fabric(output: bytes) -> Fabric | None:
             continue  # this GPU has no fabric (not an NVLink-fabric GPU, or not set up)
         if section.get("State", "Completed") != "Completed":
             continue  # registration still in progress: no identity yet
-        if not clique.isdigit():
+        if not (clique.isascii() and clique.isdigit()):  # "²" is a digit int() refuses
             raise DomainError(f"nvidia-smi -q: CliqueId {_short(clique)} is not a number")
         found.add(check_fabric(uuid, int(clique)))
     if len(found) > 1:
