@@ -16,6 +16,9 @@ from hypothesis import HealthCheck, settings
 
 EXAMPLES = int(os.environ.get("IMEX_FUZZ_EXAMPLES", "50"))
 COUNTS: Counter[str] = Counter()
+#: the registry's answers per (where, operation, status): shows the fuzzer got past the
+#: checks in front (a certificate endpoint answering only 409 would test nothing)
+STATUSES: Counter[str] = Counter()
 OUT = Path(__file__).parents[2] / "test-artifacts" / "fuzz" / "counts.json"
 
 #: the settings of every fuzz property: no deadline (2 shared cores), no health check
@@ -33,5 +36,7 @@ def write_counts() -> Path | None:
         return None
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"examples_per_property": EXAMPLES,
-                               "examples": dict(sorted(COUNTS.items()))}, indent=1) + "\n")
+                               "examples": dict(sorted(COUNTS.items())),
+                               "registry_statuses": dict(sorted(STATUSES.items()))},
+                              indent=1) + "\n")
     return OUT
