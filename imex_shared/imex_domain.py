@@ -15,7 +15,9 @@ renders the matrix). Why each rule (FACTS.md "IMEX: the domain view, cliques, ch
   field (a node's ``status``, ``host``, ``hostName``, ``version``; a link's ``host`` and
   ``changed``; the document's ``timestamp`` and ``status``) is forwarded when it has the
   type every registry version accepts and left out otherwise: IMEX does not document the
-  type of ``changed``, and a ``"changed": false`` must not cost the view.
+  type of ``changed``, and a ``"changed": false`` must not cost the view. A node's
+  ``status`` is sent as ``UNKNOWN`` when missing or not a word: registries before this
+  rule require one.
 - Link words: IMEX documents CONNECTED and INVALID for the JSON; for the other states of
   the text legend the JSON word is undocumented, so we assume the legend's name in
   capitals with underscores (DISCONNECTED, NEVER_CONNECTED, RECOVERING, AUTHENTICATING).
@@ -53,6 +55,8 @@ STATE_LETTERS: Final[Mapping[str, str]] = {
 CONNECTED: Final = "CONNECTED"
 SELF_CELL: Final = "."
 UNKNOWN_CELL: Final = "?"
+#: a node's ``status`` when IMEX printed none, or not a word (module docstring)
+NODE_STATUS_UNKNOWN: Final = "UNKNOWN"
 OTHER_CLIQUE_CELL: Final = "-"
 MATRIX_LABEL: Final = "Nodes From\\To"
 
@@ -154,7 +158,9 @@ def clean_imex_domain(doc: object, max_members: int) -> dict[str, Any]:
         where = f"imex_domain.nodes[{_short(key)}]"
         index = _index(key, max_members, where)
         node = _mapping(raw, where)
-        out: dict[str, Any] = {}
+        # a node's state word is unused, but registries before issue 30 require one: a
+        # missing or bad one goes as UNKNOWN so that no registry refuses the report
+        out: dict[str, Any] = {"status": NODE_STATUS_UNKNOWN}
         _optional(out, node, "status", _word)
         for name in ("host", "hostName", "version"):
             _optional(out, node, name, _text)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def test_imex_ctl_domain_output(output: bytes) -> None:
         return
     # what the guest forwards, the registry accepts: no field costs the member its report
     ImexDomainIn.model_validate_json(json.dumps(doc), strict=True)
+    # and so does a registry from before issue 30, which requires each node's state word
+    assert all(re.fullmatch(r"[A-Z][A-Z0-9_]{0,31}", n["status"]) for n in doc["nodes"].values())
     for key in doc["nodes"]:
         row = own_row(doc, int(key))
         assert row is not None and all(0 <= i < N for i in row)

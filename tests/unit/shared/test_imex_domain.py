@@ -125,8 +125,9 @@ def test_unused_fields_of_any_type_are_left_out_not_refused() -> None:
                      "1": {"connections": {"0": {"status": "NEVER_CONNECTED"}}}},
            "timestamp": {"a": 1}, "status": "up now"}
     assert clean_imex_domain(doc, 2) == {
-        "nodes": {"0": {"connections": {"1": {"status": "CONNECTED"}}},
-                  "1": {"connections": {"0": {"status": "NEVER_CONNECTED"}}}}}
+        "nodes": {"0": {"status": "UNKNOWN", "connections": {"1": {"status": "CONNECTED"}}},
+                  "1": {"status": "UNKNOWN",
+                        "connections": {"0": {"status": "NEVER_CONNECTED"}}}}}
 
 
 def test_deep_nesting_too_many_nodes_and_oversize_are_refused() -> None:
