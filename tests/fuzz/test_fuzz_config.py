@@ -46,7 +46,8 @@ _scalar = st.one_of(st.booleans(), st.integers(-(2**64), 2**64), st.floats(),
                     st.text(max_size=30),
                     st.sampled_from(["gpu", "gb200", "names", "ips", "systemd", "10.0.0.53",
                                      "[fd00::53]:5353", "http://10.0.0.1:9000", "/etc/hosts",
-                                     "a" * 64, "0" * 64, "auto", "local", ""]))
+                                     "a" * 64, "0" * 64, "auto", "local", "",
+                                     "10.0.0.53:\u00b2", "[fd00::53]:\u0661\u0662"]))
 _value = st.recursive(_scalar, lambda kids: st.one_of(
     st.lists(kids, max_size=3), st.dictionaries(st.sampled_from(["a", "b"]), kids, max_size=2)),
     max_leaves=5)
@@ -70,6 +71,7 @@ def _text(doc: dict[str, object]) -> str:
 @example('ensemble = "gb200"\nnamespace = "gpu"\nmax_members = 1e400\n')
 @example('ensemble = "gb200"\nnamespace = "gpu"\npoll_interval = nan\n')
 @example('ensemble = "gb200"\nnamespace = "gpu"\nnameservers = [{a = 1}]\n')
+@example('ensemble = "gb200"\nnamespace = "gpu"\nnameservers = ["10.0.0.53:\u00b2"]\n')  # found
 def test_any_config_loads_or_is_refused_naming_the_key(tmp_path_factory: pytest.TempPathFactory,
                                                        text: str) -> None:
     count("toml_config")

@@ -30,8 +30,10 @@ _pins = st.dictionaries(st.integers(0, N - 1), _ip, max_size=N)
 _marker = st.sampled_from([ENS.block_begin, ENS.block_end, OTHER.block_begin,
                            OTHER.block_end, " " + ENS.block_begin + " \t",
                            ENS.block_begin + "x", "# BEGIN imex-ensemble"]).map(str.encode)
-_slot_line = st.builds(lambda ip, i, extra: f"{ip}\t{ENS.slot(i)}{extra}".encode(),
-                       _ip, st.integers(0, 9), st.sampled_from(["", " other", " # c"]))
+_slot_line = st.builds(lambda ip, name, extra: f"{ip}\t{name}{extra}".encode(), _ip,
+                       st.one_of(st.integers(0, 9).map(ENS.slot), st.sampled_from(
+                           ["\u00b2", "\u0661", "01", "x", "-1"]).map(ENS.slot(0)[:-1].__add__)),
+                       st.sampled_from(["", " other", " # c"]))
 _chunk = st.one_of(
     _marker, _slot_line, st.binary(max_size=40),
     st.sampled_from([b"\xff\xfe\x80", b"\x00", b"\r", b"\r\n", b"\n", b"\t", b"#",
@@ -62,6 +64,7 @@ NESTED = (f"{ENS.block_begin}\n10.0.0.1\t{ENS.slot(0)}\n{OTHER.block_begin}\n"
 @given(hosts_bytes(), _pins)
 @example(b"\xff\x00" + ENS.block_begin.encode() + b"\r\n" + ENS.block_end.encode(), {0: "10.0.0.2"})
 @example(NESTED, {1: "10.0.0.3"})
+@example(f"10.0.0.9\t{ENS.slot(0)[:-1]}\u00b2\n".encode(), {0: "10.0.0.2"})  # found: a crash
 @example(ENS.block_begin.encode() + b"\n10.0.0.1 a\n", {})  # BEGIN with no END
 @example(ENS.block_end.encode() + b"\n" + ENS.block_begin.encode(), {2: "fd00::2"})
 def test_any_hosts_file_merges_and_is_written_whole(tmp_path_factory: object, data: bytes,
