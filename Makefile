@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-peers vmtest vmtest-matrix chroottest realk8s realnode \
+.PHONY: demo test fuzz lint bench bench-peers vmtest vmtest-matrix chroottest realk8s realnode \
 	wheelhouse image stress-check clean
 
 # constraints.txt pins every test and lint dependency (bumped in commits of their own)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m tests.tiers run test $(TEST_ARGS)
+
+# issue 30: every fuzz property and API operation at 500 examples (CI: 50, in make test)
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.tiers run fuzz $(FUZZ_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check imex_shared guest_agent host_agent tools tests

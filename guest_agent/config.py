@@ -23,6 +23,7 @@ from imex_shared.model import (
     MAX_MEMBERS_LIMIT,
     ModelError,
     check_dns_label,
+    is_decimal,
     is_sha256_hex,
 )
 
@@ -348,7 +349,7 @@ def parse_nameserver(key: str, text: str) -> Nameserver:
 
 
 def _port_of(key: str, text: str, p: str) -> int:
-    if not p.isdigit() or not 0 < int(p) < 65536:
+    if not is_decimal(p) or not 0 < int(p) < 65536:
         raise ConfigError(f"{key}: {text!r} has a bad port")
     return int(p)
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
+from imex_shared.model import is_decimal
+
 DEFAULT_MAX_BODY: Final = 1 << 20
 MAX_HEAD: Final = 64 * 1024
 USER_AGENT: Final = "imex-guest-agent"
@@ -206,7 +208,7 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, str, dict[str, 
         text = status_line.decode("latin-1").rstrip("\r\n")
         version, _, rest = text.partition(" ")
         code, _, reason = rest.partition(" ")
-        if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+        if not version.startswith("HTTP/1.") or len(code) != 3 or not is_decimal(code):
             raise ValueError(text)
         status = int(code)
     except ValueError as exc:
@@ -272,7 +274,7 @@ async def _read_body(
         return await _read_chunked(reader, max_body)
     if "content-length" in headers:
         text = headers["content-length"]
-        if not text.isdigit():
+        if not is_decimal(text):
             raise HttpProtocolError(f"bad Content-Length {text!r}")
         length = int(text)
         if length > max_body:

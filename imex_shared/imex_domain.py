@@ -10,6 +10,14 @@ renders the matrix). Why each rule (FACTS.md "IMEX: the domain view, cliques, ch
   of the right types, node ids inside the ensemble, words that are words: a daemon (or
   anything else on the ctl's path) printing garbage, a truncated line or a hostile
   document costs a counted error, never a crash, and nothing raw leaves the guest.
+- Strict only about what is used (issue 30): the node ids, the ``connections`` and each
+  link's ``status`` word (the link matrix), and the objects that hold them. Every other
+  field (a node's ``status``, ``host``, ``hostName``, ``version``; a link's ``host`` and
+  ``changed``; the document's ``timestamp`` and ``status``) is forwarded when it has the
+  type every registry version accepts and left out otherwise: IMEX does not document the
+  type of ``changed``, and a ``"changed": false`` must not cost the view. A node's
+  ``status`` is sent as ``UNKNOWN`` when missing or not a word: registries before this
+  rule require one.
 - Link words: IMEX documents CONNECTED and INVALID for the JSON; for the other states of
   the text legend the JSON word is undocumented, so we assume the legend's name in
   capitals with underscores (DISCONNECTED, NEVER_CONNECTED, RECOVERING, AUTHENTICATING).
@@ -21,9 +29,10 @@ renders the matrix). Why each rule (FACTS.md "IMEX: the domain view, cliques, ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -46,6 +55,8 @@ STATE_LETTERS: Final[Mapping[str, str]] = {
 CONNECTED: Final = "CONNECTED"
 SELF_CELL: Final = "."
 UNKNOWN_CELL: Final = "?"
+#: a node's ``status`` when IMEX printed none, or not a word (module docstring)
+NODE_STATUS_UNKNOWN: Final = "UNKNOWN"
 OTHER_CLIQUE_CELL: Final = "-"
 MATRIX_LABEL: Final = "Nodes From\\To"
 
@@ -121,11 +132,20 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
     return value
 
 
+def _optional(out: dict[str, Any], source: Mapping[str, Any], name: str,
+              check: Callable[[object, str], object]) -> None:
+    """Copy an unused field into ``out`` when ``check`` passes it; leave it out otherwise."""
+    if name in source:
+        with contextlib.suppress(DomainError):
+            out[name] = check(source[name], name)
+
+
 def clean_imex_domain(doc: object, max_members: int) -> dict[str, Any]:
     """``-N -j`` rebuilt from its known fields (raises DomainError naming the bad part).
 
-    Unknown fields are left out; missing optional ones stay missing; ``connections``
-    defaults to empty (a node that is down lists none in some versions).
+    Unknown fields are left out, and so are the unused known ones whose value does not
+    pass its check (module docstring); missing optional ones stay missing;
+    ``connections`` defaults to empty (a node that is down lists none in some versions).
     """
     top = _mapping(doc, "imex_domain")
     nodes_in = _mapping(top.get("nodes"), "imex_domain.nodes")
@@ -138,10 +158,12 @@ def clean_imex_domain(doc: object, max_members: int) -> dict[str, Any]:
         where = f"imex_domain.nodes[{_short(key)}]"
         index = _index(key, max_members, where)
         node = _mapping(raw, where)
-        out: dict[str, Any] = {"status": _word(node.get("status"), f"{where}.status")}
+        # a node's state word is unused, but registries before issue 30 require one: a
+        # missing or bad one goes as UNKNOWN so that no registry refuses the report
+        out: dict[str, Any] = {"status": NODE_STATUS_UNKNOWN}
+        _optional(out, node, "status", _word)
         for name in ("host", "hostName", "version"):
-            if name in node:
-                out[name] = _text(node[name], f"{where}.{name}")
+            _optional(out, node, name, _text)
         conns_in = _mapping(node.get("connections", {}), f"{where}.connections")
         if len(conns_in) > max_members:
             raise DomainError(f"{where}.connections: {len(conns_in)} entries, too many")
@@ -153,18 +175,14 @@ def clean_imex_domain(doc: object, max_members: int) -> dict[str, Any]:
                 raise DomainError(f"{cwhere}: a node's connection to itself")
             conn = _mapping(craw, cwhere)
             c: dict[str, Any] = {"status": _word(conn.get("status"), f"{cwhere}.status")}
-            if "host" in conn:
-                c["host"] = _text(conn["host"], f"{cwhere}.host")
-            if "changed" in conn:
-                c["changed"] = _stamp(conn["changed"], f"{cwhere}.changed")
+            _optional(c, conn, "host", _text)
+            _optional(c, conn, "changed", _stamp)
             conns[str(peer)] = c
         out["connections"] = conns
         nodes[str(index)] = out
     cleaned: dict[str, Any] = {"nodes": nodes}
-    if "timestamp" in top:
-        cleaned["timestamp"] = _stamp(top["timestamp"], "imex_domain.timestamp")
-    if "status" in top:
-        cleaned["status"] = _word(top["status"], "imex_domain.status")
+    _optional(cleaned, top, "timestamp", _stamp)
+    _optional(cleaned, top, "status", _word)
     size = len(encode_compact(cleaned))
     if size > IMEX_DOMAIN_MAX_BYTES:
         raise DomainError(
@@ -290,7 +308,7 @@ def parse_fabric(output: bytes) -> Fabric | None:
             continue  # this GPU has no fabric (not an NVLink-fabric GPU, or not set up)
         if section.get("State", "Completed") != "Completed":
             continue  # registration still in progress: no identity yet
-        if not clique.isdigit():
+        if not (clique.isascii() and clique.isdigit()):  # "²" is a digit int() refuses
             raise DomainError(f"nvidia-smi -q: CliqueId {_short(clique)} is not a number")
         found.add(check_fabric(uuid, int(clique)))
     if len(found) > 1:

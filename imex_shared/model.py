@@ -49,7 +49,7 @@ SHA256_HEX_PATTERN: Final = "^[0-9a-f]{64}$"
 _SHA256_HEX = re.compile(SHA256_HEX_PATTERN)
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_TRAILING_INDEX = re.compile(r"-(\d+)$")
+_TRAILING_INDEX = re.compile(r"-(\d+)$", re.ASCII)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -68,6 +68,12 @@ class InvalidIndex(ModelError):
 
 class UnusableAddress(ModelError):
     """An address peers could not reach (or not an address at all)."""
+
+
+def is_decimal(text: object) -> bool:
+    """Only ASCII digits: ``str.isdigit()`` also accepts ``²`` and Arabic-Indic digits,
+    which ``int()`` refuses or reads as another number (issue 30's fuzzing found both)."""
+    return isinstance(text, str) and text.isascii() and text.isdigit()
 
 
 def check_dns_label(value: str, what: str) -> str:
@@ -113,7 +119,7 @@ class EnsembleId:
         if not slot.lower().startswith(prefix):
             return None
         tail = slot[len(prefix) :]
-        if not tail.isdigit() or (len(tail) > 1 and tail[0] == "0"):
+        if not is_decimal(tail) or (len(tail) > 1 and tail[0] == "0"):
             return None
         return int(tail)
 

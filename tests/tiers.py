@@ -29,6 +29,8 @@ class Tier:
     options: tuple[str, ...] = field(default=("-q",))
     #: does .ci/run run it (a make target otherwise, named in the README)
     in_ci: bool = True
+    #: environment defaults of this tier (the caller's environment wins)
+    env: tuple[tuple[str, str], ...] = ()
 
     def args(self) -> list[str]:
         out = [*self.options, "-m", self.markers]
@@ -57,6 +59,11 @@ TIERS: dict[str, Tier] = {
     # issue 25: the base Deployment's pods on a real kubelet; builds on demand, not in CI
     "realnode": Tier("make realnode", "realnode", ("tests/realnode",),
                      options=("-q", "-s", "-p", "no:cacheprovider"), in_ci=False),
+    # issue 30: tests/fuzz at 500 examples per property and per API operation; CI runs
+    # the same files at 50 (the default) inside the test tier
+    "fuzz": Tier("make fuzz", " and ".join(f"not {m}" for m in _ELSEWHERE), ("tests/fuzz",),
+                 options=("-q", "-p", "no:cacheprovider"), in_ci=False,
+                 env=(("IMEX_FUZZ_EXAMPLES", "500"),)),
 }
 
 
@@ -78,7 +85,7 @@ def main(argv: list[str]) -> int:
         return 0
     import subprocess
 
-    env = {**os.environ, "IMEX_TIER": name}
+    env = {**dict(tier.env), **os.environ, "IMEX_TIER": name}
     code = subprocess.run([sys.executable, "-m", "pytest", *args, *argv[2:]], env=env,
                           check=False).returncode
     if code == 5:  # make reports any failure as 2: say what this one was

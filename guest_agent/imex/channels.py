@@ -48,7 +48,7 @@ PROC_DEVICES_MAX: Final = 64 * 1024
 #: Linux majors are 12 bits (MAJORBITS 12 in linux/kdev_t.h)
 MAX_MAJOR: Final = 4095
 
-_LINE = re.compile(r"^\s*(\d{1,4})\s+(\S{1,64})\s*$")
+_LINE = re.compile(r"^\s*(\d{1,4})\s+(\S{1,64})\s*$", re.ASCII)
 
 
 class DevicesError(ValueError):

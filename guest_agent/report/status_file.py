@@ -18,6 +18,7 @@ from typing import Any
 
 from guest_agent.files.safewrite import FileWriteError, write_file
 from imex_shared.imex_domain import SELF_CELL, letter, matrix_lines
+from imex_shared.model import is_decimal
 
 SCHEMA = 1
 
@@ -208,7 +209,7 @@ def _own_row(data: Mapping[str, Any], own: object) -> list[str]:
     row = data.get("imex_row")
     if not isinstance(row, dict) or not isinstance(own, int):
         return []
-    peers = sorted({int(k) for k in row if str(k).isdigit()} | {own})
+    peers = sorted({int(k) for k in row if is_decimal(str(k))} | {own})
     cells = [SELF_CELL if p == own else letter(row.get(str(p))) for p in peers]
     return ["", *matrix_lines(peers, [(own, cells)])]
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from imex_shared.cliques import same_group, split
+from imex_shared.model import is_decimal
 
 READY: Final = "READY"
 CONNECTED: Final = "CONNECTED"
@@ -187,7 +188,7 @@ def from_local(doc: object, members: Sequence[Mapping[str, Any]], own: int | Non
             facts.rows.add(i)
             for j, c in conns.items():
                 s = c.get("status") if isinstance(c, Mapping) else None
-                if str(j).isdigit() and isinstance(s, str):
+                if is_decimal(str(j)) and isinstance(s, str):
                     facts.links[(i, int(j))] = s
     return facts
 

@@ -42,6 +42,7 @@ from typing import Final, Literal
 from guest_agent.config import Settings
 from guest_agent.imex.channels import ChannelsState
 from imex_shared.imex_domain import fabric_sections
+from imex_shared.model import is_decimal
 
 Result = Literal["PASS", "WARN", "FAIL"]
 MAX_MESSAGE: Final = 255
@@ -51,7 +52,7 @@ NAMES_FLOOR: Final = (570, 158, 1)
 SIGUSR1_BRANCH: Final = 580
 DEFAULT_CTL_CONFIG: Final = "/etc/nvidia-imex/config.cfg"
 
-_VERSION = re.compile(r"^(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?$")
+_VERSION = re.compile(r"^(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?$", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +328,7 @@ def _fabric(f: Facts) -> Check:
         if status != "Success":
             return _check(name, "FAIL", f"GPU {i}: fabric Status {shown(status)}, want Success: "
                           "check the fabric manager and the NVLink switch trays")
-        if not clique.isdigit():
+        if not is_decimal(clique):
             return _check(name, "FAIL", f"GPU {i}: CliqueId {shown(clique)} is not a clique id")
     return _check(name, "PASS", f"{len(sections)} GPU(s): Completed, Success, clique "
                   f"{sections[0].get('CliqueId')}")
@@ -340,7 +341,7 @@ def _reserved(s: Settings, f: Facts) -> Check:
     spans: list[tuple[int, int]] = []
     for part in f.reserved_ports.strip().split(","):
         lo, sep, hi = part.strip().partition("-")
-        if lo.isdigit() and (not sep or hi.isdigit()):
+        if is_decimal(lo) and (not sep or is_decimal(hi)):
             spans.append((int(lo), int(hi) if sep else int(lo)))
     if any(lo <= s.port <= hi for lo, hi in spans):
         return _check(name, "PASS", f"IMEX's port {s.port} is reserved")

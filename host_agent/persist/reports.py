@@ -62,7 +62,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from host_agent.state.snapshot import GuestReport
-from imex_shared.model import EnsembleId
+from imex_shared.model import EnsembleId, is_decimal
 
 REPORTS_LABEL: Final = "imex-ensemble.io/reports"
 ENSEMBLE_ANNOTATION: Final = "imex-ensemble.io/ensemble"
@@ -126,7 +126,7 @@ def reports_of(obj: Mapping[str, Any]) -> tuple[EnsembleId | None, dict[int, Gue
     assert isinstance(data, Mapping)
     out: dict[int, GuestReport] = {}
     for k, v in data.items():
-        if isinstance(k, str) and k.isdigit():
+        if is_decimal(k):
             report = decode_report(v)
             if report is not None:
                 out[int(k)] = report

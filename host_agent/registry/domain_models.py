@@ -10,6 +10,13 @@ The raw document is never kept: :func:`reduce_links` takes the reporting member'
 entry (``nodes["<its index>"]``) and keeps one interned state word per peer index. A
 copy of another member's row that IMEX relays is ignored, so link i->j only ever comes
 from member i.
+
+Only what the registry uses is checked: the node ids, each node's ``connections`` and
+each connection's ``status`` word. Every other field (a node's ``status``, ``host``,
+``hostName`` and ``version``; a connection's ``host`` and ``changed``; the document's
+``timestamp`` and ``status``) is ignored whatever its type, so a field the registry
+never reads can never cost a member its report (issue 30: IMEX does not document the
+type of ``changed``; a boolean there made every report of a real IMEX a 422).
 """
 
 from __future__ import annotations
@@ -25,45 +32,34 @@ from imex_shared.imex_domain import Fabric
 MAX_NODES = 1000
 
 _Word = Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]{0,31}$")]
-_Text = Annotated[str, Field(max_length=255)]
 _Index = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,5})$")]
-_Stamp = (
-    Annotated[int, Field(ge=0, le=2**63 - 1)]
-    | Annotated[float, Field(ge=0, lt=1e18, allow_inf_nan=False)]
-    | Annotated[str, Field(max_length=64)]
-)
 
 
 class ConnectionIn(BaseModel):
-    """One link of a node's ``connections``: the state word IMEX printed."""
+    """One link of a node's ``connections``: the state word IMEX printed (``host`` and
+    ``changed`` are ignored, whatever their type)."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
     status: _Word
-    host: _Text | None = None
-    changed: _Stamp | None = None
 
 
 class NodeIn(BaseModel):
-    """One node of ``-N -j``: its state and its outgoing links by peer node id."""
+    """One node of ``-N -j``: its outgoing links by peer node id (its ``status``,
+    ``host``, ``hostName`` and ``version`` are ignored, whatever their type)."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    status: _Word
-    host: _Text | None = None
-    hostName: _Text | None = None  # IMEX's field name
-    version: Annotated[str, Field(max_length=64)] | None = None
     connections: Annotated[dict[_Index, ConnectionIn], Field(max_length=MAX_NODES)] = {}
 
 
 class ImexDomainIn(BaseModel):
-    """``nvidia-imex-ctl -N -j`` as the guest forwards it."""
+    """``nvidia-imex-ctl -N -j`` as the guest forwards it (``timestamp`` and ``status``
+    are ignored, whatever their type)."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
 
     nodes: Annotated[dict[_Index, NodeIn], Field(max_length=MAX_NODES)]
-    timestamp: _Stamp | None = None
-    status: _Word | None = None
 
 
 class FabricIn(BaseModel):

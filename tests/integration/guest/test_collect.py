@@ -67,7 +67,9 @@ async def test_a_valid_view_the_fabric_and_the_channel(tmp_path: Path) -> None:
 
 
 async def test_garbage_is_dropped_and_counted_never_forwarded(tmp_path: Path) -> None:
-    ctl = script(tmp_path / "ctl", 'echo \'{"nodes": {"0": {"status": "<script>"}}}\'')
+    # garbage where the link matrix reads (a link's state word): the view is dropped
+    ctl = script(tmp_path / "ctl", 'echo \'{"nodes": {"0": {"connections": '
+                 '{"1": {"status": "<script>"}}}}}\'')
     smi = script(tmp_path / "smi", "exit 0")
     c = collector(tmp_path, ctl, [str(smi)])
     r = await c.collect()
@@ -77,6 +79,12 @@ async def test_garbage_is_dropped_and_counted_never_forwarded(tmp_path: Path) ->
     script(tmp_path / "ctl", "echo 'cannot connect' >&2; exit 1")
     r = await c.collect()
     assert r.imex_domain is None and r.errors == 1
+    # garbage where nothing reads (a node's state word, issue 30): left out, never
+    # forwarded, and the view is kept
+    script(tmp_path / "ctl", 'echo \'{"nodes": {"0": {"status": "<script>"}}}\'')
+    r = await c.collect()
+    assert r.imex_domain == {"nodes": {"0": {"status": "UNKNOWN", "connections": {}}}}
+    assert r.errors == 1
 
 
 async def test_a_hanging_ctl_is_killed_and_reaped(tmp_path: Path) -> None:

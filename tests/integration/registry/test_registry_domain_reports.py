@@ -81,13 +81,14 @@ def nested(depth: int) -> str:
 HOSTILE: list[tuple[str, str, str]] = [
     ("wrong type: nodes a list", json.dumps(report(imex_domain={"nodes": []})),
      "imex_domain.nodes"),
-    ("wrong type: status a number",
-     json.dumps(report(imex_domain={"nodes": {"3": {"status": 5}}})), "status"),
-    ("wrong type: changed a boolean", json.dumps(report(imex_domain={"nodes": {"3": {
-        "status": "READY", "connections": {"1": {"status": "CONNECTED", "changed": True}}}}})),
-     "changed"),
-    ("a word that is markup",
-     json.dumps(report(imex_domain={"nodes": {"3": {"status": "<b>READY</b>"}}})), "status"),
+    ("wrong type: a link's status a number", json.dumps(report(imex_domain={"nodes": {"3": {
+        "connections": {"1": {"status": 5}}}}})), "imex_domain.nodes.3.connections.1.status"),
+    ("a link's word that is markup", json.dumps(report(imex_domain={"nodes": {"3": {
+        "connections": {"1": {"status": "<b>CONNECTED</b>"}}}}})), "connections.1.status"),
+    ("a link without its status", json.dumps(report(imex_domain={"nodes": {"3": {
+        "connections": {"1": {"changed": 5}}}}})), "connections.1.status"),
+    ("wrong type: a node a string",
+     json.dumps(report(imex_domain={"nodes": {"3": "READY"}})), "imex_domain.nodes.3"),
     ("node id not decimal",
      json.dumps(report(imex_domain={"nodes": {"three": {"status": "READY"}}})), "nodes"),
     ("node id outside the ensemble",
@@ -128,6 +129,31 @@ async def test_hostile_domain_bodies_are_422_and_the_agent_carries_on(
         assert 3 not in reg.state.get(ENS).reports  # type: ignore[union-attr]  # nothing kept
         fine = await client.put(URL, json=report(imex_domain=domain_doc(18)), headers=AUTH)
         assert fine.status_code == 200  # the registry is unharmed
+
+
+_UNUSED_VALUES = [True, False, "2026-12-02T10:00:00Z", {"at": [1, 2]}, None, -1, "<b>x</b>"]
+
+
+@pytest.mark.parametrize("value", [*_UNUSED_VALUES, "absent"],
+                         ids=[repr(v)[:16] for v in _UNUSED_VALUES] + ["absent"])
+async def test_fields_the_registry_does_not_use_never_refuse_a_report(
+    reg: Running, value: object
+) -> None:
+    """Issue 30: ``changed`` (type undocumented), and every other field the registry does
+    not read, may hold anything or be missing: the report is accepted, the row kept."""
+    def put(conn: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+        if value != "absent":
+            conn = {**conn, "changed": value, "host": value}
+            node = {**node, "status": value, "host": value, "hostName": value,
+                    "version": value}
+        top = {} if value == "absent" else {"timestamp": value, "status": value}
+        return report(imex_domain={"nodes": {"3": {**node, "connections": {"1": conn}}},
+                                   **top})
+    body = put({"status": "CONNECTED"}, {})
+    async with httpx.AsyncClient(base_url=reg.url) as client:
+        ok = await client.put(URL, json=body, headers=AUTH)
+    assert ok.status_code == 200, ok.text
+    assert reg.state.get(ENS).reports[3].links == (None, "CONNECTED")  # type: ignore[union-attr]
 
 
 async def test_10000_nodes_are_refused_before_parsing_and_by_the_schema() -> None:
