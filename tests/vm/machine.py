@@ -54,14 +54,28 @@ class MachineError(Exception):
     """qemu could not be started, or a seed could not be made."""
 
 
-def make_seed(path: Path, user_data: str, meta_data: str) -> Path:
-    """``cloud-localds`` a NoCloud seed image (label ``cidata``) from the two documents."""
+#: NoCloud ``network-config`` of every seed (KubeVirt's ``cloudInitNoCloud.networkData``):
+#: DHCPv4 on eth0, as the test bridge serves. Without it cloud-init renders its fallback,
+#: and 25.1's (Debian 13) asks DHCPv4 *and* DHCPv6: ifupdown's ``dhclient -6`` then waits
+#: for a DHCPv6 server the bridge does not have until ``networking.service`` times out
+#: (5 min), and every later boot stage waits with it (tests/vm/README.md, "Debian 13").
+NETWORK_CONFIG = "version: 2\nethernets:\n  eth0:\n    dhcp4: true\n"
+
+
+def make_seed(path: Path, user_data: str, meta_data: str,
+              network_config: str | None = NETWORK_CONFIG) -> Path:
+    """``cloud-localds`` a NoCloud seed image (label ``cidata``) from the documents
+    (``network_config`` None: no ``network-config``, cloud-init's fallback)."""
     with tempfile.TemporaryDirectory(prefix="vmt-seed-") as d:
         ud, md = Path(d) / "user-data", Path(d) / "meta-data"
         ud.write_text(user_data)
         md.write_text(meta_data)
-        proc = subprocess.run(["cloud-localds", str(path), str(ud), str(md)],
-                              capture_output=True, text=True, timeout=60)
+        argv = ["cloud-localds", str(path), str(ud), str(md)]
+        if network_config is not None:
+            nc = Path(d) / "network-config"
+            nc.write_text(network_config)
+            argv[1:1] = ["--network-config", str(nc)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise MachineError(f"cloud-localds failed: {proc.stderr.strip()}")
     return path
