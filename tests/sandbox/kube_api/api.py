@@ -47,6 +47,7 @@ from typing import Any
 
 import yaml
 
+from . import audit as audit_mod
 from . import openapi, rbac, tables
 from .errors import ApiError, bad_request, status_object
 from .faults import Counters, Faults
@@ -111,6 +112,8 @@ class KubeApi:
         self.admin = admin
         self.clock = clock
         self.tokens = rbac.Tokens()
+        #: the audit and delivery logs (audit.py), when a test asked for them
+        self.audit: audit_mod.Audit | None = None
 
     def _identity(self, auth: str | None) -> rbac.Identity | None:
         """Who sent the request (rbac.py); None: a token nobody minted (401)."""
@@ -149,15 +152,33 @@ class KubeApi:
             await asyncio.sleep(delay)
         if fault is not None:
             self.counters.faulted[(verb, resource)] += 1
-            return error_response(fault)
+            return self._audited(req, verb, resource, error_response(fault))
         try:
-            return await route()
+            return self._audited(req, verb, resource, await route())
         except ApiError as e:
-            return error_response(e)
+            return self._audited(req, verb, resource, error_response(e))
         except Exception as e:  # a bug in the double: answer as the apiserver would
             log.exception("sandbox API double failed on %s %s", req.method, req.target)
             return error_response(ApiError(500, "InternalError",
                                            f"Internal error occurred: {type(e).__name__}: {e}"))
+
+    def _audited(self, req: Request, verb: str, resource: str,
+                 resp: Response | StreamResponse) -> Response | StreamResponse:
+        """Log a write (with the Lease holder now, at its commit) or a read's objects in
+        ``self.audit`` when there is one (audit.py); the answer is passed on unchanged."""
+        audit = self.audit
+        if audit is None or req.query.get("dryRun") or isinstance(resp, StreamResponse):
+            return resp
+        ua = req.headers.get("user-agent", "")
+        if verb in audit_mod.WRITE_VERBS:
+            answer = _decoded(resp) if resp.status < 300 else None
+            audit.write(verb, resource, req.path, resp.status, ua,
+                        audit_mod.holder_of(self.store, audit.lease), answer)
+        elif verb in ("get", "list") and resp.status == 200 and audit.kept(resource):
+            doc = _decoded(resp) or {}
+            items = doc.get("items") if verb == "list" else [doc]
+            audit.delivered(ua, verb, resource, items if isinstance(items, list) else [])
+        return resp
 
     # ------------------------------------------------------------ routing
 
@@ -349,10 +370,12 @@ class KubeApi:
             return StreamResponse(200, _one_error(e.status()))
         as_table = tables.wants_table(req.headers.get("accept", ""))
         return StreamResponse(200, self._events(t, w, bookmarks, timeout,
-                                                _include(req) if as_table else None))
+                                                _include(req) if as_table else None,
+                                                req.headers.get("user-agent", "")))
 
     async def _events(self, t: ResourceType, w: Watcher, bookmarks: bool,
-                      timeout: float | None, table: str | None) -> AsyncIterator[bytes]:
+                      timeout: float | None, table: str | None,
+                      user_agent: str = "") -> AsyncIterator[bytes]:
         """The watch stream; `table` = includeObject when the client asked for Tables."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout is not None else None
@@ -378,6 +401,8 @@ class KubeApi:
                     raise AbortConnection()
                 if table is not None:
                     obj = tables.table(t, [obj], None, table)
+                elif self.audit is not None:
+                    self.audit.delivered(user_agent, "watch", t.plural, [obj])
                 yield encode({"type": kind, "object": obj}) + b"\n"
         finally:
             self.store.unwatch(w)
@@ -459,6 +484,14 @@ class KubeApi:
 
 async def _one_error(status: JSON) -> AsyncIterator[bytes]:
     yield encode({"type": "ERROR", "object": status}) + b"\n"
+
+
+def _decoded(resp: Response) -> JSON | None:
+    try:
+        doc = json.loads(resp.body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _body(req: Request, yaml_ok: bool = False) -> Any:
