@@ -17,7 +17,8 @@ directory is) and every ``--interval`` seconds besides, and judges each read wit
 The boot file is rewritten by the soak just before it boots the VM (the sandbox then
 writes the image's empty nodes file); an empty nodes file read after it changed, and
 before the agent's first whole one, is no violation. It is read after each nodes read,
-so a boot between the two is seen. Exits on SIGTERM; stdlib and imex_shared only.
+so a boot between the two is seen, and before it too: only a whole file read with no
+announcement around it ends the boot's allowance. Exits on SIGTERM; stdlib and imex_shared only.
 """
 
 from __future__ import annotations
@@ -138,17 +139,20 @@ def main(argv: list[str] | None = None) -> int:
             elif verdict.block is not None and verdict.block != last_block:
                 last_block = verdict.block
                 emit({"t": now, "file": "hosts", "mtime": mtime, "block": verdict.block})
+        before = _marker(a.boot_file)
         nodes, _ = _read(a.nodes)
         if nodes is not None:
             reads += 1
-            now_marker = _marker(a.boot_file)
-            if now_marker != marker:
-                marker, booting = now_marker, True
+            after = _marker(a.boot_file)
+            if after != marker:
+                marker, booting = after, True
             why = check_nodes(nodes, ens, a.max_members, booting)
             if why:
                 emit({"t": time.time(), "file": "nodes", "torn": why,
                       "sample": nodes[:2000].decode(errors="replace")})
-            elif nodes:
+            elif nodes and before == after:
+                # a whole file read wholly after the boot was announced: the agent wrote
+                # it (one read before the announcement may be the old VM's file)
                 booting = False
         if time.monotonic() >= next_beat:
             emit({"t": time.time(), "reads": reads})
