@@ -10,7 +10,8 @@ This module is the wiring and the loop; every decision is made in a stage (``pee
 are ``commands.py``). Tasks (all in one ``asyncio.TaskGroup``, all visible in
 ``Agent.run``): discovery (registry long-poll and DNS polling, owned by
 ``peers/discovery_io.py``), netwatch (netlink address events), filewatch (inotify), the
-IMEX supervisor, the domain collector, the reporter and (authEncryption) the
+IMEX supervisor, the domain collector, the IMEX channel keeper (device nodes, every
+``poll_interval``), preflight (every 10 minutes), the reporter and (authEncryption) the
 certificate keeper. Callbacks from discovery, netwatch and filewatch are plain
 functions that run to completion on the loop, so a View is merged, rendered
 and written without interleaving with another writer; the slow parts (IMEX
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import logging
 import signal
 import socket
@@ -50,6 +50,8 @@ from guest_agent.daemon import (
     stop_watchdog,
 )
 from guest_agent.files.apply import Applier, ApplyError, ApplyResult
+from guest_agent.imex.channels import ChannelsState
+from guest_agent.imex.channels_io import keep_channels, log_news
 from guest_agent.imex.control import make_controller
 from guest_agent.imex.supervisor import Policy
 from guest_agent.imex.supervisor_io import ImexStats, Supervisor
@@ -67,6 +69,7 @@ from guest_agent.report.report import (
 )
 from guest_agent.report.status_file import Status, StatusError, write_status
 from imex_shared.model import EnsembleId
+from imex_shared.version import package_version
 
 if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazily
     from guest_agent.peers.discovery_io import Discovery
@@ -77,14 +80,7 @@ if TYPE_CHECKING:  # the daemon's modules need the [guest] extra; imported lazil
 log = logging.getLogger("guest_agent")
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("imex-ensemble")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
-AGENT_VERSION = _version()
+AGENT_VERSION = package_version()
 
 
 # --- the stages the daemon imports lazily: netwatch, discovery, TLS ------------------
@@ -126,6 +122,7 @@ def make_keeper(settings: Settings, on_renewed: Any, on_status: Any) -> CertKeep
         ca_sha256=settings.ca_sha256,
         url_for=lambda index: f"{base}/members/{index}/certificate",
         token_file=settings.token_file,
+        registry_ca_sha256=settings.registry_ca_sha256,
         on_renewed=on_renewed,
         on_status=on_status,
     )
@@ -175,8 +172,11 @@ class Agent:
         if settings.registry_url is not None:
             from guest_agent.report.report_io import Reporter
 
-            self.reporter = Reporter(settings, on_error=self._report_error)
-        self.collector = DomainCollector(settings, self._on_collected)
+            self.reporter = Reporter(settings, on_error=self._report_error,
+                                     on_registry=self._on_registry, agent_version=AGENT_VERSION)
+        self.channels = ChannelsState(configured=settings.imex_channels)
+        self.collector = DomainCollector(settings, self._on_collected,
+                                         lambda: list(self.channels.present))
         self.collected: Collected | None = None
         self.discovery: Discovery | None = None
         self._watchdog: threading.Timer | None = None
@@ -210,6 +210,11 @@ class Agent:
 
     def _report_error(self, message: str | None) -> None:
         self.record_error(message)
+
+    def _on_registry(self, doc: dict[str, Any]) -> None:
+        """The reporter's view of the registry: transport, pin, certificate, host version."""
+        self.status.registry = doc
+        self.write_status()
 
     def write_status(self) -> None:
         self.status.updated_at = time.time()
@@ -336,6 +341,53 @@ class Agent:
         except Exception as exc:  # netlink trouble must not stop the agent
             log.warning("cannot read local addresses: %s", exc)
 
+    # -- IMEX channels
+
+    def keep_channels(self) -> ChannelsState:
+        """One channel pass (``run`` every poll_interval, ``once`` once), into the status."""
+        s, old = self.settings, self.channels
+        self.channels = state = keep_channels(s.imex_channels, s.channel_mode,
+                                              s.imex_channel_group)
+        log_news(old, state)
+        note = state.summary()
+        if state.present != old.present or note != self.status.imex_channels_note:
+            self.status.imex_channels = list(state.present)
+            self.status.imex_channel0 = 0 in state.present
+            self.status.imex_channels_note = note
+            self.write_status()
+            if state.present != old.present:
+                self.collector.kick()  # the registry hears of it with the next report
+        return state
+
+    # -- preflight
+
+    async def _preflight(self) -> None:
+        """The checks after the first apply (or 30 s without one) and every 10 minutes."""
+        from guest_agent.workload.preflight_io import preflight_loop
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.first_apply.wait(), 30.0)
+        await preflight_loop(self.settings, self._preflight_facts, self._on_preflight)
+
+    def _preflight_facts(self) -> dict[str, Any]:
+        c, imex_pid = self.collected, self.status.imex_pid
+        return {"channels": self.channels,
+                "managed_pid": imex_pid if self.settings.imex_control == "process" else None,
+                "domain": c.imex_domain if c is not None else None,
+                "own_index": self.own.index if self.own is not None else None}
+
+    def _on_preflight(self, doc: list[dict[str, str]]) -> None:
+        self.status.preflight, self.status.preflight_at = doc, time.time()
+        self.write_status()
+        self.report()
+
+    async def _keep_channels(self) -> None:
+        if not self.settings.imex_channels:
+            return
+        while True:
+            self.keep_channels()
+            await asyncio.sleep(self.settings.poll_interval)
+
     # -- tasks
 
     async def _watch_files(self) -> None:
@@ -421,6 +473,8 @@ class Agent:
                 tasks.append(tg.create_task(self._supervise(), name="imex"))
                 tasks.append(tg.create_task(self._collect(), name="domain"))
                 tasks.append(tg.create_task(self._startup_notify(), name="notify"))
+                tasks.append(tg.create_task(self._keep_channels(), name="channels"))
+                tasks.append(tg.create_task(self._preflight(), name="preflight"))
                 if self.reporter is not None:
                     tasks.append(tg.create_task(self.reporter.run(), name="reporter"))
                 if self.keeper is not None:

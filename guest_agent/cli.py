@@ -1,11 +1,12 @@
-"""``imex-guest-agent``: run | once | status | render | cloudinit.
+"""``imex-guest-agent``: run | once | status | preflight | wait | members | render | cloudinit.
 
 Subcommands import their modules lazily so ``render`` works with the bare
 standard library (no dnspython, pyroute2 or watchfiles needed to preview a
 file). Every error is one line on stderr naming what is wrong, exit 2 for
 bad input and config, 1 for runtime failures, 3 when ``once`` could learn
-nothing (docs/guest-agent.md has the table). ``run``, ``once`` and ``status``
-are ``guest_agent.commands.main``.
+nothing or ``wait`` timed out, 4 when ``wait`` does not apply (docs/guest-agent.md has
+the table). ``run``, ``once``, ``status``, ``preflight``, ``wait`` and ``members`` are
+``guest_agent.commands.main``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,16 @@ def cmd_render(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 86400 * 7:
+        raise argparse.ArgumentTypeError(f"{text!r} is not between 0 and a week")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="imex-guest-agent",
@@ -74,7 +85,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", parents=[common], help="run the daemon")
     sub.add_parser("once", parents=[common], help="one discover-and-apply pass")
-    sub.add_parser("status", parents=[common], help="show the agent's status")
+    status = sub.add_parser("status", parents=[common], help="show the agent's status")
+    status.add_argument("--prometheus", action="store_true",
+                        help="as Prometheus text (imex_build_info{version} and counters), "
+                        "for node_exporter's textfile collector")
+    sub.add_parser("preflight", parents=[common],
+                   help="check the driver, IMEX, channels, fabric, registry and DNS")
+    wait = sub.add_parser("wait", parents=[common],
+                          help="wait until IMEX (local) or the domain is ready (exit 0)")
+    wait.add_argument("--for", dest="target", required=True, choices=("local", "domain"))
+    wait.add_argument("--timeout", type=_positive, default=1200.0, metavar="SECONDS",
+                      help="give up after this long, exit 3 (default 1200)")
+    wait.add_argument("--min-members", type=int, default=None, metavar="N",
+                      help="domain: members that must be published (default: "
+                      "expected_members, else max_members)")
+    wait.add_argument("--interval", type=_positive, default=1.0, metavar="SECONDS",
+                      help=argparse.SUPPRESS)
+    members = sub.add_parser("members", parents=[common],
+                             help="print the live members of this VM's clique")
+    members.add_argument("--format", choices=("hostfile", "json", "names"),
+                         default="hostfile")
+    members.add_argument("--addresses", action="store_true",
+                         help="IP addresses instead of slot names")
+    members.add_argument("--slots", type=int, default=1, help="hostfile slots= (default 1)")
     render = sub.add_parser("render", parents=[common], help="print a file without writing it")
     render.add_argument("--members", required=True, help='JSON list of {"index": 0, "ip": "..."}')
     render.add_argument("--what", required=True, choices=("nodes_config", "hosts"))

@@ -8,8 +8,9 @@ key. The settings object is passed explicitly; nothing reads globals.
 from __future__ import annotations
 
 import ipaddress
+import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -27,10 +28,43 @@ from imex_shared.model import (
 
 DEFAULT_CONFIG_PATH = "/etc/imex-guest-agent/config.toml"
 
+#: where the IMEX channel nodes live (NVIDIA's IMEX guide, "IMEX Channels")
+CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+#: The nvidia module makes ``NVreg_ImexChannelCount`` channels, 2048 by default (shown as
+#: ``ImexChannelCount: 2048`` in /proc/driver/nvidia/params): minors 0..2047.
+CHANNEL_COUNT = 2048
+MAX_CHANNEL = CHANNEL_COUNT - 1
+#: mode bits a channel node may get: rwx for owner, group, other; no setuid/setgid/sticky
+MODE_MASK = 0o777
+
 ImexControl = Literal["systemd", "process", "none"]
 OnChange = Literal["signal", "restart"]
 OwnSlot = Literal["auto", "published", "local"]
 Mode = Literal["names", "ips"]
+
+
+def parse_mode(text: str) -> int:
+    """``imex_channel_mode``: an octal string such as ``"0666"``; ValueError otherwise."""
+    if not re.fullmatch(r"0?[0-7]{3}", text):
+        raise ValueError(f"{text!r} is not an octal mode such as \"0666\" or \"0660\" "
+                         "(three octal digits, an optional leading 0; no setuid, setgid "
+                         "or sticky bit)")
+    return int(text, 8) & MODE_MASK
+
+
+def check_channels(values: Sequence[object]) -> tuple[int, ...]:
+    """``imex_channels``: distinct integers 0..MAX_CHANNEL; ValueError names the bad one."""
+    out: list[int] = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{v!r} is not a channel number")
+        if not 0 <= v <= MAX_CHANNEL:
+            raise ValueError(f"channel {v} is out of range 0-{MAX_CHANNEL} (the nvidia "
+                             f"module's default ImexChannelCount is {CHANNEL_COUNT})")
+        if v in out:
+            raise ValueError(f"channel {v} is listed twice")
+        out.append(v)
+    return tuple(sorted(out))
 
 
 class ConfigError(ValueError):
@@ -58,6 +92,10 @@ class Settings:
     port: int = DEFAULT_PORT
     mode: Mode = "names"
     registry_url: str | None = None
+    #: hex sha256 of the registry CA's certificate (an ImexEnsemble's
+    #: status.registryCASHA256): an https registry_url is trusted only through it
+    #: (guest_agent/registry_trust.py); unset: the system trust store.
+    registry_ca_sha256: str | None = None
     token_file: str | None = None
     nameservers: tuple[Nameserver, ...] = ()
     nodes_config: str = "/etc/nvidia-imex/nodes_config.cfg"
@@ -100,8 +138,32 @@ class Settings:
     #: Status report (and -N -j collection) at least this often, changes or not.
     report_interval: float = 10.0
     nvidia_smi: tuple[str, ...] = ("/usr/bin/nvidia-smi",)
-    imex_channel_device: str = "/dev/nvidia-caps-imex-channels/channel0"
+    #: IMEX channels the agent keeps as device nodes (guest_agent/imex/channels.py):
+    #: numbers 0-2047; () turns the feature off.
+    imex_channels: tuple[int, ...] = (0,)
+    #: the nodes' mode: 0666, as NVIDIA's guide shows and as the driver's own
+    #: /dev/nvidia* nodes are (a VM is normally one tenant); 0660 with a group narrows it
+    imex_channel_mode: str = "0666"
+    #: the nodes' group (None: root)
+    imex_channel_group: str | None = None
+    #: deprecated (use imex_channels): channel<N> under /dev/nvidia-caps-imex-channels
+    imex_channel_device: str | None = None
+    #: ``wait --for domain`` needs this many published members (None: max_members)
+    expected_members: int | None = None
     source: str = field(default="<defaults>", compare=False)
+    #: what loading the config had to say (deprecated keys), logged by the commands
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def channel_mode(self) -> int:
+        return parse_mode(self.imex_channel_mode)
+
+    @property
+    def members_expected(self) -> int:
+        """``expected_members``, else ``max_members``: at boot a VM that sees only
+        itself is not a domain."""
+        return self.expected_members if self.expected_members is not None else \
+            self.max_members
 
 
 def _want(key: str, value: object, kind: type | tuple[type, ...], what: str) -> None:
@@ -170,6 +232,31 @@ def _argv(key: str, v: object) -> tuple[str, ...]:
     if not v or not all(isinstance(a, str) and a for a in v):
         raise ConfigError(f"{key}: must be a non-empty list of non-empty strings")
     return tuple(v)
+
+
+def _channels(key: str, v: object) -> tuple[int, ...]:
+    _want(key, v, list, "a list of channel numbers, e.g. [0]")
+    assert isinstance(v, list)
+    try:
+        return check_channels(v)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+
+
+def _mode(key: str, v: object) -> str:
+    s = _str(key, v)
+    try:
+        parse_mode(s)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+    return s
+
+
+def _group(key: str, v: object) -> str:
+    s = _str(key, v)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?", s):
+        raise ConfigError(f"{key}: {s!r} is not a group name")
+    return s
 
 
 def _label(key: str, v: object) -> str:
@@ -247,6 +334,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "port": _int_range(1, 65535),
     "mode": _choice("names", "ips"),
     "registry_url": _url,
+    "registry_ca_sha256": _sha256,
     "token_file": _path,
     "nameservers": _nameservers,
     "nodes_config": _path,
@@ -274,9 +362,32 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "reserve_port": _bool,
     "report_interval": _seconds(0.5, 3600),
     "nvidia_smi": _argv,
+    "imex_channels": _channels,
+    "imex_channel_mode": _mode,
+    "imex_channel_group": _group,
     "imex_channel_device": _path,
+    "expected_members": _int_range(1, MAX_MEMBERS_LIMIT),
 }
-assert set(_CHECKS) == {f.name for f in fields(Settings)} - {"source"}
+assert set(_CHECKS) == {f.name for f in fields(Settings)} - {"source", "warnings"}
+
+
+def _deprecated_channel_device(raw: Mapping[str, object], values: dict[str, Any],
+                               source: str) -> str:
+    """``imex_channel_device`` (before imex_channels): still read, with a warning naming
+    the keys that replace it."""
+    path = values["imex_channel_device"]
+    m = re.fullmatch(re.escape(CHANNEL_DIR) + r"/channel(\d{1,4})", path)
+    note = (f"{source}: imex_channel_device is deprecated: use imex_channels (a list of "
+            "channel numbers), imex_channel_mode and imex_channel_group")
+    if "imex_channels" in raw:
+        return note + "; imex_channels is set too and wins"
+    if m is None:
+        return note + f"; {path!r} is not {CHANNEL_DIR}/channel<N>, so it is ignored"
+    try:
+        values["imex_channels"] = check_channels([int(m.group(1))])
+    except ValueError as exc:
+        raise ConfigError(f"{source}: imex_channel_device: {exc}") from exc
+    return note + f"; read as imex_channels = [{m.group(1)}]"
 
 
 def settings_from_mapping(raw: Mapping[str, object], source: str = "<mapping>") -> Settings:
@@ -295,7 +406,15 @@ def settings_from_mapping(raw: Mapping[str, object], source: str = "<mapping>") 
             values[key] = _CHECKS[key](key, value)
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from exc
-    settings = Settings(**values, source=source)
+    warnings: list[str] = []
+    if "imex_channel_device" in values:
+        warnings.append(_deprecated_channel_device(raw, values, source))
+    settings = Settings(**values, source=source, warnings=tuple(warnings))
+    if settings.expected_members is not None and \
+            settings.expected_members > settings.max_members:
+        raise ConfigError(
+            f"{source}: expected_members: {settings.expected_members} is more than "
+            f"max_members = {settings.max_members}")
     if settings.own_index is not None and settings.own_index >= settings.max_members:
         raise ConfigError(
             f"{source}: own_index: {settings.own_index} is out of range for "
@@ -308,6 +427,11 @@ def settings_from_mapping(raw: Mapping[str, object], source: str = "<mapping>") 
             f'{source}: own_slot: "local" cannot work in mode "ips" (the nodes file must be '
             "identical on every member); use bridge binding"
         )
+    if settings.registry_ca_sha256 is not None and not (
+            settings.registry_url or "").startswith("https://"):
+        raise ConfigError(
+            f"{source}: registry_ca_sha256: pins the registry's TLS CA, so registry_url "
+            f"must be an https:// URL (it is {settings.registry_url or 'unset'})")
     if settings.auth_encryption:
         missing = [k for k in ("registry_url", "token_file", "ca_sha256")
                    if getattr(settings, k) is None]

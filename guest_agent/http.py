@@ -8,8 +8,9 @@ stack). Scope is deliberately small:
 * one request per connection (``Connection: close``): the long-poll holds a request for
   up to ``longpoll_timeout`` seconds and the status PUT is rare, so keep-alive buys
   nothing and a fresh connection can never carry a stale half-read response;
-* ``http`` and ``https`` (system trust store), JSON bodies (:func:`json_request`, the one
-  helper the PUT and the POST share), ``Authorization: Bearer``;
+* ``http`` and ``https`` (the system trust store, or the caller's ``ssl_context``: the
+  registry's pinned CA, guest_agent/registry_trust.py), JSON bodies (:func:`json_request`,
+  the one helper the PUT and the POST share), ``Authorization: Bearer``;
 * responses framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of
   the connection; every body is capped (``max_body``) and so are the status line and
   headers, so a hostile or broken server cannot make the agent buffer without bound.
@@ -45,6 +46,11 @@ class HttpUrlError(HttpError, ValueError):
 
 class HttpConnectError(HttpError):
     """The TCP/TLS connection could not be established (refused, unreachable, timed out)."""
+
+
+class HttpCertificateError(HttpConnectError):
+    """https: the server's certificate was refused (another CA, expired, not yet valid,
+    another host name); the request, token included, was never sent."""
 
 
 class HttpTimeout(HttpError):
@@ -85,6 +91,8 @@ class Response:
     body: bytes
     #: the request it answers (``"GET http://..."``), named by a ``json()`` error
     what: str = ""
+    #: https: the server's certificate (``sha256`` of its DER, ``not_after``); else None
+    server_cert: Mapping[str, str] | None = None
 
     def json(self) -> object:
         try:
@@ -297,8 +305,13 @@ async def request(
     read_timeout: float = 10.0,
     max_body: int = DEFAULT_MAX_BODY,
     keepalive: Keepalive | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Response:
     """Send one request and return the response, whatever its status.
+
+    ``ssl_context`` (https only): how the server's certificate is checked; None: the
+    system trust store. The request (and its token) is written only after the handshake
+    verified the server: a refused certificate is an :class:`HttpConnectError` naming why.
 
     ``keepalive`` turns on TCP keepalive (and TCP_USER_TIMEOUT) for this connection,
     so a request held by a server whose node vanished (no FIN, no RST ever comes)
@@ -316,7 +329,9 @@ async def request(
     if token is not None:
         extra["Authorization"] = f"Bearer {token}"
     wire = _build_request(method.upper(), target, extra, body)
-    ssl_ctx = ssl.create_default_context() if target.scheme == "https" else None
+    ssl_ctx = None
+    if target.scheme == "https":
+        ssl_ctx = ssl_context if ssl_context is not None else ssl.create_default_context()
     try:
         async with asyncio.timeout(connect_timeout):
             reader, writer = await asyncio.open_connection(
@@ -326,8 +341,11 @@ async def request(
         raise HttpConnectError(
             f"{method} {url}: connect timed out after {connect_timeout:g} s"
         ) from exc
+    except ssl.SSLCertVerificationError as exc:
+        raise HttpCertificateError(f"{method} {url}: {certificate_problem(exc)}") from exc
     except (OSError, ssl.SSLError) as exc:
         raise HttpConnectError(f"{method} {url}: cannot connect: {exc}") from exc
+    server_cert = _server_cert(writer) if ssl_ctx is not None else None
     if keepalive is not None:
         keepalive.apply(writer.get_extra_info("socket"))
     try:
@@ -351,7 +369,31 @@ async def request(
                 await writer.wait_closed()
         except (OSError, ssl.SSLError, TimeoutError):
             pass
-    return Response(status, reason.strip(), resp_headers, data, f"{method} {url}")
+    return Response(status, reason.strip(), resp_headers, data, f"{method} {url}", server_cert)
+
+
+def certificate_problem(exc: ssl.SSLCertVerificationError) -> str:
+    """What is wrong with a refused server certificate, in words (OpenSSL's own reason)."""
+    reason = (exc.verify_message or exc.reason or str(exc)).rstrip(".")
+    if exc.verify_code in (2, 18, 19, 20, 21):  # no issuer / self-signed: another CA
+        reason = f"{reason}: the server's certificate does not chain to the trusted CA"
+    return f"refused the server's certificate ({reason}); nothing was sent"
+
+
+def _server_cert(writer: asyncio.StreamWriter) -> dict[str, str] | None:
+    sslobj = writer.get_extra_info("ssl_object")
+    if sslobj is None:
+        return None
+    der = sslobj.getpeercert(binary_form=True)
+    if not der:
+        return None
+    import hashlib
+
+    out = {"sha256": hashlib.sha256(der).hexdigest()}
+    info = sslobj.getpeercert()
+    if isinstance(info, dict) and isinstance(info.get("notAfter"), str):
+        out["not_after"] = info["notAfter"]
+    return out
 
 
 def _checked(method: str, url: str, resp: Response) -> Response:
@@ -374,6 +416,7 @@ async def json_request(
     connect_timeout: float = 5.0,
     read_timeout: float = 10.0,
     max_body: int = DEFAULT_MAX_BODY,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Response:
     """``method`` ``url`` with ``body`` as JSON (None: no body); non-2xx raises
     HttpStatusError (with ``.status`` and ``.body``). The answer's ``json()`` names the
@@ -386,5 +429,6 @@ async def json_request(
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         max_body=max_body,
+        ssl_context=ssl_context,
     )
     return _checked(method, url, resp)

@@ -19,6 +19,7 @@ from typing import Final
 
 from host_agent.settings import (
     DEFAULT_LISTEN,
+    DEFAULT_TLS_LISTEN,
     HostSettings,
     SettingsError,
     default_agent_namespace,
@@ -55,7 +56,31 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                    help="namespace to watch (repeatable; default: every namespace; "
                    "env: comma-separated)")
     p.add_argument("--listen", default=env("LISTEN", DEFAULT_LISTEN), metavar="HOST:PORT",
-                   help=f"registry HTTP address (default {DEFAULT_LISTEN})")
+                   help=f"registry plain HTTP address (default {DEFAULT_LISTEN}; \"\": no "
+                   "plain HTTP, once every guest uses HTTPS)")
+    p.add_argument("--tls-listen", default=env("TLS_LISTEN", DEFAULT_TLS_LISTEN),
+                   metavar="HOST:PORT", help=f"registry HTTPS address (default "
+                   f"{DEFAULT_TLS_LISTEN}), served when a certificate is given below; \"\": "
+                   "no HTTPS")
+    p.add_argument("--tls-cert-file", default=env("TLS_CERT_FILE"), metavar="PATH",
+                   help="the registry's certificate (PEM, chain after it), re-read when it "
+                   "changes (cert-manager, a mounted Secret)")
+    p.add_argument("--tls-private-key-file", default=env("TLS_PRIVATE_KEY_FILE"),
+                   metavar="PATH", help="its private key (PEM), re-read when it changes")
+    p.add_argument("--tls-ca-file", default=env("TLS_CA_FILE"), metavar="PATH",
+                   help="the CA guests pin (default: ca.crt beside --tls-cert-file, else the "
+                   "chain's self-signed root)")
+    p.add_argument("--tls-self-issued", action="store_true", default=None,
+                   help="keep a registry CA and serving certificate in the Secret "
+                   "imex-registry-tls of the agent's namespace (env "
+                   "IMEX_HOST_AGENT_TLS_SELF_ISSUED=true)")
+    p.add_argument("--tls-service", default=env("TLS_SERVICE", "imex-host-agent"),
+                   metavar="NAME", help="--tls-self-issued: the registry Service whose DNS "
+                   "names the certificate carries (default imex-host-agent, in the agent's "
+                   "namespace)")
+    p.add_argument("--tls-san", action="append", default=None, metavar="NAME|IP",
+                   help="--tls-self-issued: a further DNS name or IP address of the registry "
+                   "(repeatable; env: comma-separated)")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"), metavar="PATH",
                    help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--vmi", default=env("VMI"), metavar="NAME",
@@ -146,7 +171,12 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
         except ModelError as exc:
             raise SettingsError(str(exc)) from exc
 
-    host, port = parse_listen(args.listen)
+    http_enabled = bool(args.listen.strip())
+    host, port = parse_listen(args.listen) if http_enabled else ("0.0.0.0", 0)
+    tls = _tls_settings(args, environ)
+    if not http_enabled and tls.get("tls_listen_port") is None:
+        raise SettingsError('--listen "": no plain HTTP needs HTTPS instead: give '
+                            "--tls-self-issued or --tls-cert-file (and a --tls-listen)")
 
     json_logs = args.json
     if json_logs is None:
@@ -246,7 +276,58 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
         trusted_proxies=tuple(proxies),
         report_stale_after=stale,
         hook_socket=hook_socket,
+        http_enabled=http_enabled,
+        **tls,  # type: ignore[arg-type]
     )
+
+
+def _tls_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, object]:
+    """The registry's HTTPS flags, checked (HostSettings' tls_* fields)."""
+    self_issued = args.tls_self_issued
+    if self_issued is None:
+        raw = environ.get(ENV_PREFIX + "TLS_SELF_ISSUED", "").strip().lower()
+        if raw not in _TRUE | _FALSE:
+            raise SettingsError(f"{ENV_PREFIX}TLS_SELF_ISSUED={raw!r}: expected true or false")
+        self_issued = raw in _TRUE
+    cert = (args.tls_cert_file or "").strip() or None
+    key = (args.tls_private_key_file or "").strip() or None
+    ca = (args.tls_ca_file or "").strip() or None
+    if (cert is None) != (key is None):
+        missing = "--tls-private-key-file" if key is None else "--tls-cert-file"
+        raise SettingsError(f"{missing} is missing: --tls-cert-file and "
+                            "--tls-private-key-file go together")
+    if cert is not None and self_issued:
+        raise SettingsError("--tls-self-issued and --tls-cert-file: the certificate comes "
+                            "from one of them; drop the other")
+    if ca is not None and cert is None:
+        raise SettingsError("--tls-ca-file goes with --tls-cert-file")
+    for flag, path in (("--tls-cert-file", cert), ("--tls-private-key-file", key),
+                       ("--tls-ca-file", ca)):
+        if path is not None and not os.path.isabs(path):
+            raise SettingsError(f"{flag} {path!r}: an absolute path, please")
+    out: dict[str, object] = {"tls_cert_file": cert, "tls_private_key_file": key,
+                              "tls_ca_file": ca, "tls_self_issued": bool(self_issued)}
+    listen = args.tls_listen.strip()
+    if listen and (self_issued or cert is not None):
+        out["tls_listen_host"], out["tls_listen_port"] = parse_listen(listen, "--tls-listen")
+    try:
+        out["tls_service"] = check_dns_label(args.tls_service.strip(), "--tls-service")
+    except ModelError as exc:
+        raise SettingsError(str(exc)) from exc
+    sans = args.tls_san if args.tls_san is not None else _env_list(environ, "TLS_SAN")
+    for san in sans:
+        try:
+            ipaddress.ip_address(san)
+        except ValueError:
+            labels = san.lower().rstrip(".").split(".")
+            if not all(lbl and len(lbl) <= 63 and lbl.strip("abcdefghijklmnopqrstuvwxyz"
+                                                             "0123456789-") == ""
+                       and not lbl.startswith("-") and not lbl.endswith("-")
+                       for lbl in labels):
+                raise SettingsError(f"--tls-san {san!r} is neither an IP address nor a DNS "
+                                    "name") from None
+    out["tls_sans"] = tuple(dict.fromkeys(sans))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return 1
     except OSError as exc:
-        log.error("cannot listen on %s: %s", settings.listen, exc)
+        log.error("cannot listen on %s: %s", settings.listen if settings.http_enabled
+                  else f"{settings.tls_listen_host}:{settings.tls_listen_port}", exc)
         return 1
 
 

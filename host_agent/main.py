@@ -39,11 +39,13 @@ import socket
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
+import uvicorn
 from lightkube import AsyncClient, operators
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap
 from prometheus_client import CollectorRegistry
 
+from host_agent.ca.registry_tls_io import TlsSource
 from host_agent.ca.secret_io import CaManager
 from host_agent.ensembles.cr_spec import Declaration
 from host_agent.ensembles.owned_service_io import ServiceApplier
@@ -88,6 +90,7 @@ from host_agent.reconcile.reconcile_io import Reconciler
 from host_agent.registry import app as registry_mod
 from host_agent.registry.cert_routes import CertConfig
 from host_agent.registry.config import RegistryConfig
+from host_agent.registry.tls_server import TlsServing, make_tls_source
 from host_agent.settings import HostSettings
 from host_agent.state.snapshot import GuestReport
 from host_agent.state.store import State
@@ -145,6 +148,9 @@ class HostAgent:
         self.reports: ReportPersister | None = None
         #: the start-up checks (namespace, token file, RBAC); /readyz waits for them
         self.preflight: Preflight | None = None
+        #: the registry's HTTPS listener (--tls-listen with a certificate source)
+        self.tls: TlsServing | None = None
+        self._tls_source: TlsSource | None = None
 
     def _build(self, client: AsyncClient) -> None:
         s = self.settings
@@ -180,6 +186,9 @@ class HostAgent:
                                   body=body, content_type="application/merge-patch+json",
                                   params={"fieldManager": s.field_manager})
 
+        if s.tls_enabled:
+            self._tls_source = make_tls_source(s, SecretWriter(client, s.field_manager),
+                                               self.gate)
         self.cas = CaManager(SecretWriter(client, s.field_manager), s.agent_namespace,
                              self.gate, overlap=dt.timedelta(seconds=s.ca_overlap_seconds),
                              patch_service=patch_service)
@@ -290,33 +299,36 @@ class HostAgent:
             cert_config=CertConfig(lifetime=dt.timedelta(
                 seconds=self.settings.cert_lifetime_seconds)),
             not_ready=lambda: self.preflight.problem if self.preflight is not None else None,
+            registry_ca=self.tls.ca_pem if self.tls is not None else None,
         )
 
-    async def run(self, stop: asyncio.Event, sock: socket.socket | None = None) -> None:
+    async def run(self, stop: asyncio.Event, sock: socket.socket | None = None,
+                  tls_sock: socket.socket | None = None) -> None:
         s = self.settings
         client = self._client or make_client(s)
         own_client = self._client is None
         self.preflight = Preflight(client, s, token_file(s) if own_client else None)
         self._build(client)
         assert self.reconciler is not None
-        if sock is None:
+        if sock is None and s.http_enabled:
             sock = bind(s.listen_host, s.listen_port)
-        addr = sock.getsockname()
+        if self._tls_source is not None:
+            tls_sock = tls_sock or bind(s.tls_listen_host, s.tls_listen_port or 0)
+            self.tls = TlsServing(self._tls_source, tls_sock, lambda c: _Server(c, self.state),
+                                  self._server_config(s.tls_listen_host, tls_sock))
+            if self.status is not None:
+                self.status.registry_ca_sha256 = self.tls.ca_sha256
+        app = self._registry_app()
+        if self.tls is not None:
+            self.tls.config.app = app  # type: ignore[assignment]
+        addr = sock.getsockname() if sock is not None else ("-", 0)
         self.address = (addr[0], addr[1])
-        server = _Server(
-            registry_mod.server_config(
-                self._registry_app(),  # type: ignore[arg-type]
-                s.listen_host,
-                addr[1],
-                log_config=None,
-                lifespan="on",
-                timeout_graceful_shutdown=max(1, round(s.shutdown_grace)),
-            ),
-            self.state,
-        )
+        server = _Server(self._server_config(s.listen_host, sock, app), self.state)
         log.info(
-            "imex-host-agent serving on %s:%d; watching %s%s",
-            addr[0], addr[1],
+            "imex-host-agent serving on %s; watching %s%s",  # the line as 0.1 wrote it
+            (f"{addr[0]}:{addr[1]}" if sock is not None else "HTTPS only")
+            + (f" (HTTPS on {self.tls.address[0]}:{self.tls.address[1]} once its "
+               "certificate is in)" if self.tls is not None else ""),
             ", ".join(s.namespaces) if s.namespaces else "all namespaces",
             f" (sidecar scope: VMI {s.vmi})" if s.vmi else "",
         )
@@ -353,12 +365,20 @@ class HostAgent:
                     loops.append(tg.create_task(self.events.run(), name="event recorder"))
                 if self.reports is not None:
                     loops.append(tg.create_task(self.reports.run(), name="report writers"))
-                serve = tg.create_task(server.serve(sockets=[sock]), name="http")
+                https = None
+                if self.tls is not None:
+                    https = tg.create_task(self.tls.run(), name="https")
+                    loops.append(tg.create_task(self._on_tls_ready(), name="https-ready"))
+                serve = tg.create_task(server.serve(sockets=[sock]), name="http") \
+                    if sock is not None else https
+                assert serve is not None
                 self.serving.set()
                 stopped = tg.create_task(stop.wait(), name="stop")
                 await asyncio.wait((stopped, serve), return_when=asyncio.FIRST_COMPLETED)
                 await self._hand_over(election, serve)
                 server.should_exit = True
+                if self.tls is not None:
+                    self.tls.stop()
                 for task in loops:
                     task.cancel()
                 stopped.cancel()
@@ -367,11 +387,37 @@ class HostAgent:
                 linger.cancel()
             if hook is not None:
                 await hook.stop()
-            sock.close()
+            for listening in (sock, tls_sock):
+                if listening is not None:
+                    listening.close()
             if own_client:
                 await client.close()
             log.info("stopped")
 
+
+    def _server_config(self, host: str, sock: socket.socket | None,
+                       app: object = None) -> uvicorn.Config:
+        return registry_mod.server_config(
+            app,  # type: ignore[arg-type]
+            host,
+            sock.getsockname()[1] if sock is not None else 0,
+            log_config=None,
+            lifespan="on",
+            timeout_graceful_shutdown=max(1, round(self.settings.shutdown_grace)),
+        )
+
+    async def _on_tls_ready(self) -> None:
+        """Every ImexEnsemble's status shows registryCASHA256 once HTTPS is served (and
+        again if the CA changed): each is evaluated again."""
+        assert self.tls is not None
+        shown: str | None = None
+        while True:
+            await self.tls.changed.wait()
+            self.tls.changed.clear()
+            if self.tls.ca_sha256() != shown and self.status is not None:
+                shown = self.tls.ca_sha256()
+                for snap in self.state.all():
+                    self.status.on_state(snap.ens)
 
     async def _hand_over(self, election: asyncio.Task[None] | None,
                          serve: asyncio.Task[None]) -> None:

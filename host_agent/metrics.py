@@ -12,6 +12,8 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from imex_shared.version import package_version
+
 _P = "imex_host_agent_"
 
 
@@ -131,6 +133,12 @@ class HostMetrics:
             "Reports ConfigMap writes sent (one per coalesced batch of an ensemble)",
             registry=registry,
         )
+        #: the release this agent runs (pyproject's version, imex_shared.version)
+        self.build_info = Gauge(
+            "imex_build_info", "1, labelled with the imex-ensemble release this agent runs",
+            ["version"], registry=registry,
+        )
+        self.build_info.labels(package_version()).set(1)
 
     def set_leader(self, leading: bool) -> None:
         self.leader.set(1 if leading else 0)

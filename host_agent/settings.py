@@ -16,6 +16,7 @@ from typing import Final
 from imex_shared.version import package_version as agent_version
 
 DEFAULT_LISTEN: Final = "0.0.0.0:8080"
+DEFAULT_TLS_LISTEN: Final = "0.0.0.0:8443"
 DEFAULT_AGENT_NAMESPACE: Final = "imex-system"
 #: Where a pod's service account namespace is mounted (in-cluster).
 SA_NAMESPACE_FILE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -56,6 +57,25 @@ class HostSettings:
     optional_kind_retry: float = 30.0
     #: How often a CR whose name is taken by a Service we cannot see is looked at again.
     conflict_recheck: float = 30.0
+    #: ``--listen ""``: no plain HTTP (every guest uses HTTPS)
+    http_enabled: bool = True
+    #: The registry's HTTPS (docs/security.md): ``--tls-listen``, and where its
+    #: certificate comes from: files (``--tls-cert-file``/``--tls-private-key-file``,
+    #: re-read on change; ``--tls-ca-file``) or the agent itself (``--tls-self-issued``:
+    #: the Secret imex-registry-tls, naming ``tls_service``'s DNS names and ``tls_sans``).
+    tls_listen_host: str = "0.0.0.0"
+    tls_listen_port: int | None = None
+    tls_cert_file: str | None = None
+    tls_private_key_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_self_issued: bool = False
+    tls_service: str = "imex-host-agent"
+    tls_sans: tuple[str, ...] = ()
+    #: self-issued: the serving certificate's lifetime (renewed at two thirds)
+    registry_cert_lifetime: float = 30 * 86400.0
+    #: self-issued: every replica reads the Secret this often; files: looked at this often
+    tls_recheck: float = 30.0
+    tls_file_interval: float = 5.0
     #: Seconds to finish in-flight work on SIGTERM before tasks are cancelled.
     shutdown_grace: float = 5.0
     #: KubeVirt hook sidecar: answer virt-launcher's hook Info call on this unix socket.
@@ -105,6 +125,12 @@ class HostSettings:
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         return f"{host}:{self.listen_port}"
 
+    @property
+    def tls_enabled(self) -> bool:
+        """HTTPS is served: a listener and a certificate source."""
+        return self.tls_listen_port is not None and (
+            self.tls_self_issued or self.tls_cert_file is not None)
+
 
 def default_agent_namespace(
     environ: Mapping[str, str], sa_file: Path = SA_NAMESPACE_FILE
@@ -125,18 +151,18 @@ def default_identity(environ: Mapping[str, str]) -> str:
     return environ.get("POD_NAME", "").strip() or socket.gethostname()
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); raises SettingsError."""
     text = text.strip()
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
         if not sep or not rest.startswith(":"):
-            raise SettingsError(f"--listen {text!r}: expected [IPv6]:PORT")
+            raise SettingsError(f"{flag} {text!r}: expected [IPv6]:PORT")
         port_text = rest[1:]
     else:
         host, sep, port_text = text.rpartition(":")
         if not sep:
-            raise SettingsError(f"--listen {text!r}: expected HOST:PORT")
+            raise SettingsError(f"{flag} {text!r}: expected HOST:PORT")
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise SettingsError(f"--listen {text!r}: port {port_text!r} is not 0..65535")
+        raise SettingsError(f"{flag} {text!r}: port {port_text!r} is not 0..65535")
     return host or "0.0.0.0", int(port_text)

@@ -51,4 +51,8 @@ SPEC_FIELDS: Final[dict[str, dict[str, Any]]] = {
         "kind": "string",
         "max_length": 63,
     },
+    "registryTLS": {
+        "kind": "string",
+        "enum": ["Optional", "Required"],
+    },
 }

@@ -268,6 +268,12 @@ def _fabric_sections(text: str) -> list[dict[str, str]]:
     return sections
 
 
+def fabric_sections(text: str) -> list[dict[str, str]]:
+    """Each GPU's ``Fabric`` section of ``nvidia-smi -q`` as key -> value (State, Status,
+    CliqueId, ClusterUUID, ...), in GPU order."""
+    return _fabric_sections(text)
+
+
 def parse_fabric(output: bytes) -> Fabric | None:
     """The tray's fabric from ``nvidia-smi -q``: None without one, DomainError on garbage."""
     if len(output) > OUTPUT_MAX_BYTES:

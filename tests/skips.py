@@ -110,7 +110,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     counts = {key: len([r for r in stats.get(key, []) if isinstance(r, pytest.TestReport)])
               for key in ("passed", "failed", "skipped", "xfailed", "xpassed", "error")}
     counts["deselected"] = len(stats.get("deselected", []))
-    write_summary(os.environ.get("IMEX_TIER", "pytest"), counts, skips, refused)
+    tier = os.environ.get("IMEX_TIER")
+    if tier:  # a tier run (tests/tiers.py); a pytest run by a test, as in a chroot, writes none
+        try:
+            write_summary(tier, counts, skips, refused)
+        except OSError as e:  # a read-only tree loses the summary, never the verdict
+            reporter.write_line(f"tier summary not written: {e}", yellow=True)
     if refused and in_ci() and session.exitstatus in (0, 5):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

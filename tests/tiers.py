@@ -41,8 +41,11 @@ class Tier:
 _ELSEWHERE = ("vm", "chroot", "realk8s", "realnode", "bench", "soak")
 
 TIERS: dict[str, Tier] = {
-    "test": Tier("make test", " and ".join(f"not {m}" for m in _ELSEWHERE), ("tests",)),
-    "realk8s": Tier("make realk8s", "realk8s", ("tests/realk8s",)),
+    # the 30 slowest tests and fixtures printed at the end: where CI's time goes
+    "test": Tier("make test", " and ".join(f"not {m}" for m in _ELSEWHERE), ("tests",),
+                 options=("-q", "--durations=30")),
+    "realk8s": Tier("make realk8s", "realk8s", ("tests/realk8s",),
+                    options=("-q", "--durations=30")),
     "vmtest": Tier("make vmtest", "vm", ("tests/vm",), ignore=("tests/vm/test_matrix.py",),
                    options=("-q", "-p", "no:cacheprovider")),
     "vmtest-matrix": Tier("make vmtest-matrix", "vm", ("tests/vm/test_matrix.py",),

@@ -64,6 +64,8 @@ def render_docs(res: CustomResource) -> str:
     for col in res.columns:
         shown = "`-o wide`" if col.priority else "always"
         out.append(f"| {col.name} | `{col.json_path}` | {shown} |")
+    if res.versioning:
+        out += ["", "## Versions", "", res.versioning.strip()]
     return "\n".join(out) + "\n"
 
 

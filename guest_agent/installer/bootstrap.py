@@ -60,7 +60,8 @@ AGENT_IMPORTS = ("import guest_agent.cli, guest_agent.commands, guest_agent.agen
                  "guest_agent.peers.discovery_io, guest_agent.report.report_io, "
                  "guest_agent.net.netwatch, guest_agent.files.filewatch, "
                  "guest_agent.tls.keeper_io, guest_agent.tls.imex_config, "
-                 "guest_agent.tls.creds_io")
+                 "guest_agent.tls.creds_io, guest_agent.workload.preflight_io, "
+                 "guest_agent.workload.barrier_io")
 
 
 class SetupError(Exception):

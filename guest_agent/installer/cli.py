@@ -63,7 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-domain", help="cluster DNS zone (agent default: cluster.local)")
     p.add_argument(
         "--registry-url",
-        help="host agent registry, e.g. http://imex-host-agent.imex-system.svc.cluster.local:8080",
+        help="host agent registry, e.g. https://imex-host-agent.imex-system.svc.cluster.local"
+        ":8443 (with --registry-ca-sha256), or http://...:8080",
+    )
+    p.add_argument(
+        "--registry-ca-sha256",
+        metavar="HEX",
+        help="the registry CA's fingerprint an https:// registry is pinned to: the "
+        "ImexEnsemble's status.registryCASHA256 (--from-ensemble fills it in)",
     )
     tok = p.add_mutually_exclusive_group()
     tok.add_argument("--token", help="ensemble token (prefer --token-file: argv is visible)")
@@ -94,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-restart-imex",
         action="store_true",
         help="do not enable and restart nvidia-imex.service at first boot",
+    )
+    p.add_argument(
+        "--expected-members", type=int, default=None, metavar="N",
+        help="members `wait --for domain` (imex-domain-ready.service) needs published "
+        "(default: --max-members)")
+    p.add_argument(
+        "--imex-channel0-module-param",
+        action="store_true",
+        help="also set NVreg_CreateImexChannel0=1 in /etc/modprobe.d: the driver makes "
+        "channel 0 (only) at its next load, without the agent (docs/guest-agent.md)",
     )
     p.add_argument(
         "--auth-encryption",
@@ -146,7 +163,8 @@ def from_ensemble_args(args: argparse.Namespace) -> list[str]:
     token: str | None = args.token
     if args.token_file is not None:
         token = _read_token(args.token_file)
-    dests = ["ensemble", "namespace", "max_members", "imex_port", "mode",
+    dests = ["ensemble", "namespace", "max_members", "imex_port", "mode", "registry_url",
+             "registry_ca_sha256",
              *(d for d in ("auth_encryption", "ca_sha256") if hasattr(args, d))]
     source = "standard input" if args.from_ensemble == "-" else args.from_ensemble
     try:
@@ -208,7 +226,17 @@ def options_from_args(args: argparse.Namespace) -> Options:
                 "never trust a CA because the registry sent it")
     elif ca_sha256 is not None:
         raise CloudInitError("--ca-sha256 is only meaningful with --auth-encryption")
+    registry_ca = args.registry_ca_sha256
+    if registry_ca is not None:
+        registry_ca = registry_ca.strip().lower()
+        if len(registry_ca) != 64 or any(c not in "0123456789abcdef" for c in registry_ca):
+            raise CloudInitError(f"--registry-ca-sha256 {registry_ca!r} is not 64 hex digits")
+        if not (args.registry_url or "").startswith("https://"):
+            raise CloudInitError(
+                "--registry-ca-sha256 pins the registry's TLS CA: --registry-url must be an "
+                f"https:// URL (it is {args.registry_url or 'not given'})")
     opts = Options(
+        registry_ca_sha256=registry_ca,
         auth_encryption=auth,
         ca_sha256=ca_sha256,
         ensemble=args.ensemble,
@@ -229,6 +257,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         restart_imex=not args.no_restart_imex,
         output_secret=args.output_secret,
         raw=args.raw,
+        imex_channel0_module_param=bool(getattr(args, "imex_channel0_module_param", False)),
+        expected_members=getattr(args, "expected_members", None),
     )
     try:
         opts.ens  # noqa: B018 - validates both names

@@ -56,6 +56,10 @@ class EnsembleSettings:
     auth_encryption: bool
     #: status.caSHA256: the CA fingerprint guests pin (authEncryption), once published
     ca_sha256: str | None
+    #: status.registryCASHA256: the registry's TLS CA, once it serves HTTPS (0.2)
+    registry_ca_sha256: str | None = None
+    #: spec.registryTLS: Required: the token only ever goes over HTTPS
+    registry_tls_required: bool = False
 
 
 def load_document(path: str, stdin: IO[str] | None = None) -> Any:
@@ -150,7 +154,11 @@ def settings_from_object(obj: Any) -> EnsembleSettings:
     if auth and mode == "ips":
         raise FromEnsembleError("spec.authEncryption needs spec.mode names")
     ca = status.get("caSHA256")
+    registry_ca = status.get("registryCASHA256")
     return EnsembleSettings(
+        registry_ca_sha256=registry_ca if isinstance(registry_ca, str) and registry_ca
+        else None,
+        registry_tls_required=_field(spec, "registryTLS") == "Required",
         name=str(name),
         namespace=namespace,
         max_members=int(_field(spec, "maxMembers")),
@@ -192,6 +200,20 @@ def apply_to_flags(
             "IMEX authentication yet")
     if "ca_sha256" in flags and settings.ca_sha256 is not None:
         want["ca_sha256"] = ("--ca-sha256", "status.caSHA256", settings.ca_sha256)
+    url = flags.get("registry_url")
+    https = isinstance(url, str) and url.startswith("https://")
+    if settings.registry_tls_required and url is not None and not https:
+        raise FromEnsembleError(
+            f"{source} has spec.registryTLS Required: its token is refused over plain HTTP, "
+            f"so --registry-url must be https:// (the registry's HTTPS port), not {url}")
+    if "registry_ca_sha256" in flags and settings.registry_ca_sha256 is not None:
+        if https:
+            want["registry_ca_sha256"] = ("--registry-ca-sha256", "status.registryCASHA256",
+                                          settings.registry_ca_sha256)
+        elif url is not None:
+            notes.append(f"{source}'s registry serves HTTPS (status.registryCASHA256): give "
+                         "an https:// --registry-url so the token never crosses the network "
+                         "in clear")
     for dest, (flag, field, value) in want.items():
         given = flags.get(dest)
         if dest == "auth_encryption" and given is False:

@@ -3,9 +3,11 @@
 The agent's ``config.toml`` (loaded back through the agent's own validator before it is
 written, so a value the guest would refuse is refused here), its token, IMEX's
 ``config.cfg`` (with the TLS keys when authEncryption is on), the first
-``nodes_config.cfg``, the installer (guest_agent/installer/bootstrap.py, byte for byte)
-and the agent's unit. ``render_*`` are pure and return text or :class:`WriteFile` entries
-(the installer's bytes are read once, from this package).
+``nodes_config.cfg``, the installer (guest_agent/installer/bootstrap.py, byte for byte),
+the agent's unit, the barrier unit ``imex-domain-ready.service`` and, with
+``--imex-channel0-module-param``, a modprobe.d file setting NVreg_CreateImexChannel0=1.
+``render_*`` are pure and return text or :class:`WriteFile` entries (the installer's
+bytes are read once, from this package).
 
 A new file goes into :func:`render_files` (its bytes join the setup digest, so a change
 re-arms the setup, guest_agent/installer/setup_script.py), an IMEX setting into
@@ -32,6 +34,17 @@ NODES_CONFIG_PATH: Final = "/etc/nvidia-imex/nodes_config.cfg"
 UNIT_NAME: Final = "imex-guest-agent.service"
 UNIT_PATH: Final = f"/etc/systemd/system/{UNIT_NAME}"
 UNIT_RESOURCE: Final = "data/imex-guest-agent.service"
+#: the barrier jobs order themselves after (guest_agent/data/imex-domain-ready.service)
+READY_UNIT_NAME: Final = "imex-domain-ready.service"
+READY_UNIT_PATH: Final = f"/etc/systemd/system/{READY_UNIT_NAME}"
+READY_UNIT_RESOURCE: Final = "data/imex-domain-ready.service"
+#: --imex-channel0-module-param: the nvidia module makes channel 0 itself at load
+MODPROBE_PATH: Final = "/etc/modprobe.d/imex-channel0.conf"
+MODPROBE_TEXT: Final = ("# written by cloud-init (imex-guest-agent cloudinit "
+                        "--imex-channel0-module-param): the driver creates\n"
+                        "# /dev/nvidia-caps-imex-channels/channel0 when it loads "
+                        "(NVIDIA's IMEX guide, IMEX Channels)\n"
+                        "options nvidia NVreg_CreateImexChannel0=1\n")
 #: where cloud-init writes the installer (guest_agent/installer/bootstrap.py, verbatim)
 INSTALLER_PATH: Final = "/var/lib/imex-guest-agent/install.py"
 INSTALLER_RESOURCE: Final = "bootstrap.py"
@@ -65,11 +78,15 @@ def agent_config(opts: Options) -> dict[str, object]:
     if opts.cluster_domain is not None:
         raw["cluster_domain"] = opts.cluster_domain
     raw["max_members"] = opts.max_members
+    if opts.expected_members is not None:
+        raw["expected_members"] = opts.expected_members
     raw["port"] = opts.imex_port
     raw["mode"] = opts.mode
     raw["own_slot"] = opts.own_slot
     if opts.registry_url is not None:
         raw["registry_url"] = opts.registry_url
+    if opts.registry_ca_sha256 is not None:
+        raw["registry_ca_sha256"] = opts.registry_ca_sha256
     if opts.token is not None:
         raw["token_file"] = TOKEN_PATH
     if opts.nameservers:
@@ -134,7 +151,18 @@ def render_files(opts: Options, unit: str | None) -> list[WriteFile]:
         files.append(WriteFile(INSTALLER_PATH, installer_source().encode()))
     if unit is not None:
         files.append(WriteFile(UNIT_PATH, unit.encode()))
+    # the barrier unit is written in every install mode: it names the fixed venv path,
+    # so a baked image and a downloaded agent get the same file
+    files.append(WriteFile(READY_UNIT_PATH, ready_unit_source().encode()))
+    if opts.imex_channel0_module_param:
+        files.append(WriteFile(MODPROBE_PATH, MODPROBE_TEXT.encode()))
     return files
+
+
+@functools.cache
+def ready_unit_source() -> str:
+    """guest_agent/data/imex-domain-ready.service, byte for byte."""
+    return resources.files("guest_agent").joinpath(READY_UNIT_RESOURCE).read_text("utf-8")
 
 
 @functools.cache

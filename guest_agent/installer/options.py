@@ -98,6 +98,12 @@ class Options:
     #: IMEX mutual TLS (issue 19): the config keys, and the CA fingerprint guests pin.
     auth_encryption: bool = False
     ca_sha256: str | None = None
+    #: the registry CA's fingerprint an https registry is pinned to (0.2)
+    registry_ca_sha256: str | None = None
+    #: modprobe.d: NVreg_CreateImexChannel0=1 (channel 0 only, at the next module load)
+    imex_channel0_module_param: bool = False
+    #: the agent's expected_members (wait --for domain); None: max_members
+    expected_members: int | None = None
 
     @property
     def ens(self) -> EnsembleId:

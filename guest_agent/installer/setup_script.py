@@ -23,7 +23,12 @@ from importlib import metadata
 from typing import Final
 
 from guest_agent.installer.cloudyaml import WriteFile, render_write_files
-from guest_agent.installer.guest_files import INSTALLER_PATH, UNIT_NAME, render_files
+from guest_agent.installer.guest_files import (
+    INSTALLER_PATH,
+    READY_UNIT_NAME,
+    UNIT_NAME,
+    render_files,
+)
 from guest_agent.installer.options import REQUIREMENT_PATTERN, Options
 
 VENV: Final = "/opt/imex-guest-agent"
@@ -84,7 +89,7 @@ def _install_lines(opts: Options) -> list[str]:
         lines.append(f"python3 {INSTALLER_PATH} {source} {q(src.url)} "
                      f"--requirement {q(req)} --venv {VENV}")
     lines.append("systemctl daemon-reload")
-    lines.append(f"systemctl enable {UNIT_NAME}")
+    lines.append(f"systemctl enable {UNIT_NAME} {READY_UNIT_NAME}")
     return lines
 
 
@@ -161,6 +166,9 @@ class Setup:
                 f"if systemctl cat {IMEX_UNIT} >/dev/null 2>&1; then "
                 f"systemctl enable {IMEX_UNIT}; systemctl restart {IMEX_UNIT}; fi"
             )
+        # enabled above, too late for this boot's multi-user.target: start the barrier
+        # now, without waiting for it (it waits for the whole domain)
+        lines.append(f"systemctl start --no-block {READY_UNIT_NAME}")
         return "".join(f"{line}\n" for line in lines)
 
     def bootcmd(self) -> str:

@@ -8,7 +8,10 @@ immediate.
 
 What an answer may say is :mod:`guest_agent.peers.registry` (pure: the validation, the
 errors). Every failure here is one of its :class:`RegistryError` subclasses, chained to
-the HTTP error.
+the HTTP error. An ``https://`` registry is checked by :mod:`guest_agent.registry_trust`
+(the pinned registry CA) before the request, and its token, is written; a refused
+certificate is :class:`RegistryUnavailable` with the reason, so DNS takes over and the
+log says why.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from guest_agent.peers.registry import (
     RegistryUnavailable,
     parse_ensemble,
 )
+from guest_agent.registry_trust import trust_for
 from imex_shared.model import EnsembleId
 
 log = logging.getLogger("guest_agent.registry_client")  # logger name pinned
@@ -49,6 +53,7 @@ class RegistryClient:
         self.ens = ens
         self.token = token
         self.base = settings.registry_url.rstrip("/")
+        self.trust = trust_for(self.base, settings.registry_ca_sha256)
         self._warned: set[str] = set()
 
     def url(self, wait: int | None = None) -> str:
@@ -84,11 +89,13 @@ class RegistryClient:
                 read_timeout=read_timeout,
                 max_body=MAX_RESPONSE,
                 keepalive=KEEPALIVE,
+                ssl_context=await self.trust.context(),
             )
         except http.HttpConnectionClosed as exc:
             raise RegistryDropped(str(exc)) from exc
         except http.HttpError as exc:
             raise RegistryUnavailable(str(exc)) from exc
+        self.trust.observe(resp)
         if not 200 <= resp.status < 300:
             snippet = resp.body[:200].decode("utf-8", "replace")
             raise RegistryUnavailable(f"GET {url}: HTTP {resp.status} {resp.reason}: {snippet}")

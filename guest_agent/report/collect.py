@@ -10,7 +10,9 @@ each applied change (``kick``). Each pass:
 - runs ``nvidia-smi -q`` at most once a minute: a GPU's fabric identity does not change
   while the VM runs. A missing ``nvidia-smi`` means no fabric (``null``), not an error; a
   failed or garbled query keeps the last good answer;
-- checks whether the IMEX channel device exists.
+- takes the channel nodes' state from the channel keeper (``channels``, the agent's
+  :func:`guest_agent.imex.channels_io.keep_channels` pass), which the agent runs on its
+  own every ``poll_interval``.
 
 The result goes to a callback (the agent), which puts it into the status file and the
 next report. Nothing here raises out of ``run`` for bad output.
@@ -96,11 +98,6 @@ async def run_bounded(
     return out
 
 
-def channel_exists(path: str) -> bool:
-    """One stat of a device node in /dev: never blocks long enough to need a thread."""
-    return os.path.exists(path)
-
-
 async def _kill(proc: asyncio.subprocess.Process, stdout: asyncio.StreamReader) -> None:
     """SIGKILL the child's whole session, read its pipe to EOF (the transport only ends
     once the pipe is drained), then reap it."""
@@ -122,12 +119,15 @@ class DomainCollector:
         self,
         settings: Settings,
         on_result: Callable[[Collected], None],
+        channels: Callable[[], list[int]] = list,
         *,
         ctl_timeout: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.on_result = on_result
+        #: the configured channels that are correct nodes now (the channel keeper's)
+        self.channels = channels
         self.ctl_timeout = ctl_timeout
         self.clock = clock
         self.result = Collected()
@@ -182,7 +182,7 @@ class DomainCollector:
         r = self.result
         r.imex_domain = await self._domain()
         await self._fabric(self.clock())
-        r.channel0 = channel_exists(self.settings.imex_channel_device)
+        r.channels = self.channels()
         r.at = time.time()
         r.passes += 1
         return r

@@ -8,7 +8,7 @@ the domain view :mod:`guest_agent.report.collect`, the status file
 - an applied pass (:func:`take_applied`): own slot, source, generation, members, the
   files' digests;
 - IMEX's state and counters (:func:`take_imex`) and a collection pass
-  (:func:`take_collected`): the domain view, fabric and channel; an error either brings
+  (:func:`take_collected`): the domain view, fabric and channels; an error either brings
   becomes ``last_error`` once;
 - the status PUT's body (:func:`status_body`) is built from the status and the last
   collection pass. ``imex_domain`` (~25 KB for 18 nodes) is sent only when the registry
@@ -35,6 +35,37 @@ from imex_shared.model import EnsembleId
 #: The registry gets the full domain view at least this often (seconds), so a replica
 #: that restarted or joined has every member's link row within a minute.
 DOMAIN_REFRESH = 60.0
+#: A field an older registry refused is left out of reports this long, then tried again
+#: (the host agent may have been upgraded meanwhile).
+FIELD_RETRY = 600.0
+#: pydantic's word for a field a 0.1 registry does not know (``extra="forbid"``)
+_EXTRA_FORBIDDEN = "Extra inputs are not permitted"
+#: never left out: what every registry since 0.1 knows
+CORE_FIELDS = frozenset({"imex_state", "generation_applied", "nodes_config_sha256",
+                         "hosts_sha256", "signals", "restarts", "agent_version"})
+
+
+def refused_fields(answer: bytes) -> frozenset[str]:
+    """Top-level report fields a registry's 422 refused as unknown (a 0.1 registry's
+    ``{"detail": [{"loc": ["<field>"], "msg": "Extra inputs are not permitted"}]}``)."""
+    try:
+        doc = json.loads(answer)
+    except (UnicodeDecodeError, ValueError):
+        return frozenset()
+    detail = doc.get("detail") if isinstance(doc, dict) else None
+    out = set()
+    for entry in detail if isinstance(detail, list) else ():
+        if not isinstance(entry, dict) or entry.get("msg") != _EXTRA_FORBIDDEN:
+            continue
+        loc = entry.get("loc")
+        if isinstance(loc, list) and len(loc) == 1 and isinstance(loc[0], str):
+            out.add(loc[0])
+    return frozenset(out - CORE_FIELDS)
+
+
+def left_out(dropped: dict[str, float], now: float, retry: float = FIELD_RETRY) -> set[str]:
+    """The refused fields still left out at ``now`` (each for ``retry`` seconds)."""
+    return {name for name, at in dropped.items() if now - at < retry}
 
 @dataclass(frozen=True, slots=True)
 class Report:
@@ -95,7 +126,8 @@ class Collected:
     imex_domain: dict[str, Any] | None = None
     fabric: Fabric | None = None
     fabric_known: bool = False
-    channel0: bool = False
+    #: the configured IMEX channels whose device nodes are correct (channels_io)
+    channels: list[int] = field(default_factory=list)
     errors: int = 0
     last_error: str | None = None
     at: float = 0.0
@@ -154,7 +186,8 @@ def take_collected(status: Status, result: Collected, own_index: int | None,
     s.imex_row = {str(k): v for k, v in sorted(row.items())} if row is not None else None
     s.fabric = result.fabric.to_json() if result.fabric is not None else None
     s.clique = result.fabric.key if result.fabric is not None else None
-    s.imex_channel0 = result.channel0
+    s.imex_channels = list(result.channels)
+    s.imex_channel0 = 0 in result.channels
     s.domain_errors = result.errors
     s.domain_at = result.at
     if result.last_error is not None and result.last_error != s.last_error:
@@ -175,6 +208,7 @@ def status_body(status: Status, collected: Collected | None,
         "restarts": s.restarts,
         "agent_version": s.agent_version,
         **({"cert_not_after": (s.tls or {}).get("cert_not_after")} if with_cert else {}),
+        **({"preflight": s.preflight} if s.preflight else {}),
     }
     c = collected
     if c is not None:
@@ -183,5 +217,6 @@ def status_body(status: Status, collected: Collected | None,
         body["imex_domain"] = c.imex_domain
         if c.fabric_known:
             body["fabric"] = c.fabric.to_json() if c.fabric is not None else None
-        body["imex_channel0"] = c.channel0
+        body["imex_channels"] = list(c.channels)
+        body["imex_channel0"] = 0 in c.channels  # beside imex_channels for this release
     return body

@@ -10,8 +10,19 @@ Concurrency and failure rules:
   stale one is dropped and the newer one sent at once, so at most one
   request is in flight and the registry always ends with the latest state.
 - 401/403/404/422 are not retried (a wrong token or address will not fix
-  itself by repetition); they are logged once per report and recorded as
-  ``last_error``. The next report tries again.
+  itself by repetition); each distinct refusal is logged once (then at debug level)
+  and recorded as ``last_error``. The next report tries again.
+- Version skew (docs/install.md "Upgrades"): after its first delivered report (never
+  in the way of one) the reporter asks the host agent's ``GET /version``, at most once
+  a minute until it answers, and says once what it makes of it
+  (``imex_shared.version.host_verdict``; a 404 is a 0.1 host agent). A field an older
+  registry refuses as unknown (its 422 says "Extra inputs are not permitted") is left
+  out and the report sent again at once; the field is tried again after
+  ``FIELD_RETRY`` (10 min), and said once. Whatever the host says of itself, reports go.
+- ``https://``: every request is checked against the pinned registry CA
+  (guest_agent/registry_trust.py) before the token is written; the ``registry``
+  section of status.json shows the transport, the pin, the server certificate last
+  seen and the host agent's version.
 - The bearer token is read from ``token_file`` for every send, so a rotated
   Secret is picked up without a restart.
 - ``imex_domain`` (~25 KB for 18 nodes, ~1 ms of the registry's CPU to check) goes
@@ -40,14 +51,19 @@ from tenacity import (
 
 from guest_agent import http
 from guest_agent.config import Settings
+from guest_agent.registry_trust import RegistryTrust, trust_for
 from guest_agent.report.report import (
+    FIELD_RETRY,
     DomainAccepted,
     Report,
     domain_key,
     domain_refresh,
+    left_out,
+    refused_fields,
     send_domain,
     status_url,
 )
+from imex_shared.version import BAD, GUEST_TOO_OLD, OLDER_HOST, TOO_OLD, host_verdict
 
 log = logging.getLogger("guest_agent.reporter")  # logger name pinned
 
@@ -94,9 +110,23 @@ class Reporter:
         max_wait: float = 30.0,
         initial_wait: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        on_registry: Callable[[dict[str, Any]], None] | None = None,
+        agent_version: str = "0+unknown",
     ) -> None:
         self.settings = settings
         self.on_error = on_error
+        self.on_registry = on_registry
+        self.agent_version = agent_version
+        self.trust: RegistryTrust | None = (
+            trust_for(settings.registry_url, settings.registry_ca_sha256)
+            if settings.registry_url else None)
+        #: fields the registry refused as unknown -> when (``clock``)
+        self.dropped: dict[str, float] = {}
+        #: what the host agent's /version said: {"version", "skew", "note"}; None: not asked
+        self.host: dict[str, Any] | None = None
+        self._said: set[str] = set()
+        self._host_asked_at = -1e9
+        self._registry_doc: dict[str, Any] | None = None
         self.max_wait = max_wait
         self.initial_wait = initial_wait
         self.clock = clock
@@ -131,7 +161,12 @@ class Reporter:
 
     def wire_body(self, report: Report) -> tuple[dict[str, Any], str | None]:
         """The body to PUT, and the key of the domain view it carries (None: left out)."""
-        body = report.body
+        body = dict(report.body)
+        # 0.2: the registry CA this guest pins (null: plain HTTP); a 0.1 registry refuses
+        # it, and it is left out there (module docstring)
+        body["registry_ca_sha256"] = self.settings.registry_ca_sha256
+        for name in left_out(self.dropped, self.clock()):
+            body.pop(name, None)
         if "imex_domain" not in body:
             return body, None
         key = domain_key(body["imex_domain"])
@@ -140,23 +175,94 @@ class Reporter:
             return body, key
         return {k: v for k, v in body.items() if k != "imex_domain"}, None
 
+    def _say_once(self, level: int, message: str) -> None:
+        if message in self._said:
+            log.debug("%s", message)
+            return
+        if len(self._said) < 256:
+            self._said.add(message)
+        log.log(level, "%s", message)
+
+    async def check_host(self) -> None:
+        """Ask the host agent's ``/version`` once and say what this guest makes of it."""
+        assert self.settings.registry_url is not None and self.trust is not None
+        try:
+            resp = await http.request(
+                "GET", f"{self.settings.registry_url}/version", read_timeout=5.0,
+                connect_timeout=min(5.0, self.settings.dns_timeout * 2),
+                ssl_context=await self.trust.context(), max_body=4096)
+        except http.HttpError as exc:
+            log.debug("host agent version not known yet: %s", exc)
+            return  # asked again before the next report
+        doc: object = None
+        if resp.status != 404:
+            try:
+                doc = resp.json() if resp.status == 200 else {"status": resp.status}
+            except http.HttpJsonError as exc:
+                doc = str(exc)
+        verdict, note = host_verdict(doc, self.agent_version)
+        host = doc.get("version") if isinstance(doc, dict) else None
+        self.host = {"version": host if isinstance(host, str) else None, "skew": verdict,
+                     "note": note}
+        level = {OLDER_HOST: logging.WARNING, TOO_OLD: logging.ERROR,
+                 GUEST_TOO_OLD: logging.ERROR, BAD: logging.ERROR}.get(verdict, logging.INFO)
+        self._say_once(level, f"registry: {note}")
+        if level == logging.ERROR and self.on_error is not None:
+            self.on_error(f"registry: {note}")
+        self._publish_registry()
+
+    def _publish_registry(self) -> None:
+        if self.on_registry is None or self.trust is None:
+            return
+        doc = {"url": self.settings.registry_url, **self.trust.describe(),
+               "host": self.host, "refused_fields": sorted(self.dropped)}
+        if doc != self._registry_doc:
+            self._registry_doc = doc
+            self.on_registry(doc)
+
+    async def _put(self, report: Report) -> tuple[http.Response, str | None]:
+        """The PUT; a body field the registry refuses as unknown is left out and the
+        report sent again at once (module docstring)."""
+        assert self.trust is not None
+        for _ in range(2):
+            body, key = self.wire_body(report)
+            token = read_token(self.settings.token_file)
+            try:
+                resp = await http.json_request(
+                    "PUT",
+                    status_url(self.settings, report.index),
+                    body,
+                    token=token,
+                    connect_timeout=min(5.0, self.settings.dns_timeout * 2),
+                    read_timeout=10.0,
+                    ssl_context=await self.trust.context(),
+                )
+            except http.HttpStatusError as exc:
+                refused = refused_fields(exc.body) & set(body) if exc.status == 422 else set()
+                if not refused:
+                    raise
+                now = self.clock()
+                for name in sorted(refused):
+                    self.dropped[name] = now
+                    self._say_once(logging.WARNING, (
+                        f"registry refuses report field {name!r} (a host agent older than "
+                        f"this guest): reports go without it, and it is tried again every "
+                        f"{FIELD_RETRY:.0f} s"))
+                self._publish_registry()
+                continue
+            self.trust.observe(resp)
+            return resp, key
+        raise ReportError("the registry kept refusing report fields as unknown")
+
     async def send(self, report: Report) -> None:
         """One PUT (raises http.HttpError / ReportError); remembers what was accepted."""
-        body, key = self.wire_body(report)
         sent_at = self.clock()
         try:
-            token = read_token(self.settings.token_file)
-            resp = await http.json_request(
-                "PUT",
-                status_url(self.settings, report.index),
-                body,
-                token=token,
-                connect_timeout=min(5.0, self.settings.dns_timeout * 2),
-                read_timeout=10.0,
-            )
+            resp, key = await self._put(report)
         except BaseException:
             self.domain_accepted = None  # whatever happened, the next report carries it
             raise
+        self._publish_registry()
         if key is not None:
             self.domain_sent += 1
         elif "imex_domain" in report.body:
@@ -182,7 +288,7 @@ class Reporter:
                     await self.send(report)
                 except http.HttpError as exc:
                     self.failures += 1
-                    log.warning("status report failed: %s", exc)
+                    self._say_once(logging.WARNING, f"status report failed: {exc}")
                     if self.on_error is not None:
                         self.on_error(f"status report: {exc}")
                     raise
@@ -204,10 +310,15 @@ class Reporter:
             except (http.HttpError, ReportError, RetryError) as exc:
                 if not isinstance(exc, http.HttpError):  # HTTP failures counted per attempt
                     self.failures += 1
-                log.error("status report not delivered: %s", exc)
+                self._say_once(logging.ERROR, f"status report not delivered: {exc}")
                 if self.on_error is not None:
                     self.on_error(f"status report: {exc}")
                 continue
             self._sent = report
             self.delivered += 1
             log.debug("status report delivered", extra={"index": report.index})
+            if self.host is None and self.clock() - self._host_asked_at >= 60.0:
+                # after a delivered report, never before one: a slow /version must not
+                # hold up what the registry needs first
+                self._host_asked_at = self.clock()
+                await self.check_host()

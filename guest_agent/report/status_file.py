@@ -59,13 +59,25 @@ class Status:
     last_error_at: float | None = None
     #: authEncryption: the certificate's state (guest_agent/tls/keeper.py ``TlsStatus``)
     tls: dict[str, Any] | None = None
+    #: the registry as the reporter sees it: url, transport, the pinned registry CA, the
+    #: server certificate last seen, the host agent's version and what the guest makes
+    #: of it (report_io.py); None before the first report
+    registry: dict[str, Any] | None = None
     #: from ``nvidia-imex-ctl -N -j``: the domain status IMEX printed and our own row
     #: (peer index -> link state); None when the last pass had no valid answer.
     imex_domain_status: str | None = None
     imex_row: dict[str, str] | None = None
     fabric: dict[str, Any] | None = None
     clique: str | None = None
+    #: deprecated beside imex_channels (this release): channel 0 among them
     imex_channel0: bool | None = None
+    #: the configured IMEX channels whose device nodes exist and are correct
+    imex_channels: list[int] = field(default_factory=list)
+    #: the channel keeper's last word: "present: 0 of 0", "waiting: ...", errors
+    imex_channels_note: str | None = None
+    #: the last preflight run (guest_agent/preflight): [{"name", "result", "message"}]
+    preflight: list[dict[str, str]] = field(default_factory=list)
+    preflight_at: float | None = None
     #: malformed ctl / nvidia-smi output dropped so far
     domain_errors: int = 0
     domain_at: float | None = None
@@ -132,6 +144,7 @@ def format_table(data: Mapping[str, Any], now: float | None = None) -> str:
         ("signals", str(data.get("signals", 0))),
         ("restarts", f"{data.get('restarts', 0)} (starts {data.get('starts', 0)})"),
         ("re-asserts", str(data.get("reasserts", 0))),
+        ("registry", _registry(data.get("registry"))),
         ("updated", _age(data.get("updated_at"), now)),
         ("last error", f"{data.get('last_error') or '-'}"
          + (f" ({_age(data.get('last_error_at'), now)})" if data.get("last_error") else "")),
@@ -153,13 +166,38 @@ def format_table(data: Mapping[str, Any], now: float | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _registry(doc: object) -> str:
+    if not isinstance(doc, dict):
+        return "-"
+    host = doc.get("host") if isinstance(doc.get("host"), dict) else {}
+    cert = doc.get("server_cert") if isinstance(doc.get("server_cert"), dict) else {}
+    parts = [str(doc.get("transport") or "?")]
+    if doc.get("ca_sha256"):
+        parts.append(f"CA {str(doc['ca_sha256'])[:16]}")
+    if cert:
+        parts.append(f"cert {str(cert.get('sha256'))[:16]} until {cert.get('not_after')}")
+    if host:
+        parts.append(f"host {host.get('version') or 'before 0.2'} ({host.get('skew')})")
+    if doc.get("refused_fields"):
+        parts.append(f"fields refused: {', '.join(map(str, doc['refused_fields']))}")
+    return ", ".join(parts)
+
+
 def _domain_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
     clique = data.get("clique")
-    channel = data.get("imex_channel0")
+    channels = data.get("imex_channels")
+    note = data.get("imex_channels_note")
     view = data.get("imex_domain_status")
+    checks = [c for c in data.get("preflight") or () if isinstance(c, dict)]
+    bad = [f"{c.get('name')} {c.get('result')}" for c in checks
+           if c.get("result") in ("FAIL", "WARN")]
     return [
         ("clique", str(clique) if clique else "none (no NVLink fabric reported by nvidia-smi)"),
-        ("channel0", "-" if channel is None else ("present" if channel else "missing")),
+        ("channels", (", ".join(map(str, channels)) if isinstance(channels, list) and channels
+                      else "none") + (f" ({note})" if note else "")),
+        ("preflight", "-" if not checks else
+         (f"{len(checks)} checks, " + (", ".join(bad) if bad else "all PASS"))
+         + f" ({_age(data.get('preflight_at'), now)})"),
         ("imex view", f"{view or '-'} (nvidia-imex-ctl -N -j, {_age(data.get('domain_at'), now)})"
          + (f", {data['domain_errors']} dropped" if data.get("domain_errors") else "")),
     ]
@@ -173,3 +211,38 @@ def _own_row(data: Mapping[str, Any], own: object) -> list[str]:
     peers = sorted({int(k) for k in row if str(k).isdigit()} | {own})
     cells = [SELF_CELL if p == own else letter(row.get(str(p))) for p in peers]
     return ["", *matrix_lines(peers, [(own, cells)])]
+
+
+def _label(value: object) -> str:
+    text = str(value)
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus_text(data: Mapping[str, Any]) -> str:
+    """The status as Prometheus text (node_exporter's textfile collector; pure).
+
+    ``imex_build_info{version}`` is the running daemon's release (the status file's
+    ``agent_version``), the same gauge the host agent serves; the others are the
+    status's counters and states."""
+    ens = f'namespace="{_label(data.get("namespace"))}",ensemble="{_label(data.get("ensemble"))}"'
+    running = 1 if data.get("agent_running", True) else 0
+    rows = [
+        ("imex_build_info", "gauge", "1, labelled with the imex-ensemble release this agent "
+         "runs", f'{{version="{_label(data.get("agent_version"))}"}}', 1),
+        ("imex_guest_agent_running", "gauge", "1 while the pid in the status file runs",
+         f"{{{ens}}}", running),
+        ("imex_guest_imex_ready", "gauge", "1 while IMEX says READY", f"{{{ens}}}",
+         1 if data.get("imex_state") == "READY" else 0),
+        ("imex_guest_generation_applied", "gauge", "the membership generation applied",
+         f"{{{ens}}}", data.get("generation_applied") or 0),
+        ("imex_guest_imex_signals_total", "counter", "SIGUSR1 sent to IMEX", f"{{{ens}}}",
+         data.get("signals") or 0),
+        ("imex_guest_imex_restarts_total", "counter", "IMEX restarts by the agent",
+         f"{{{ens}}}", data.get("restarts") or 0),
+        ("imex_guest_reasserts_total", "counter", "managed files restored after another "
+         "writer", f"{{{ens}}}", data.get("reasserts") or 0),
+    ]
+    out = []
+    for name, kind, doc, labels, value in rows:
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"]
+    return "\n".join(out) + "\n"

@@ -37,7 +37,12 @@ log = logging.getLogger("guest_agent.tls")  # logger name pinned
 
 
 class TlsError(RuntimeError):
-    """Credentials could not be obtained or were refused; the message says why."""
+    """Credentials could not be obtained or were refused; the message says why
+    (``status``: the registry's HTTP status, when it answered with an error)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class BundleRefused(TlsError):

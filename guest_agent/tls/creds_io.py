@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from guest_agent import http
 from guest_agent.files.safewrite import FileWriteError, read_bytes, write_file
+from guest_agent.registry_trust import RegistryTrust
 from guest_agent.tls.creds import (
     BundleRefused,
     TlsError,
@@ -112,14 +113,22 @@ def inspect(paths: TlsPaths) -> dict[str, object]:
 
 
 async def request(paths: TlsPaths, pins: set[str], url: str, token: str | None, slot: str,
-                  timeout: float = 10.0) -> dict[str, object]:
-    """One certificate: CSR from our key, POST, checks, files written. Raises TlsError."""
+                  timeout: float = 10.0, registry_ca_sha256: str | None = None
+                  ) -> dict[str, object]:
+    """One certificate: CSR from our key, POST, checks, files written. Raises TlsError.
+
+    An ``https://`` registry is checked against ``registry_ca_sha256`` (the pinned
+    registry CA, guest_agent/registry_trust.py) before the CSR and the token are sent."""
     key = load_or_make_key(paths)
     csr = make_csr(key, slot)
+    trust = RegistryTrust(url, registry_ca_sha256, timeout=min(5.0, timeout))
     try:
         answer = (await http.json_request("POST", url, {"csr": csr}, token=token,
                                           connect_timeout=min(5.0, timeout),
-                                          read_timeout=timeout)).json()
+                                          read_timeout=timeout,
+                                          ssl_context=await trust.context())).json()
+    except http.HttpStatusError as exc:
+        raise TlsError(f"certificate request failed: {exc}", status=exc.status) from exc
     except http.HttpError as exc:
         raise TlsError(f"certificate request failed: {exc}") from exc
     if not isinstance(answer, dict) or not all(
@@ -156,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-file")
     p.add_argument("--slot")
     p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--registry-ca-sha256")
     args = p.parse_args(argv)
     paths = TlsPaths(Path(args.tls_dir))
     try:
@@ -173,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             import asyncio
 
             out = asyncio.run(request(paths, set(args.pin), args.url, token, args.slot,
-                                      args.timeout))
+                                      args.timeout, args.registry_ca_sha256))
     except (TlsError, OSError) as exc:
-        out = {"ok": False, "error": str(exc), "refused": isinstance(exc, BundleRefused)}
+        out = {"ok": False, "error": str(exc), "refused": isinstance(exc, BundleRefused),
+               "http_status": getattr(exc, "status", None)}
     sys.stdout.write(json.dumps(out) + "\n")
     return 0 if out.get("ok") else 1
 

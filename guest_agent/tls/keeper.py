@@ -23,11 +23,23 @@ BACKOFF_MAX: Final = 300.0
 
 
 class KeeperError(RuntimeError):
-    """The child failed or could not run; ``refused``: a bundle or certificate refused."""
+    """The child failed or could not run; ``refused``: a bundle or certificate refused;
+    ``status``: the registry's HTTP error status, if it answered one."""
 
-    def __init__(self, message: str, refused: bool = False) -> None:
+    def __init__(self, message: str, refused: bool = False, status: int | None = None) -> None:
         super().__init__(message)
         self.refused = refused
+        self.status = status
+
+
+def retry_delay(exc: KeeperError, delay: float) -> tuple[float, float]:
+    """(this wait, the next one): exponential from ``BACKOFF_FIRST`` to ``BACKOFF_MAX``,
+    except a 404 (a registry without the ensemble, the member or the certificate route:
+    an older or misconfigured host agent), which is asked again only every
+    ``BACKOFF_MAX``, never in a tight loop."""
+    if exc.status == 404:
+        return BACKOFF_MAX, BACKOFF_MAX
+    return delay, min(delay * 2, BACKOFF_MAX)
 
 
 def _parse_iso(text: object) -> dt.datetime:

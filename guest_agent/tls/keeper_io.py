@@ -40,6 +40,7 @@ from guest_agent.tls.keeper import (
     iso,
     renew_at,
     renewal_due,
+    retry_delay,
 )
 
 log = logging.getLogger("guest_agent.certkeeper")  # logger name pinned
@@ -82,8 +83,10 @@ async def run_child(argv: Sequence[str], timeout: float = CHILD_TIMEOUT) -> dict
     if not isinstance(doc, dict):
         raise KeeperError("the TLS helper answered something that is not an object")
     if not doc.get("ok"):
+        status = doc.get("http_status")
         raise KeeperError(str(doc.get("error") or "the TLS helper failed"),
-                          bool(doc.get("refused")))
+                          bool(doc.get("refused")),
+                          status if isinstance(status, int) else None)
     return doc
 
 
@@ -102,7 +105,10 @@ class CertKeeper:
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         python: str = sys.executable,
         timeout: float = 10.0,
+        registry_ca_sha256: str | None = None,
     ) -> None:
+        #: the pinned registry CA, handed to the child for an https registry
+        self.registry_ca_sha256 = registry_ca_sha256
         self.dir = Path(tls_dir)
         self.configured_pin = ca_sha256
         self.url_for = url_for
@@ -174,6 +180,8 @@ class CertKeeper:
                  "--timeout", f"{self.timeout:g}"]
         if self.token_file:
             extra += ["--token-file", self.token_file]
+        if self.registry_ca_sha256:
+            extra += ["--registry-ca-sha256", self.registry_ca_sha256]
         doc = await run_child(self._argv("request", *extra))
         self.cert = CertFacts.of(doc.get("cert"))
         self.obtained = self.clock()
@@ -232,14 +240,15 @@ class CertKeeper:
             try:
                 await self.request()
             except KeeperError as exc:
+                wait, delay = retry_delay(exc, delay)
                 self.status.failures += 1
-                self.status.last_error = str(exc)
-                self.status.waiting = f"retrying in {delay:.0f} s"
-                log.warning("%s; keeping the current credentials, retrying in %.0f s",
-                            exc, delay)
+                self.status.waiting = f"retrying in {wait:.0f} s"
+                level = logging.DEBUG if str(exc) == self.status.last_error else logging.WARNING
+                self.status.last_error = str(exc)  # the same refusal again: said once
+                log.log(level, "%s; keeping the current credentials, retrying in %.0f s",
+                        exc, wait)
                 self._publish()
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, BACKOFF_MAX)
+                await asyncio.sleep(wait * random.uniform(0.8, 1.2))
                 continue
             delay = BACKOFF_FIRST
             self._publish()

@@ -29,13 +29,20 @@ The first certificate of a bundle is always the one that signs now, and its
 fingerprint is what ``status.caSHA256`` publishes.
 
 The CA's Secret, written and read back, is secret.py's.
+
+The registry's own TLS (``--tls-self-issued``, ca/registry_tls.py) is this machinery
+too: a CA made by :func:`new_ca` under its own name (:func:`registry_ca_name`) and a
+serving certificate from :func:`issue_server`, the leaf profile with the registry
+Service's DNS names (and any IP the operator adds) and EKU serverAuth only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import ipaddress
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -187,11 +194,22 @@ def _ca_extensions(builder: x509.CertificateBuilder, public: ec.EllipticCurvePub
     )
 
 
-def new_ca(ens: EnsembleId, now: dt.datetime, rotation: str = "") -> CaKeyPair:
-    """A fresh ECDSA P-256 CA for ``ens`` (self-signed)."""
+def registry_ca_name(namespace: str) -> x509.Name:
+    """The registry CA's subject: one per host agent namespace (all its replicas)."""
+    return x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "imex-ensemble"),
+        x509.NameAttribute(NameOID.COMMON_NAME, f"imex-registry-ca {namespace}"),
+    ])
+
+
+def new_ca(ens: EnsembleId | None, now: dt.datetime, rotation: str = "", *,
+           name: x509.Name | None = None) -> CaKeyPair:
+    """A fresh ECDSA P-256 CA for ``ens`` (self-signed), or under ``name`` (the registry's)."""
     now = _utc(now)
     key = ec.generate_private_key(ec.SECP256R1())
-    name = _ca_name(ens, rotation)
+    if name is None:
+        assert ens is not None
+        name = _ca_name(ens, rotation)
     builder = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -332,13 +350,32 @@ def _general_name(name: x509.GeneralName) -> str:
 def issue_leaf(ca: CaKeyPair, csr: x509.CertificateSigningRequest, slot: str,
                now: dt.datetime, lifetime: dt.timedelta = LEAF_LIFETIME) -> x509.Certificate:
     """The member's certificate for a checked CSR (see the module docstring's profile)."""
-    now = _utc(now)
     public = csr.public_key()
+    return _leaf(ca, public, slot, [x509.DNSName(slot)],
+                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+                 now, lifetime)
+
+
+def issue_server(ca: CaKeyPair, public: object, dns_names: Sequence[str],
+                 ips: Sequence[str], now: dt.datetime,
+                 lifetime: dt.timedelta) -> x509.Certificate:
+    """A TLS server's certificate (the registry's): CN the first DNS name, every name and
+    address a SAN, EKU serverAuth; the leaf profile otherwise."""
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ips]
+    cn = dns_names[0] if dns_names else ips[0]
+    return _leaf(ca, public, cn, sans, [ExtendedKeyUsageOID.SERVER_AUTH], now, lifetime)
+
+
+def _leaf(ca: CaKeyPair, public: object, cn: str, sans: Sequence[x509.GeneralName],
+          usages: Sequence[x509.ObjectIdentifier], now: dt.datetime,
+          lifetime: dt.timedelta) -> x509.Certificate:
+    now = _utc(now)
     assert isinstance(public, ec.EllipticCurvePublicKey | rsa.RSAPublicKey)
     not_after = min(now + lifetime, ca.cert.not_valid_after_utc)
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, slot)]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
         .issuer_name(ca.cert.subject)
         .public_key(public)
         .serial_number(_serial())
@@ -353,12 +390,8 @@ def issue_leaf(ca: CaKeyPair, csr: x509.CertificateSigningRequest, slot: str,
             ),
             critical=True,
         )
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                   ExtendedKeyUsageOID.CLIENT_AUTH]),
-            critical=False,
-        )
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(slot)]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
+        .add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(_aki(ca.cert), critical=False)
     )

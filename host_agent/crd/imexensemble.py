@@ -47,6 +47,10 @@ CONDITION_READY: Final = "Ready"
 CONDITION_DEGRADED: Final = "Degraded"
 CONDITION_PUBLISHED: Final = "Published"
 CONDITION_DOMAIN_UP: Final = "DomainUp"
+#: the guests' preflight checks: False when any member's check FAILs (issue 28)
+CONDITION_GUEST_CHECKS: Final = "GuestChecks"
+#: members of this and another ensemble report one NVLink clique (informational)
+CONDITION_CLIQUE_SHARED: Final = "CliqueShared"
 #: ``status.domainStatus``: ``nvidia-imex-ctl -N -j``'s domain status, or UNKNOWN.
 DOMAIN_STATUSES: Final = ("UP", "DEGRADED", "DOWN", "UNKNOWN")
 
@@ -69,6 +73,8 @@ LABEL_KEY: Final = (r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE: Final = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+#: ``spec.registryTLS``: whether the token may cross the network in clear
+REGISTRY_TLS_MODES: Final = ("Optional", "Required")
 
 _CONDITION_TYPE = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
@@ -151,6 +157,12 @@ SPEC: Final = Field(
               "Any change starts a rotation of the ensemble's CA (a date or a counter "
               "serves well).",
               max_length=63),
+        Field("registryTLS", "string",
+              "Required: the registry refuses this ensemble's token over plain HTTP (status "
+              "reports, certificate requests, long-polls with a token); its guests must use "
+              "the registry's https:// URL and pin registryCASHA256. Optional (or absent): "
+              "both.",
+              enum=REGISTRY_TLS_MODES),
     ),
 )
 
@@ -219,6 +231,11 @@ STATUS: Final = Field(
               enum=DOMAIN_STATUSES),
         Field("caSHA256", "string", "sha256 of the ensemble CA certificate guests trust.",
               max_length=64, pattern=SHA256_HEX),
+        Field("registryCASHA256", "string",
+              "sha256 of the registry's TLS CA certificate: what guests pin as "
+              "registry_ca_sha256 (the generator's --registry-ca-sha256 or --from-ensemble). "
+              "Absent while the registry serves no HTTPS.",
+              max_length=64, pattern=SHA256_HEX),
         Field("caBundleSHA256", "string",
               "sha256 of the CA bundle guests trust (authEncryption): part of what "
               "membershipGeneration describes.", max_length=64, pattern=SHA256_HEX),
@@ -230,7 +247,9 @@ STATUS: Final = Field(
               "Every published slot. Transitions only: nothing here moves with time alone.",
               max_items=MAX_MEMBERS_LIMIT, list_type="map", list_map_keys=("index",),
               items=_MEMBER),
-        Field("conditions", "array", "Ready, Degraded, Published, DomainUp.",
+        Field("conditions", "array", "Ready, Degraded, Published, DomainUp, GuestChecks "
+              "(the guests' preflight checks), CliqueShared (informational: another "
+              "ensemble's members report one of this ensemble's NVLink cliques).",
               max_items=MAX_CONDITIONS, list_type="map", list_map_keys=("type",),
               items=_CONDITION),
         Field("problems", "array", "The registry's problems for this ensemble.",
@@ -253,10 +272,43 @@ COLUMNS: Final = (
                   priority=1),
 )
 
+VERSIONING: Final = """\
+`v1alpha1` is the only version served and stored in 0.2.0, and it stays so for every
+0.2.x. A later `v1beta1` will be added beside it, not instead of it:
+
+1. **One release serves both.** The CRD lists `v1beta1` (served, and from then on the
+   storage version) and `v1alpha1` (still served, `deprecated: true` with a warning
+   naming `v1beta1`). Conversion strategy `None`: `v1beta1` keeps every field of
+   `v1alpha1` under the same name, type and meaning, so the API server converts by
+   changing `apiVersion` alone and no conversion webhook (another thing to run and
+   secure) is needed. A field whose shape would have to change is not changed in
+   place: the new shape gets a new name, the old one stays until `v1alpha1` goes.
+2. **Upgrade order.** The CRD is applied first (it serves both), then the host agent
+   (which reads and writes `v1beta1` from then on); a host agent one release older keeps
+   working through `v1alpha1`, as docs/install.md "Upgrades" allows.
+3. **`v1alpha1` goes** no earlier than one minor release later, after every stored
+   object has been rewritten in `v1beta1` (a no-op update of each ImexEnsemble, or the
+   storage version migrator) and `v1alpha1` is gone from the CRD's
+   `status.storedVersions`.
+
+Fixed from now on (they will be in `v1beta1` as they are): `spec.maxMembers`, `port`,
+`network`, `mode`, `tokenSHA256`, `memberSelector`, `authEncryption`, `caRotation`;
+`status.observedGeneration`, `membershipGeneration`, `domainID`, `caSHA256`,
+`caBundleSHA256`, `registryCASHA256`, `members[]` (its keys and fields) and the
+condition types `Ready`, `Degraded`, `Published`, `DomainUp`.
+
+May still change before `v1beta1`: `spec.registryTLS` (new in 0.2; more values may
+come), the words of `status.domainStatus`, `members[].imexState` and the condition
+reasons (more may come; software must treat unknown ones as unknown), `status.problems`
+(text for people, never parsed), `publishedSummary` and the printer columns. Fields may
+be added to `v1alpha1` in any minor release; none is renamed or removed without a new
+version.
+"""
+
 IMEX_ENSEMBLE: Final = CustomResource(
     group=GROUP, version=VERSION, kind=KIND, plural=PLURAL, singular=SINGULAR,
     short_names=(SHORT_NAME,), categories=(),
     doc="An IMEX ensemble of KubeVirt VMs: one headless Service and EndpointSlice, the "
         "registry's membership, and each member's IMEX state.",
-    spec=SPEC, status=STATUS, columns=COLUMNS,
+    spec=SPEC, status=STATUS, columns=COLUMNS, versioning=VERSIONING,
 )

@@ -260,6 +260,8 @@ class CustomResource:
     status: Field
     columns: tuple[PrinterColumn, ...]
     root_rules: tuple[Rule, ...] = field(default=())
+    #: how later API versions will be served beside this one (docs only, Markdown)
+    versioning: str = ""
 
     @property
     def name(self) -> str:

@@ -162,6 +162,9 @@ def parse_ensemble_cr(cr: Mapping[str, Any]) -> CrParse:
         auth = spec.get("authEncryption", _default("authEncryption"))
         if not isinstance(auth, bool):
             raise ValueError(f"spec.authEncryption={auth!r} is not true or false")
+        registry_tls = spec.get("registryTLS") or "Optional"  # absent: Optional
+        if registry_tls not in ("Optional", "Required"):
+            raise ValueError(f"spec.registryTLS={registry_tls!r} is not Optional or Required")
     except ValueError as exc:
         return CrParse(None, INVALID_SPEC, f"{what}: {exc}")
     if token is not None and (len(token) != 64 or token.strip("0123456789abcdef")):
@@ -190,6 +193,7 @@ def parse_ensemble_cr(cr: Mapping[str, Any]) -> CrParse:
         auth_encryption=auth,
         ca_rotation=ca_rotation,
         member_selector=selector,
+        registry_tls_required=registry_tls == "Required",
         source="cr",
         owner_uid=uid if isinstance(uid, str) and uid else None,
     ))

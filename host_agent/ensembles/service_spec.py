@@ -49,6 +49,8 @@ TOKEN_ANNOTATION: Final = PREFIX + "token-sha256"
 MODE_ANNOTATION: Final = PREFIX + "mode"
 AUTH_ENCRYPTION_ANNOTATION: Final = PREFIX + "auth-encryption"
 CA_ROTATION_ANNOTATION: Final = PREFIX + "ca-rotation"
+#: spec.registryTLS's twin: "Required" refuses the token over plain HTTP
+REGISTRY_TLS_ANNOTATION: Final = PREFIX + "registry-tls"
 #: ``ca-rotation`` is an opaque trigger (a date, a counter); the CRD's bound, so that
 #: a Service and an ImexEnsemble accept the same values.
 CA_ROTATION_MAX: Final[int] = SPEC_FIELDS["caRotation"]["max_length"]
@@ -190,6 +192,18 @@ def parse_ensemble_service(service: Mapping[str, object]) -> tuple[EnsembleSpec 
         else:
             ca_rotation = raw.strip()
 
+    registry_tls_required = False
+    raw = annotations.get(REGISTRY_TLS_ANNOTATION)
+    if raw is not None:
+        word = raw.strip().lower()
+        registry_tls_required = word != "optional"
+        if word not in ("optional", "required"):
+            problems.append(
+                f"{what}: annotation {REGISTRY_TLS_ANNOTATION}={raw!r} is not Optional or "
+                "Required; taken as Required (the token is refused over plain HTTP) until "
+                "it is fixed"
+            )
+
     if spec_json.get("selector"):
         problems.append(
             f"{what} has a selector; an ensemble Service must be selector-less, or "
@@ -213,6 +227,7 @@ def parse_ensemble_service(service: Mapping[str, object]) -> tuple[EnsembleSpec 
         mode=mode,
         auth_encryption=auth_encryption,
         ca_rotation=ca_rotation,
+        registry_tls_required=registry_tls_required,
         source="service",
     )
     return spec, problems
@@ -258,4 +273,6 @@ def service_annotations(spec: EnsembleSpec) -> dict[str, str]:
         out[TOKEN_ANNOTATION] = spec.token_sha256
     if spec.ca_rotation is not None:
         out[CA_ROTATION_ANNOTATION] = spec.ca_rotation
+    if spec.registry_tls_required:  # only when set: no write for every existing ensemble
+        out[REGISTRY_TLS_ANNOTATION] = "Required"
     return out

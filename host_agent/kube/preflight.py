@@ -111,10 +111,16 @@ def needed_rights(s: HostSettings) -> tuple[Need, ...]:
                        "storing guest reports")
         needs += _each("get create update", "", "secrets", s.agent_namespace,
                        "the ensemble CAs (authEncryption)")
+    if s.tls_self_issued and s.tls_enabled:
+        needs += _each("get create update", "", "secrets", s.agent_namespace,
+                       "the registry's certificate (--tls-self-issued)")
     if s.leader_elect:
         needs += _each("get create update", LEASE_GROUP, "leases", s.lease_namespace,
                        "leader election")
-    return tuple(needs)
+    first: dict[Right, Need] = {}  # a right two features use is asked once, for the first
+    for n in needs:
+        first.setdefault(n.right, n)
+    return tuple(first.values())
 
 
 def own_namespaces(s: HostSettings) -> tuple[OwnNamespace, ...]:
@@ -124,6 +130,9 @@ def own_namespaces(s: HostSettings) -> tuple[OwnNamespace, ...]:
     if s.persists_membership:
         holds[s.agent_namespace] = ["its guest-report ConfigMaps", "its CA Secrets"]
         creates[s.agent_namespace] = Right("create", "", "configmaps", s.agent_namespace)
+    if s.tls_self_issued and s.tls_enabled:
+        holds.setdefault(s.agent_namespace, []).append("its registry TLS Secret")
+        creates.setdefault(s.agent_namespace, Right("create", "", "secrets", s.agent_namespace))
     if s.leader_elect:
         holds.setdefault(s.lease_namespace, []).append("its leader-election Lease")
         creates.setdefault(s.lease_namespace,
@@ -137,6 +146,8 @@ def probe_object(create: Right) -> dict[str, object]:
     if create.resource == "leases":
         return {"apiVersion": f"{LEASE_GROUP}/v1", "kind": "Lease", "metadata": meta,
                 "spec": {}}
+    if create.resource == "secrets":
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": meta}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
 
 

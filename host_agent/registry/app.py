@@ -62,6 +62,8 @@ from host_agent.registry.metrics import RegistryMetrics
 from host_agent.registry.models import TEXT_200, json_errors
 from host_agent.registry.page_routes import add_ui_routes
 from host_agent.registry.report_routes import STATUS_PATH_PATTERN, ReportSink, add_report_routes
+from host_agent.registry.tls_routes import add_tls_routes
+from host_agent.registry.version_routes import add_version_routes
 from host_agent.state.store import State
 
 log = logging.getLogger("host_agent.registry")  # logger name pinned
@@ -89,10 +91,12 @@ def create_app(
     cert_config: CertConfig | None = None,
     reports: ReportSink | None = None,
     not_ready: Callable[[], str | None] | None = None,
+    registry_ca: Callable[[], str | None] | None = None,
 ) -> FastAPI:
     """The registry's ASGI app: reads ``state``, registers metrics on ``metrics_registry``.
 
-    ``ca_source`` (the per-ensemble CAs) enables certificate issuing (cert_routes.py).
+    ``ca_source`` (the per-ensemble CAs) enables certificate issuing (cert_routes.py);
+    ``registry_ca`` gives the registry CA's PEM when HTTPS is served (tls_routes.py).
     ``not_ready`` names why the agent cannot work yet (its start-up checks,
     kube/preflight_io.py), or None; /readyz answers 503 with it.
     """
@@ -176,6 +180,8 @@ def create_app(
     async def metrics_text() -> Response:
         return Response(generate_latest(metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
+    add_version_routes(app)
+    add_tls_routes(app, registry_ca)
     reads = EnsembleReads(state, config, metrics.waiters)
     add_ensemble_routes(app, reads, config.report_stale_after)
     add_report_routes(app, reads, config.trusted_proxies, metrics, reports)

@@ -2,7 +2,9 @@
 
 Pure checks, no I/O: the status PUT and every other authenticated guest route
 (one code path, so the rules cannot drift apart) call ``authenticate_member``,
-which checks in the order the registry contract gives: bearer token (401),
+which checks in the order the registry contract gives: an ensemble whose spec says
+``registryTLS: Required`` refuses any token that came over plain HTTP (403, before the
+token is even compared, so a sniffed token is worth nothing there), bearer token (401),
 member published (404), caller address is one of the member's VMI addresses
 (403; ``X-Forwarded-For`` only from a trusted proxy). Size (413) and the
 ensemble's existence (404) come before it; the body schema (422) after it.
@@ -138,6 +140,20 @@ class AuthFailure(RegistryError):
         self.reason = reason
 
 
+def plain_http_refusal(spec: EnsembleSpec, scheme: str | None) -> AuthFailure | None:
+    """The refusal of a token sent over plain HTTP to a ``registryTLS: Required`` ensemble."""
+    if scheme != "http" or not spec.registry_tls_required:
+        return None
+    return AuthFailure(
+        403,
+        f"ensemble {spec.ens.key} takes its token over HTTPS only (registryTLS: Required) and "
+        "this request came over plain HTTP: refused. Use the registry's https:// URL with "
+        "registry_ca_sha256 (status.registryCASHA256), and rotate the token: it crossed the "
+        "network in clear",
+        "plain_http",
+    )
+
+
 def authenticate_member(
     snap: EnsembleSnapshot,
     index: int,
@@ -145,13 +161,18 @@ def authenticate_member(
     peer: str | None,
     forwarded_for: list[str],
     trusted: tuple[IPNetwork, ...],
+    scheme: str | None = None,
 ) -> tuple[PublishedMember, IPAddress]:
     """The published member a guest request is for, and the caller's address.
 
-    Raises ``AuthFailure`` (401 token, 403 address) or ``RegistryError`` (404:
-    no such published member), in that order.
+    Raises ``AuthFailure`` (403 plain HTTP to an ensemble that requires TLS, 401 token,
+    403 address) or ``RegistryError`` (404: no such published member), in that order.
+    ``scheme``: how the request came (``http``/``https``; None: not known).
     """
     ens = snap.ens
+    refused = plain_http_refusal(snap.spec, scheme)
+    if refused is not None:
+        raise refused
     reason = check_token(snap.spec, authorization)
     if reason is not None:
         raise AuthFailure(401, token_message(reason, ens), reason,

@@ -200,6 +200,7 @@ def add_certificate_routes(
                 snap, index, request.headers.get("authorization"),
                 request.client.host if request.client else None,
                 request.headers.getlist("x-forwarded-for"), trusted,
+                scheme=request.url.scheme,
             )
         except AuthFailure as exc:
             metrics.refused.labels(exc.reason).inc()

@@ -30,6 +30,7 @@ from host_agent.registry.domain_view import (
     domain_json,
     matrix_text,
 )
+from host_agent.registry.guest_checks import check_counts
 from host_agent.registry.params import Name, Namespace, error_responses
 from host_agent.state.snapshot import EnsembleSnapshot
 from host_agent.state.store import State
@@ -98,6 +99,10 @@ class DomainCollector(Collector):
             "imex_ensemble_silent_members",
             "Published members without a fresh status report (--report-stale-after)",
             labels=labels)
+        checks = GaugeMetricFamily(
+            "imex_ensemble_guest_checks",
+            "Members whose fresh report has this preflight check with this result",
+            labels=[*labels, "check", "result"])
         now = self.cache.clock()
         for snap in self.state.all():
             view = self.cache.view(snap, now)
@@ -108,7 +113,10 @@ class DomainCollector(Collector):
                 links.add_metric([*key, s], float(view.link_counts.get(s, 0)))
             cliques.add_metric(key, float(len(view.cliques)))
             silent.add_metric(key, float(len(view.silent)))
-        yield from (status, links, cliques, silent)
+            for (name, result), n in sorted(
+                    check_counts(snap, now, self.cache.stale_after).items()):
+                checks.add_metric([*key, name, result], float(n))
+        yield from (status, links, cliques, silent, checks)
 
 
 def add_domain_routes(

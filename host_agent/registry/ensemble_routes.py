@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import Gauge
 
 from host_agent.registry import views
-from host_agent.registry.auth import RegistryError
+from host_agent.registry.auth import RegistryError, plain_http_refusal
 from host_agent.registry.config import RegistryConfig
 from host_agent.registry.models import TEXT_200, EnsembleOut, ListOut, json_errors
 from host_agent.registry.params import (
@@ -143,12 +143,18 @@ def add_ensemble_routes(app: FastAPI, reads: EnsembleReads, stale_after: float) 
         },
     )
     async def get_ensemble(
+        request: Request,
         ns: Namespace,
         name: Name,
         wait: Wait = None,
         timeout: Timeout = None,
         format: Format = "json",
     ) -> Response:
+        if "authorization" in request.headers:  # a guest's: never over plain HTTP if Required
+            refused = plain_http_refusal(reads.lookup(EnsembleId(ns, name)).spec,
+                                         request.url.scheme)
+            if refused is not None:
+                raise refused
         snap = await current(EnsembleId(ns, name), wait, timeout)
         if format == "table":
             return text(views.ensemble_table(snap, now(), stale_after), snap)

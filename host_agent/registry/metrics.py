@@ -33,3 +33,10 @@ class RegistryMetrics:
             ("reason",),
             registry=registry,
         )
+        self.unknown_fields = Counter(
+            "imex_registry_unknown_report_fields",
+            "Report fields the registry does not know (a newer guest's), ignored, by name: "
+            "the first 16 names seen get a label of their own, any later one is 'other'",
+            ("field",),
+            registry=registry,
+        )

@@ -1,13 +1,15 @@
 """The registry's JSON bodies: what a guest may PUT and what GET answers (the OpenAPI schema).
 
-Requests are strict (unknown fields refused, no coercion), so a malformed report
-is a 422 naming the field, never a half-read one. Responses document what
+Requests are strict (no coercion), so a malformed field is a 422 naming it, never a
+half-read report. A report field the registry does not know (a newer guest's) is
+ignored and counted (report_routes.py), so a guest upgraded before its host agent keeps
+reporting; every field it knows keeps its strict check. Responses document what
 ``views`` builds.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,10 +20,21 @@ _Sha = Annotated[str | None, Field(default=None, pattern=SHA256_HEX_PATTERN)]
 _Count = Annotated[int, Field(default=0, ge=0, le=2**63 - 1)]
 
 
-class StatusReport(BaseModel):
-    """A guest's report (``PUT .../members/{index}/status``); unknown fields are refused."""
+class PreflightCheck(BaseModel):
+    """One preflight check's result, as the guest reports it."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,47}$")]
+    result: Literal["PASS", "WARN", "FAIL"]
+    message: Annotated[str, Field(max_length=255)]
+
+
+class StatusReport(BaseModel):
+    """A guest's report (``PUT .../members/{index}/status``); unknown fields are kept
+    aside (``model_extra``), counted and dropped by the route."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
     imex_state: Annotated[str, Field(min_length=1, max_length=64)]
     generation_applied: Annotated[int | None, Field(default=None, ge=0, le=2**63 - 1)]
@@ -41,7 +54,18 @@ class StatusReport(BaseModel):
         default=None, description="the GPUs' NVLink fabric identity; null: no fabric; "
         "absent: unknown (the previous report's value stands)")
     imex_channel0: bool | None = Field(
-        default=None, description="whether /dev/nvidia-caps-imex-channels/channel0 exists")
+        default=None, description="whether /dev/nvidia-caps-imex-channels/channel0 exists "
+        "(deprecated: imex_channels)")
+    registry_ca_sha256: _Sha = Field(
+        default=None, description="0.2: sha256 of the registry CA the guest pins (its "
+        "registry_ca_sha256); null: the guest reaches the registry over plain HTTP")
+    imex_channels: Annotated[
+        list[Annotated[int, Field(ge=0, le=2047)]], Field(max_length=2048)
+    ] | None = Field(default=None, description="the IMEX channels whose device nodes exist "
+                     "(/dev/nvidia-caps-imex-channels/channel<N>)")
+    preflight: Annotated[list[PreflightCheck], Field(max_length=32)] | None = Field(
+        default=None, description="the guest's preflight checks (imex-guest-agent "
+        "preflight), at most 32")
 
 
 class ErrorOut(BaseModel):
@@ -57,6 +81,10 @@ class GuestOut(BaseModel):
     restarts: int | None
     agent_version: str | None
     cert_not_after: str | None = None
+    registry_ca_sha256: str | None = Field(
+        default=None, description="0.2: the registry CA the guest pins; null: plain HTTP")
+    transport: str | None = Field(
+        default=None, description="0.2: how the report came: http or https")
     received_at: str
     from_ip: str
     age_s: float

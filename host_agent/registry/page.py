@@ -1,13 +1,12 @@
-"""The operator's page, rendered on the server (pure: snapshot and domain view in, HTML out).
-
-``GET /ui/`` lists the ensembles; ``GET /ui/ensembles/{ns}/{name}`` shows one: the domain
-status in large type, the members (slot, VMI, node, IP, phase, IMEX state, clique, age of
-the last report), the link matrix as a grid of cells with a colour *and* a letter (the
-``?format=matrix`` letters; slots as row and column headers) and the problems. Every
-value is escaped; the page is whole without JavaScript, and the inline script
-(``page_assets``) only refreshes the same elements from the JSON API. No external
-resource of any kind; an 18-member page is about 20 KB, and the matrix is left out past
-``MATRIX_MAX`` members so a page stays under 100 KB.
+"""The operator's page, rendered on the server (pure: snapshot and domain view in, HTML
+out). ``GET /ui/`` lists the ensembles; ``GET /ui/ensembles/{ns}/{name}`` shows one: the
+domain status in large type, the members (slot, VMI, node, IP, phase, IMEX state,
+clique, preflight checks, age of the last report), the link matrix as a grid of cells
+with a colour *and* a letter (the ``?format=matrix`` letters; slots as row and column
+headers) and the problems. Every value is escaped; the page is whole without JavaScript,
+and the inline script (``page_assets``) only refreshes the same elements from the JSON
+API. No external resource of any kind; an 18-member page is about 20 KB, and the matrix
+is left out past ``MATRIX_MAX`` members so a page stays under 100 KB.
 """
 
 from __future__ import annotations
@@ -17,9 +16,10 @@ from html import escape
 from typing import Final
 
 from host_agent.registry.domain_view import DomainView
+from host_agent.registry.guest_checks import preflight_of
 from host_agent.registry.page_assets import CSS, SCRIPT
 from host_agent.registry.views import all_problems, format_age, is_stale, report_age
-from host_agent.state.snapshot import EnsembleSnapshot
+from host_agent.state.snapshot import EnsembleSnapshot, GuestReport
 from imex_shared.imex_domain import OTHER_CLIQUE_CELL, SELF_CELL, UNKNOWN_CELL
 
 MATRIX_MAX: Final = 64
@@ -75,11 +75,23 @@ def imex_ready(view: DomainView) -> int:
     return sum(1 for m in view.members if m.reporting and m.imex_state == "READY")
 
 
+def checks_cell(report: GuestReport | None) -> str | None:
+    """The member's preflight checks in one cell: "PASS", "FAIL: dns, fabric", "WARN: x"."""
+    checks = preflight_of(report)
+    if not checks:
+        return None
+    for result in ("FAIL", "WARN"):
+        names = [str(c["name"]) for c in checks if c["result"] == result]
+        if names:
+            return f"{result}: {', '.join(names)}"
+    return "PASS"
+
+
 def _members_table(snap: EnsembleSnapshot, view: DomainView, now: float,
                    stale_after: float) -> list[str]:
     lines = ["<table id=\"members\"><thead><tr><th>slot</th><th>VMI</th><th>node</th>"
-             "<th>IP</th><th>phase</th><th>IMEX</th><th>clique</th><th>last report</th>"
-             "</tr></thead><tbody>"]
+             "<th>IP</th><th>phase</th><th>IMEX</th><th>clique</th><th>checks</th>"
+             "<th>last report</th></tr></thead><tbody>"]
     domain = {m.index: m for m in view.members}
     for pub in snap.members:
         m, d = pub.member, domain.get(pub.index)
@@ -96,6 +108,7 @@ def _members_table(snap: EnsembleSnapshot, view: DomainView, now: float,
             f"<td class=\"phase\">{_e(m.phase)}</td>"
             f"<td class=\"imex\">{_e(d.imex_state if d else None)}</td>"
             f"<td class=\"clique\">{_e(d.clique if d else None)}</td>"
+            f"<td class=\"checks\">{_e(checks_cell(report))}</td>"
             f"<td class=\"age\">{_e(age)}</td></tr>")
     lines.append("</tbody></table>")
     return lines

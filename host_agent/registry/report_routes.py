@@ -5,7 +5,10 @@ Checked in this order, so a caller learns nothing it is not entitled to: body si
 (404), bearer token (401: sha256 of the token compared in constant time with the
 ensemble's ``tokenSHA256``), member published (404), caller address equals the
 member's published IP (403; ``X-Forwarded-For`` is honoured only when the direct
-peer is in a trusted proxy network), body schema (422). The report is stored with
+peer is in a trusted proxy network), body schema (422). A top-level field the
+registry does not know (a newer guest's) is ignored: counted in
+``imex_registry_unknown_report_fields_total{field}`` (:class:`UnknownFields`: a
+fixed number of label values) and logged once per name at INFO. The report is stored with
 ``State.report`` (it never changes the generation) and, where reports are persisted,
 in the API before the answer, so no replica loses it (persist/reports.py).
 """
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+import re
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -42,6 +47,44 @@ log = logging.getLogger("host_agent.registry")  # logger name pinned
 STATUS_PATH_PATTERN = r"^/v1/ensembles/[^/]+/[^/]+/members/[^/]+/status$"
 
 
+#: Field names that get a label of their own in the unknown-fields counter; later ones
+#: are counted as "other" (a fixed, small label set whatever guests send).
+UNKNOWN_FIELD_LABELS = 16
+#: Names logged once each; beyond this many, unknown names are not logged again.
+UNKNOWN_FIELD_LOGGED = 256
+_FIELD_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+class UnknownFields:
+    """Counts and logs report fields the registry does not know (see the docstring)."""
+
+    def __init__(self, counter: Any) -> None:
+        self._counter = counter
+        self._labels: dict[str, str] = {}
+        self._logged: set[str] = set()
+
+    def label(self, name: str) -> str:
+        got = self._labels.get(name)
+        if got is not None:
+            return got
+        label = name if (_FIELD_NAME.match(name) and len(self._labels) < UNKNOWN_FIELD_LABELS) \
+            else "other"
+        if label != "other":
+            self._labels[name] = label
+        return label
+
+    def seen(self, names: Iterable[str], ens: EnsembleId, index: int,
+             agent_version: str | None) -> None:
+        for name in names:
+            self._counter.labels(self.label(name)).inc()
+            if name in self._logged or len(self._logged) >= UNKNOWN_FIELD_LOGGED:
+                continue
+            self._logged.add(name)
+            log.info("registry: ignoring report field %r this registry does not know (first "
+                     "from %s member %d, guest %s): a newer guest's; upgrade the host agent "
+                     "to use it", name[:64], ens.key, index, agent_version or "?")
+
+
 #: How long a status PUT waits for its report to be stored in the API (the guest's own
 #: read timeout is 10 s; a 503 makes it send the report again).
 REPORT_PERSIST_TIMEOUT = 5.0
@@ -62,6 +105,7 @@ def add_report_routes(app: FastAPI, reads: EnsembleReads,
                       reports: ReportSink | None) -> None:
     """The status PUT (module docstring)."""
     lookup, headers, state = reads.lookup, reads.headers, reads.state
+    unknown = UnknownFields(metrics.unknown_fields)
 
     @app.put(
         "/v1/ensembles/{ns}/{name}/members/{index}/status",
@@ -88,6 +132,7 @@ def add_report_routes(app: FastAPI, reads: EnsembleReads,
                 snap, index, request.headers.get("authorization"),
                 request.client.host if request.client else None,
                 request.headers.getlist("x-forwarded-for"), trusted_proxies,
+                scheme=request.url.scheme,
             )
         except AuthFailure as exc:
             metrics.auth_failures.labels(exc.reason).inc()
@@ -98,8 +143,11 @@ def add_report_routes(app: FastAPI, reads: EnsembleReads,
         except ValidationError as exc:
             message, detail = validation_message(exc.errors())
             return JSONResponse({"error": message, "detail": detail}, status_code=422)
+        if report.model_extra:
+            unknown.seen(report.model_extra, ens, index, report.agent_version)
         received = now()
-        guest = guest_report(report, snap, index, received, str(caller))
+        guest = guest_report(report, snap, index, received, str(caller),
+                             transport=request.url.scheme)
         state.report(ens, index, guest)
         if reports is not None:  # news into the API before the answer: no replica loses it
             try:
@@ -120,7 +168,8 @@ def add_report_routes(app: FastAPI, reads: EnsembleReads,
 
 
 def guest_report(
-    report: StatusReport, snap: EnsembleSnapshot, index: int, received: float, caller: str
+    report: StatusReport, snap: EnsembleSnapshot, index: int, received: float, caller: str,
+    transport: str | None = None,
 ) -> GuestReport:
     """What is kept of a validated report: its fields, the member's own links, no raw view.
 
@@ -129,6 +178,8 @@ def guest_report(
     runs). A report without ``imex_domain`` (the guest sends it only when it changed, and
     at least once a minute) keeps the member's last link row, if that came from the VM
     now in the slot; with ``imex_domain: null`` the row is gone (no domain view).
+    Fields the registry does not know are not kept; ``transport`` (``http`` or
+    ``https``: how the report came) is.
     """
     domain = report.imex_domain
     links = None
@@ -143,7 +194,9 @@ def guest_report(
         pub = snap.member(index)
         if pub is not None and report_counts(pub, previous):
             links = previous.links
-    fields = report.model_dump(exclude={"imex_domain"})
+    fields = report.model_dump(exclude={"imex_domain", *(report.model_extra or ())})
+    if transport is not None:
+        fields["transport"] = transport
     if "fabric" not in report.model_fields_set and previous is not None:
         fields["fabric"] = previous.fields.get("fabric")
     return GuestReport(received, caller, fields, links)

@@ -18,6 +18,7 @@ import datetime as dt
 from typing import Any
 
 from host_agent.registry.domain_view import aggregate, membership_problems
+from host_agent.state.shared import shared_messages
 from host_agent.state.snapshot import EnsembleSnapshot, GuestReport, PublishedMember, served_cliques
 from imex_shared.cliques import pins_for
 from imex_shared.hostsfile import merge_hosts
@@ -34,6 +35,10 @@ REPORT_FIELDS: tuple[str, ...] = (
     "restarts",
     "agent_version",
     "cert_not_after",
+    # 0.2: the registry CA this guest pins (null: plain HTTP), and how its report came
+    # (``transport``, http or https: the registry's own record, not the guest's word)
+    "registry_ca_sha256",
+    "transport",
 )
 
 
@@ -122,9 +127,10 @@ def tls_json(snap: EnsembleSnapshot) -> dict[str, Any] | None:
 
 
 def all_problems(snap: EnsembleSnapshot, now: float, stale_after: float) -> list[str]:
-    """The reconciler's problems, then the domain's membership problems."""
+    """The reconciler's problems, then the domain's membership problems, then an NVLink
+    clique another ensemble reports too (state/shared.py: informational)."""
     extra = membership_problems(aggregate(snap, now, stale_after)) if snap.reports else []
-    return [*snap.problems, *extra]
+    return [*snap.problems, *extra, *shared_messages(snap)]
 
 
 def summary_json(snap: EnsembleSnapshot) -> dict[str, Any]:

@@ -50,6 +50,8 @@ class EnsembleSpec:
     source: Source = "service"
     #: The ImexEnsemble's uid (source "cr"): the owned Service's controller reference.
     owner_uid: str | None = None
+    #: ``registryTLS: Required``: the token is refused on plain HTTP (registry/auth.py).
+    registry_tls_required: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +193,9 @@ class EnsembleSnapshot:
     cliques: tuple[tuple[int, str], ...] = ()
     #: VMIs of the ensemble without a published slot (ImexEnsemble status; not served).
     absent: tuple[Absent, ...] = ()
+    #: per NVLink clique its members report: the other ensembles whose members report it
+    #: too (state/shared.py; State keeps it across ensembles). Informational only.
+    shared: tuple[tuple[str, tuple[EnsembleId, ...]], ...] = ()
 
     @property
     def ens(self) -> EnsembleId:

@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from host_agent.state.shared import clique_members, shared_of
 from host_agent.state.snapshot import (
     Absent,
     CaPublished,
@@ -95,6 +96,10 @@ class State:
         #: is served from an observed pair (the reconciler queues a pass)
         self.on_view_news: Callable[[EnsembleId], None] | None = None
         self._listeners: list[Callable[[EnsembleId], None]] = []
+        #: NVLink clique -> the ensembles whose published members report it, and each
+        #: ensemble's cliques (state/shared.py): who shares a clique with whom
+        self._by_clique: dict[str, set[EnsembleId]] = {}
+        self._cliques_of: dict[EnsembleId, frozenset[str]] = {}
 
     # -- writing (reconciler) ------------------------------------------------
 
@@ -316,8 +321,43 @@ class State:
         self._listeners.append(listener)
 
     def _notify(self, ens: EnsembleId) -> None:
-        for listener in self._listeners:
-            listener(ens)
+        for other in self._reindex(ens):
+            for listener in self._listeners:
+                listener(other)
+
+    def _reindex(self, ens: EnsembleId) -> list[EnsembleId]:
+        """Keep the clique index true after ``ens`` changed; the ensembles whose
+        listeners must hear of it: ``ens``, and every other whose ``shared`` moved."""
+        entry = self._entries.get(ens)
+        new = frozenset(clique_members(entry.snapshot)) if entry is not None else frozenset()
+        old = self._cliques_of.get(ens, frozenset())
+        touched = {ens}
+        if new != old:
+            for key in old - new:
+                holders = self._by_clique.get(key, set())
+                holders.discard(ens)
+                touched |= holders
+                if not holders:
+                    self._by_clique.pop(key, None)
+            for key in new - old:
+                holders = self._by_clique.setdefault(key, set())
+                touched |= holders
+                holders.add(ens)
+            if new:
+                self._cliques_of[ens] = new
+            else:
+                self._cliques_of.pop(ens, None)
+        out = [ens]
+        for e in sorted(touched, key=lambda x: x.key):
+            item = self._entries.get(e)
+            if item is None:
+                continue
+            shared = shared_of(e, self._cliques_of.get(e, ()), self._by_clique)
+            if shared != item.snapshot.shared:
+                item.snapshot = replace(item.snapshot, shared=shared)
+                if e != ens:
+                    out.append(e)
+        return out
 
     def mark_synced(self) -> None:
         self.synced = True

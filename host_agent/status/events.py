@@ -19,7 +19,9 @@ What becomes an Event (``reason``, ``type``, ``action``):
   ``IndexOutOfRange``, ``NoIndex``, ``InvalidName``, ``NoAddress``), a spec
   the agent cannot use (``InvalidSpec``, ``SelectorConflict``,
   ``ServiceConflict``), anything else the registry lists (``Problem``);
-- the Service: ``ServiceCreated``, ``ServiceAdopted``.
+- the Service: ``ServiceCreated``, ``ServiceAdopted``;
+- ``CliqueShared`` (Warning) when that condition turns True: another ensemble's
+  members report one of this ensemble's NVLink cliques (state/shared.py).
 
 Bounded: members that join (or leave) in one evaluation share one Event, so a
 boot storm of 18 VMs costs as many MemberJoined Events as evaluations, at
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from host_agent.crd.imexensemble import API_VERSION as CR_API_VERSION
-from host_agent.crd.imexensemble import CONDITION_READY
+from host_agent.crd.imexensemble import CONDITION_CLIQUE_SHARED, CONDITION_READY
 from host_agent.crd.imexensemble import KIND as CR_KIND
 from host_agent.ensembles.cr_spec import Declaration
 from host_agent.ensembles.members import MEMBER_NOT_RUNNING
@@ -89,6 +91,14 @@ class Facts:
     #: problem text -> reason
     problems: Mapping[str, str] = field(default_factory=dict)
     ever_ready: bool = False
+    #: CliqueShared's message while it is True, else "" (state/shared.py)
+    clique_shared: str = ""
+
+
+def _clique_shared(status: Mapping[str, Any]) -> str:
+    cond = next((c for c in status.get("conditions") or () if isinstance(c, Mapping)
+                 and c.get("type") == CONDITION_CLIQUE_SHARED), {})
+    return str(cond.get("message", "")) if cond.get("status") == "True" else ""
 
 
 def regarding_of(evaluation: Evaluation) -> Regarding:
@@ -120,7 +130,7 @@ def first_facts(evaluation: Evaluation) -> Facts | None:
                 and c.get("status") == "True" for c in previous.get("conditions") or ())
     problems = {str(p): "" for p in previous.get("problems") or ()}
     return Facts(regarding=regarding, members=members, ready=ready, problems=problems,
-                 ever_ready=ready)
+                 ever_ready=ready, clique_shared=_clique_shared(previous))
 
 
 def facts_of(evaluation: Evaluation, before: Facts | None = None) -> Facts:
@@ -144,6 +154,7 @@ def facts_of(evaluation: Evaluation, before: Facts | None = None) -> Facts:
         ready_message=str(ready_cond.get("message", "")),
         problems=problems,
         ever_ready=ready or (before is not None and before.ever_ready),
+        clique_shared=_clique_shared(status),
     )
 
 
@@ -223,6 +234,8 @@ def decide(before: Facts | None, after: Facts) -> list[Intent]:
     for text, reason in after.problems.items():
         if text not in old_problems:
             out.append(Intent("Warning", reason, "Examine", _clip(text)))
+    if after.clique_shared and not (before.clique_shared if before is not None else ""):
+        out.append(Intent("Warning", "CliqueShared", "Examine", _clip(after.clique_shared)))
     return out
 
 

@@ -35,6 +35,11 @@ status of that condition changes):
 ``problems`` and each member's ``clique`` are exactly what the registry's JSON
 says (``views.all_problems``, ``state.served_cliques``): one source, two faces.
 
+- ``GuestChecks`` (issue 28, registry/guest_checks.py): the guests' preflight checks, False
+  naming the failing check and the members; Unknown before any member reported them.
+- ``CliqueShared`` (issue 28, state/shared.py): True when another ensemble's members
+  report one of this ensemble's NVLink cliques. Informational: neither it nor its
+  registry problem makes the ensemble Degraded or not Ready.
 - ``DomainUp`` (issue 17) and ``domainStatus`` (the ``DOMAIN`` column): the
   registry's domain view (``domain_view.aggregate``, ``cr_status``): True when
   UP, Unknown when no member's report can be judged, False otherwise, the
@@ -59,8 +64,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from host_agent.crd.imexensemble import (
+    CONDITION_CLIQUE_SHARED,
     CONDITION_DEGRADED,
     CONDITION_DOMAIN_UP,
+    CONDITION_GUEST_CHECKS,
     CONDITION_PUBLISHED,
     CONDITION_READY,
     MAX_CONDITION_MESSAGE,
@@ -79,7 +86,9 @@ from host_agent.ensembles.members import (
 from host_agent.ensembles.slices import slice_name
 from host_agent.kube.objects import Obj
 from host_agent.registry.domain_view import aggregate, cr_status
+from host_agent.registry.guest_checks import guest_checks
 from host_agent.registry.views import all_problems, rfc3339
+from host_agent.state.shared import is_shared_problem, shared_messages
 from host_agent.state.snapshot import EnsembleSnapshot, GuestReport, served_cliques
 from imex_shared.model import EnsembleId, ModelError
 
@@ -97,6 +106,9 @@ GUEST_CERT_EXPIRING: Final = "GuestCertExpiring"
 #: authEncryption: the CA Secret does not hold a usable CA (never replaced by a new one)
 CA_SECRET_INVALID: Final = "CASecretInvalid"
 CERT_WARNING_S: Final = 24 * 3600.0
+#: CliqueShared's reasons (state/shared.py)
+CLIQUE_SHARED: Final = "SharedWithAnotherEnsemble"
+NOT_SHARED: Final = "NotShared"
 
 #: Which reason a condition names when several apply: the most telling first.
 ABSENT_ORDER: Final = (DUPLICATE_INDEX, INDEX_OUT_OF_RANGE, NO_INDEX, INVALID_NAME, NO_ADDRESS,
@@ -259,6 +271,30 @@ def _condition(ctype: str, status: bool, reason: str, message: str, generation: 
     }
 
 
+def _tri(ctype: str, status: str, reason: str, message: str, generation: int,
+         previous: Mapping[str, Mapping[str, Any]], now: float) -> Status:
+    """A condition that may also be Unknown (GuestChecks)."""
+    return _domain_up({"type": ctype, "status": status, "reason": reason,
+                       "message": message}, generation, previous, now)
+
+
+def _informational(snap: EnsembleSnapshot | None, now: float, stale_after: float,
+                   gen: int, prev: Mapping[str, Mapping[str, Any]]) -> list[Status]:
+    """GuestChecks and CliqueShared: neither makes the ensemble Degraded or not Ready."""
+    if snap is None:
+        return [_tri(CONDITION_GUEST_CHECKS, "Unknown", "NotPublished",
+                     "the ensemble is not published", gen, prev, now),
+                _condition(CONDITION_CLIQUE_SHARED, False, NOT_SHARED,
+                           "the ensemble is not published", gen, prev, now)]
+    shared = shared_messages(snap)
+    return [_tri(CONDITION_GUEST_CHECKS, *guest_checks(snap, now, stale_after), gen, prev,
+                 now),
+            _condition(CONDITION_CLIQUE_SHARED, bool(shared),
+                       CLIQUE_SHARED if shared else NOT_SHARED,
+                       "; ".join(shared) if shared else "no other ensemble's members report "
+                       "this ensemble's NVLink cliques", gen, prev, now)]
+
+
 def _domain_up(cond: Mapping[str, str], generation: int,
                previous: Mapping[str, Mapping[str, Any]], now: float) -> Status:
     """``DomainUp`` (issue 17): True, False or Unknown, from ``domain_view.cr_status``."""
@@ -314,6 +350,7 @@ def desired_status(
             _condition(CONDITION_PUBLISHED, False, reason, message, gen, prev, now),
             _domain_up({"type": CONDITION_DOMAIN_UP, "status": "Unknown",
                         "reason": "ReportsMissing", "message": message}, gen, prev, now),
+            *_informational(None, now, stale_after, gen, prev),
         ]
         out["problems"] = [_clip(m, MAX_PROBLEM_LENGTH) for _, m in decl.refusals][:MAX_PROBLEMS]
         return out
@@ -369,7 +406,8 @@ def desired_status(
     ca_broken = [p for p in problems if "not minting a new CA" in p]
     if ca_broken:
         causes.append((CA_SECRET_INVALID, ca_broken[0]))
-    others = [p for p in problems if p not in refused and p not in ca_broken]
+    others = [p for p in problems if p not in refused and p not in ca_broken
+              and not is_shared_problem(p)]  # CliqueShared is informational
     if others and not causes:
         causes.append((PROBLEM, "; ".join(others)))
     degraded = (True, causes[0][0], "; ".join(m for _, m in causes)) if causes else \
@@ -395,6 +433,7 @@ def desired_status(
         domain, domain_up = cr_status(aggregate(snap, now, stale_after))
         out["domainStatus"] = domain
         out["conditions"].append(_domain_up(domain_up, gen, prev, now))
+    out["conditions"] += _informational(snap, now, stale_after, gen, prev)
     out["problems"] = [_clip(p, MAX_PROBLEM_LENGTH) for p in problems][:MAX_PROBLEMS]
     return out
 

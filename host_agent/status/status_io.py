@@ -141,6 +141,8 @@ class StatusWriter:
         self._pairs: dict[Key, tuple[EnsembleSnapshot, list[asyncio.Future[Obj]]]] = {}
         self.writes = 0
         self.evaluations = 0
+        #: the registry CA's fingerprint while HTTPS is served (status.registryCASHA256)
+        self.registry_ca_sha256: Callable[[], str | None] = lambda: None
 
     # -- intake ----------------------------------------------------------------
 
@@ -313,6 +315,9 @@ class StatusWriter:
         max_members = (cr.get("spec") or {}).get("maxMembers")
         desired = desired_status(decl, snap, self._wall(), self._stale_after, observed,
                                  max_members if isinstance(max_members, int) else None)
+        registry_ca = self.registry_ca_sha256()
+        if registry_ca is not None:
+            desired["registryCASHA256"] = registry_ca
         return desired, observed
 
     async def _apply(self, key: Key, cr: Mapping[str, Any], desired: Obj) -> None:

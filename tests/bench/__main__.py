@@ -38,6 +38,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "fleet-real": ("tests.bench.fleet_scale:run_real",
                    "host agent: the same fleet against a real kube-apiserver and etcd"),
     "registry": ("tests.bench.registry_load", "registry GET/s and 5,000 long-polls"),
+    "registry-tls": ("tests.bench.tls_bench", "registry GET/s and long-poll wake-up, HTTP and "
+                     "HTTPS side by side in one agent"),
     "guest": ("tests.bench.sandbox_bench", "guest agent RSS and CPU, idle and under churn"),
     "convergence": ("tests.bench.sandbox_bench", "18-VM sandbox: change -> every /etc/hosts"),
     "storm": ("tests.bench.sandbox_bench", "18-VM sandbox: IMEX signals/restarts per member"),

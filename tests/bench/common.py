@@ -298,13 +298,13 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 
 
 def get_load(url: str, *, connections: int, seconds: float, log: Path,
-             what: str = "GETs") -> dict[str, Any]:
+             what: str = "GETs", extra: Sequence[str] = ()) -> dict[str, Any]:
     """Keep-alive GETs of ``url`` from ``connections`` connections for ``seconds``, in its
     own process (tests/bench/loadgen.py), so the load generator never shares the measured
     process's CPU; its JSON summary (``per_s``, ``p50_ms``, ``p99_ms``, ...). Any failed
     request fails the figure."""
     gen = spawn([PY, "-m", "tests.bench.loadgen", "get", "--url", url,
-                 "--connections", str(connections), "--seconds", str(seconds)],
+                 "--connections", str(connections), "--seconds", str(seconds), *extra],
                 log=log, stdout_pipe=True)
     try:
         out: dict[str, Any] = json.loads(read_line(gen, "{", timeout=seconds + 60))

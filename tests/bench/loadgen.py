@@ -65,7 +65,8 @@ def split_url(url: str) -> tuple[str, int, str]:
 
 
 def tls_context(url: str, ca: str | None) -> ssl.SSLContext | None:
-    """For an https URL (the real kube-apiserver): verify it against ``ca``."""
+    """For an https URL (the real kube-apiserver, the registry's HTTPS): verify it
+    against ``ca``."""
     if urlsplit(url).scheme != "https":
         return None
     return ssl.create_default_context(cafile=ca)
@@ -111,9 +112,14 @@ async def read_response(r: asyncio.StreamReader) -> tuple[int, bytes]:
 # ------------------------------------------------------------------------- get
 
 
-async def run_get(url: str, connections: int, seconds: float) -> dict[str, float]:
+async def run_get(url: str, connections: int, seconds: float, ca: str | None = None,
+                  new_conn: bool = False) -> dict[str, float]:
+    """Keep-alive GETs; ``new_conn``: one request per connection, as a guest asks (each
+    request pays the TCP, and for https the TLS, handshake)."""
     host, port, path = split_url(url)
-    req = request_bytes("GET", host, port, path)
+    ctx = tls_context(url, ca)
+    req = request_bytes("GET", host, port, path,
+                        headers={"Connection": "close"} if new_conn else None)
     latencies: list[float] = []
     errors = 0
     ready = asyncio.Event()
@@ -121,7 +127,20 @@ async def run_get(url: str, connections: int, seconds: float) -> dict[str, float
 
     async def worker() -> None:
         nonlocal errors
-        r, w = await asyncio.open_connection(host, port)
+        if new_conn:
+            await ready.wait()
+            while (now := time.monotonic()) < end:
+                r, w = await asyncio.open_connection(host, port, ssl=ctx)
+                try:
+                    w.write(req)
+                    status, _ = await read_response(r)
+                finally:
+                    w.close()
+                latencies.append(time.monotonic() - now)
+                if status != 200:
+                    errors += 1
+            return
+        r, w = await asyncio.open_connection(host, port, ssl=ctx)
         try:
             await ready.wait()
             while (now := time.monotonic()) < end:
@@ -152,8 +171,9 @@ async def run_get(url: str, connections: int, seconds: float) -> dict[str, float
 
 
 async def run_longpoll(url: str, count: int, deadline: float, open_batch: int,
-                       generation: int | None) -> dict[str, float]:
+                       generation: int | None, ca: str | None = None) -> dict[str, float]:
     host, port, path = split_url(url)
+    ctx = tls_context(url, ca)
     req = request_bytes("GET", host, port, path)
     arrivals: list[float] = []
     errors = 0
@@ -162,7 +182,7 @@ async def run_longpoll(url: str, count: int, deadline: float, open_batch: int,
     # Open in batches: a burst of thousands of SYNs overflows the listen backlog
     # and a dropped SYN is retried only after a second.
     for i in range(0, count, open_batch):
-        batch = await asyncio.gather(*(asyncio.open_connection(host, port)
+        batch = await asyncio.gather(*(asyncio.open_connection(host, port, ssl=ctx)
                                        for _ in range(min(open_batch, count - i))))
         streams.extend(batch)
     for _, w in streams:
@@ -195,8 +215,12 @@ async def run_longpoll(url: str, count: int, deadline: float, open_batch: int,
             await asyncio.gather(*(wait_one(r, w) for r, w in streams))
     for _, w in streams:
         w.close()
+    arrivals.sort()
     return {"answered": len(arrivals), "errors": errors, "repolls": repolls,
-            "first": min(arrivals) if arrivals else -1, "last": max(arrivals) if arrivals else -1}
+            "first": arrivals[0] if arrivals else -1, "last": arrivals[-1] if arrivals else -1,
+            "p50": arrivals[len(arrivals) // 2] if arrivals else -1,
+            "p99": arrivals[min(len(arrivals) - 1, int(len(arrivals) * 0.99))]
+            if arrivals else -1}
 
 
 # ----------------------------------------------------------------------- patch
@@ -275,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--url", required=True)
     g.add_argument("--connections", type=int, default=32)
     g.add_argument("--seconds", type=float, default=5.0)
+    g.add_argument("--ca", default=None, help="CA file for an https --url")
+    g.add_argument("--new-conn", action="store_true",
+                   help="one request per connection (as a guest asks)")
     lp = sub.add_parser("longpoll")
     lp.add_argument("--url", required=True)
     lp.add_argument("--count", type=int, default=5000)
@@ -282,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     lp.add_argument("--open-batch", type=int, default=200)
     lp.add_argument("--generation", type=int, default=None,
                     help="an answer with this generation is a timeout: poll again")
+    lp.add_argument("--ca", default=None, help="CA file for an https --url")
     pa = sub.add_parser("patch")
     pa.add_argument("--api", required=True)
     pa.add_argument("--token", required=True)
@@ -293,11 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     pa.add_argument("--ca", default=None, help="CA file for an https --api")
     args = p.parse_args(argv)
     if args.cmd == "get":
-        out = asyncio.run(run_get(args.url, args.connections, args.seconds))
+        out = asyncio.run(run_get(args.url, args.connections, args.seconds, args.ca,
+                                  args.new_conn))
     elif args.cmd == "longpoll":
         raise_nofile(args.count + 256)
         out = asyncio.run(run_longpoll(args.url, args.count, args.deadline, args.open_batch,
-                                       args.generation))
+                                       args.generation, args.ca))
     else:
         with open(args.updates) as f:
             updates = [(str(n), str(ip)) for n, ip in json.load(f)]

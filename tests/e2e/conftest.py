@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.sandbox.ensemble import EnsembleSpec, Sandbox, SandboxSettings, Vm
+from tests.sandbox.ensemble import EnsembleSpec, Sandbox, SandboxSettings, Vm, wait_for
 from tests.sandbox.netns import list_netns
 from tests.sandbox.virt_controller import Pool, VirtController
 
@@ -51,6 +51,20 @@ class Rack:
     def timed(self, what: str, seconds: float) -> float:
         TIMINGS[what] = seconds
         return seconds
+
+
+def signals_quiet(vms: Callable[[], list[Vm]], window: float, timeout: float = 120.0) -> None:
+    """Until no guest's IMEX receives a SIGUSR1 for a whole ``window`` (longer than the
+    signal interval), so a signal held back by an earlier change has gone out. A held
+    signal is not visible from outside: a quiet window is the event waited for, retried
+    while a loaded machine sends late ones."""
+
+    def still() -> bool:
+        before = {vm.vmi: vm.imex_state().get("signals_received") for vm in vms()}
+        time.sleep(window)
+        return {vm.vmi: vm.imex_state().get("signals_received") for vm in vms()} == before
+
+    wait_for("no SIGUSR1 for a whole signal window", still, timeout, 0.1)
 
 
 def _children(pid: int) -> list[int]:

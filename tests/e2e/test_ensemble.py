@@ -24,7 +24,7 @@ import pytest
 
 from imex_shared.hostsfile import merge_hosts
 from imex_shared.model import ABSENT_IP
-from tests.e2e.conftest import VMS, Rack
+from tests.e2e.conftest import VMS, Rack, signals_quiet
 from tests.e2e.domain_support import (
     block_dials,
     browser,
@@ -35,6 +35,7 @@ from tests.e2e.domain_support import (
     wait_page,
 )
 from tests.sandbox.ensemble import RACK_CLUSTER_UUID, EnsembleSpec, Sandbox, wait_for
+from tests.timing import measured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(180)]
 
@@ -167,8 +168,8 @@ def test_host_agent_restart_loses_nothing(settled: Rack) -> None:
     rack = settled
     sbx, spec = rack.sbx, rack.spec
     assert sbx.api is not None
-    # a SIGUSR1 held back by the previous test's last change is due within one window
-    time.sleep(sbx.settings.signal_interval + 0.5)
+    # a SIGUSR1 held back by the previous test's last change goes out within one window
+    signals_quiet(rack.vms, sbx.settings.signal_interval + 0.5)
     before = sbx.registry_json(spec)
     blocks = {vm.index: vm.hosts_block() for vm in rack.vms()}
     signals = {vm.index: vm.imex_state().get("signals_received") for vm in rack.vms()}
@@ -401,9 +402,13 @@ def test_domain_up_a_one_way_loss_degraded_then_up_in_the_browser(settled: Rack)
         block_dials(a, b, spec.port)
         blocked_at = time.monotonic()
         try:
+            # the next report (every report_interval, 10 s) carries the lost link, after
+            # its -N -j collection (a Python stand-in): measured 10.65 s at load average 25
+            # from other jobs, 2026-12-02, against the interval + 1 s this had; a missed
+            # report would show at 20 s: bound interval + 5 s
             doc, took = wait_domain(
-                sbx, spec, lambda d: d.get("status") == "DEGRADED", interval + 1)
-            rack.timed("one-way loss: DEGRADED in /domain", took)
+                sbx, spec, lambda d: d.get("status") == "DEGRADED", interval + 5)
+            rack.timed("one-way loss: DEGRADED in /domain", measured("e2e.domain.degraded", took))
             assert doc["missing_links"] == [[3, 7]], doc["problems"]
             assert doc["asymmetric_links"] == [[7, 3]]
             assert doc["partitions"] == [list(range(VMS))]
@@ -426,14 +431,16 @@ def test_domain_up_a_one_way_loss_degraded_then_up_in_the_browser(settled: Rack)
             unblock_dials(a)
         # A's IMEX redials on its own (backing off to 3 s); the next report says so
         doc, took = wait_domain(sbx, spec, _up, 2 * interval + 5)
-        rack.timed("one-way loss lifted: UP again in /domain", took)
+        rack.timed("one-way loss lifted: UP again in /domain",
+                   measured("e2e.domain.up_again", took))
         if driver is not None:
             wait_page(driver, "UP again", lambda d: d.find_element(
                 "id", "status").text == "UP" and d.find_element(
                 "css selector", '#matrix td[data-from="3"][data-to="7"]').text == "C", 3)
             assert driver.execute_script("return window.__sameDocument") == 1  # no reload
             screenshot(driver, "3-up-again")
-    assert time.monotonic() - blocked_at < 6 * interval
+    # measured 23.0 s at load average 25 (2026-12-02); the waits above add up to 49 s
+    assert measured("e2e.domain.whole_scenario", time.monotonic() - blocked_at) < 6 * interval
     for vm in rack.vms():  # a lost link is IMEX's business: no restart anywhere
         assert (vm.status()["restarts"], vm.imex_state()["starts"]) == restarts[vm.index]
     if why:

@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 
 from tests.realk8s.harness import Api, ControlPlane, free_port, wait_until
+from tests.realk8s.podspec import tls_on_loopback
 from tests.sandbox.service_proxy import ServiceProxy
 
 DEPLOYMENT = "imex-host-agent"
@@ -129,6 +130,7 @@ class AgentDeployment:
         listen = [i for i, a in enumerate(args) if a.startswith("--listen")]
         assert len(listen) == 1, f"the Deployment's args name no single --listen: {args}"
         args[listen[0]] = f"--listen=127.0.0.1:{port}"
+        args = tls_on_loopback(args, free_port())
         env = {}
         for e in container.get("env") or []:
             if "value" in e:

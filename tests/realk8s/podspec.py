@@ -199,3 +199,11 @@ def on_host_network(args: list[str], container: Mapping[str, Any], listen: str) 
     if port != registry_port(container):
         raise PodSpecError(f"{found[0]} is not the probes' port {registry_port(container)}")
     return [f"--listen={listen}" if a == found[0] else a for a in args]
+
+
+def tls_on_loopback(args: list[str], port: int) -> list[str]:
+    """``args`` with the registry's HTTPS listener (``--tls-listen=HOST:PORT``) moved to
+    ``127.0.0.1:port``: processes sharing the machine's network cannot all bind the
+    pod's 8443. Args without the flag come back unchanged."""
+    return [f"--tls-listen=127.0.0.1:{port}" if a.startswith("--tls-listen=") else a
+            for a in args]

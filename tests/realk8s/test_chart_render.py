@@ -39,6 +39,8 @@ NON_DEFAULT: dict[str, Any] = {
         "nodeSelectorTerms": [{"matchExpressions": [
             {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]}]}]}}},
     "priorityClassName": "system-cluster-critical",
+    "registryTLS": {"mode": "secret", "port": 9443, "secretName": "imex-registry-cert",
+                    "sans": [], "plainHTTP": False},
     "logLevel": "debug",
     "logFormat": "text",
     "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s",
@@ -137,6 +139,40 @@ def test_more_replicas_than_one_need_leader_election(helm: Helm) -> None:
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     assert "--leader-elect" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert ("PodDisruptionBudget", "imex-system", "imex-host-agent") not in one
+
+
+def test_the_registry_tls_values_reach_the_args_ports_probes_and_policy(helm: Helm) -> None:
+    default = chart_objects(helm)
+    (c,) = default[("Deployment", "imex-system", "imex-host-agent")]["spec"]["template"][
+        "spec"]["containers"]
+    assert c["args"][:3] == ["--listen=0.0.0.0:8080", "--tls-listen=0.0.0.0:8443",
+                             "--tls-self-issued"]
+    assert [p["containerPort"] for p in c["ports"]] == [8080, 8443]
+    svc = default[("Service", "imex-system", "imex-host-agent")]
+    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [
+        ("registry", 8080), ("registry-tls", 8443)]
+    own = chart_objects(helm, "--set", "registryTLS.mode=secret",
+                        "--set", "registryTLS.secretName=mine", "--set", "registryTLS.port=9443",
+                        "--set", "registryTLS.plainHTTP=false")
+    spec = own[("Deployment", "imex-system", "imex-host-agent")]["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert c["args"][:4] == ["--listen=", "--tls-listen=0.0.0.0:9443",
+                             "--tls-cert-file=/etc/imex-registry-tls/tls.crt",
+                             "--tls-private-key-file=/etc/imex-registry-tls/tls.key"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "registry-tls",
+                                              "scheme": "HTTPS"}
+    assert {"name": "registry-tls", "secret": {"secretName": "mine"}} in spec["volumes"]
+    policy = own[("NetworkPolicy", "imex-system", "imex-host-agent")]
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9443}]
+    off = chart_objects(helm, "--set", "registryTLS.mode=off")
+    (c,) = off[("Deployment", "imex-system", "imex-host-agent")]["spec"]["template"]["spec"][
+        "containers"]
+    assert not [a for a in c["args"] if a.startswith("--tls")]
+    with pytest.raises(chart_manifests.ChartError, match=r"needs registryTLS\.secretName"):
+        helm_template(helm.binary, "--set", "registryTLS.mode=secret")
+    with pytest.raises(chart_manifests.ChartError, match="no listener"):
+        helm_template(helm.binary, "--set", "registryTLS.mode=off",
+                      "--set", "registryTLS.plainHTTP=false")
 
 
 def test_the_rules_carry_their_runbooks(helm: Helm) -> None:

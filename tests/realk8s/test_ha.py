@@ -27,6 +27,7 @@ from tests.realk8s.fixtures import ensemble_service, vmi
 from tests.realk8s.hacluster import LEASE, HaCluster, Replica, summary
 from tests.realk8s.harness import Api, ControlPlane, wait_until
 from tests.realk8s.kubeops import SERVICES, SLICES, create_vmi, set_vmi_ip
+from tests.timing import measured
 
 pytestmark = pytest.mark.realk8s
 
@@ -91,7 +92,9 @@ def test_sigkill_leader_then_a_new_ip_reaches_the_slice_in_bounded_time(
         cluster: HaCluster, admin: Api, ensemble: tuple[str, str]) -> None:
     ns, _ = ensemble
     lease, _, retry = LEASE_CFG
-    bound = lease + 2 * retry * (1 + JITTER) + 2.0  # + one reconcile (and a loaded machine)
+    # + one reconcile (and a loaded machine): measured max 5.1 s, 5.2 s beside stress-ng
+    # (5 failovers a run, 1 + 2 runs, 2026-12-02) against this 8.2 s
+    bound = lease + 2 * retry * (1 + JITTER) + 2.0
     took = []
     for k in range(5):
         leader = cluster.leader()
@@ -100,7 +103,7 @@ def test_sigkill_leader_then_a_new_ip_reaches_the_slice_in_bounded_time(
         leader.signal(signal.SIGKILL)
         set_vmi_ip(admin, ns, "ha-1", new_ip)
         wait_until(lambda ip=new_ip: ip in slice_ips(admin, ns), "the new IP", 60)
-        took.append(time.monotonic() - t0)
+        took.append(measured("realk8s.ha.sigkill_to_slice", time.monotonic() - t0))
         leader.popen.wait(10)
         cluster.start()  # the Deployment's replacement pod (a new name)
     print(f"\nrealk8s ha: SIGKILL leader -> slice updated: {summary(took)} "

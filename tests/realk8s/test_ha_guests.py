@@ -38,6 +38,7 @@ from tests.realk8s.harness import ControlPlane, free_port, wait_until
 from tests.realk8s.kubeops import SERVICES, create_vmi, set_vmi_ip
 from tests.sandbox.balancer import Backend, Balancer
 from tests.sandbox.netns import Fabric
+from tests.timing import measured
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.root, pytest.mark.timeout(900)]
 
@@ -236,7 +237,12 @@ def test_a_replica_whose_network_vanishes_loses_its_long_polls_within_seconds(ri
     while victim >= 0 and not rig.cluster.replicas[victim].alive():
         victim -= 1
     assert victim >= 0
-    time.sleep(2.0)  # every guest parked somewhere
+    wait_until(lambda: sum(r.metric("imex_registry_longpoll_waiters") or 0
+                           for r in rig.cluster.live()) >= len(rig.guests),
+               "every guest parked somewhere", 30)
+    # the scenario, not an event: the parked polls age 2 s, so those on the victim end
+    # (longpoll_timeout 10 s) within 8 s of the partition and re-park on a live replica
+    time.sleep(2.0)
     t0 = time.time()
     rig.lb.partition(victim)
     # keep changing: a guest parked on a live replica sees each change at once; one
@@ -255,5 +261,8 @@ def test_a_replica_whose_network_vanishes_loses_its_long_polls_within_seconds(ri
     print(f"\nrealk8s ha: replica network gone: {len(stuck)} guests re-parked after "
           f"{', '.join(f'{t:.1f}' for t in stuck)} s (others within 2 s); "
           f"DNS fallbacks: {fallbacks or 'none'}")
-    assert max(first_seen.values()) <= 10.0, first_seen
+    # measured max 7.8 s, 7.8 s beside stress-ng and 8.2 s beside stress-ng and another
+    # test run (4 runs, 2026-12-02): 8 s of aged long-poll plus a re-park; bound 10 s
+    assert measured("realk8s.ha.partitioned_reparked", max(first_seen.values())) <= 10.0, \
+        first_seen
     rig.lb.partition(victim, on=False)

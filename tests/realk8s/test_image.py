@@ -41,7 +41,13 @@ from tests.realk8s.container import (
 from tests.realk8s.fixtures import MANAGED_BY, ensemble_service, vmi
 from tests.realk8s.harness import Api, ControlPlane, free_port, wait_until
 from tests.realk8s.kubeops import SERVICES, SLICES, create_vmi
-from tests.realk8s.podspec import Kubelet, on_host_network, run_args, run_flags
+from tests.realk8s.podspec import (
+    Kubelet,
+    on_host_network,
+    run_args,
+    run_flags,
+    tls_on_loopback,
+)
 from tools import image as image_tool
 from tools.image_base import podman, ulimits
 
@@ -111,7 +117,8 @@ def test_the_image_runs_as_the_deployment_says(
     api_port = int(control_plane.server.rsplit(":", 1)[1])
     flags = run_flags(pod, Kubelet(pod_name, agent_ns, "127.0.0.1", api_port, str(token_dir)))
     port = free_port()
-    args = on_host_network(run_args(container), container, f"127.0.0.1:{port}")
+    args = tls_on_loopback(on_host_network(run_args(container), container,
+                                           f"127.0.0.1:{port}"), free_port())
     url = f"http://127.0.0.1:{port}"
     user = f"system:serviceaccount:{agent_ns}:{sa}"
     mark = control_plane.audit_mark()

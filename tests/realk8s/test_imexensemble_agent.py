@@ -103,11 +103,12 @@ def registry(agent: HostAgentProc, ns: str, name: str) -> dict[str, Any]:
     return r.json() if r.status_code == 200 else {}
 
 
-def report(agent: HostAgentProc, ns: str, name: str, index: int, ip: str) -> None:
+def report(agent: HostAgentProc, ns: str, name: str, index: int, ip: str,
+           **extra: Any) -> None:
     gen = registry(agent, ns, name)["generation"]
     r = httpx.put(f"{agent.registry}/v1/ensembles/{ns}/{name}/members/{index}/status",
                   headers={"Authorization": f"Bearer {TOKEN}", "X-Forwarded-For": ip},
-                  json={"imex_state": "READY", "generation_applied": gen}, timeout=10)
+                  json={"imex_state": "READY", "generation_applied": gen, **extra}, timeout=10)
     assert r.status_code == 200, r.text
 
 
@@ -186,6 +187,37 @@ def test_a_cr_gets_service_slice_and_status(control_plane: ControlPlane,
     cells = row.split()
     assert cells[:4] == ["rack", "3/4", "3", "True"]
     assert cells[-2:] == ["names", EnsembleId(ns, "rack").domain_id]
+
+
+def test_guest_checks_condition_metric_and_page(control_plane: ControlPlane,
+                                                agent: HostAgentProc, ns: str) -> None:
+    """The guests' preflight, as the real apiserver stores the condition (issue 28)."""
+    admin = control_plane.admin
+    assert admin is not None
+    fail = [{"name": "dns", "result": "FAIL", "message": "no answer from 10.96.0.10:53"},
+            {"name": "fabric", "result": "PASS", "message": "4 GPU(s)"}]
+    ok = [{"name": "dns", "result": "PASS", "message": "ok"},
+          {"name": "fabric", "result": "PASS", "message": "4 GPU(s)"}]
+    for i, ip in IPS.items():
+        report(agent, ns, "rack", i, ip, preflight=fail if i == 1 else ok,
+               imex_channels=[0])
+    wait_until(lambda: condition(status(admin, ns, "rack"), "GuestChecks")
+               == ("False", "DnsFailed"), "GuestChecks False", 60,
+               lambda: f"; conditions {status(admin, ns, 'rack').get('conditions')}")
+    st = status(admin, ns, "rack")
+    [c] = [c for c in st["conditions"] if c["type"] == "GuestChecks"]
+    assert c["message"].startswith("dns FAIL on member 1: no answer")
+    assert condition(st, "Ready") == ("True", "AllMembersReady")  # checks never gate Ready
+    assert condition(st, "CliqueShared") == ("False", "NotShared")
+    metrics = httpx.get(f"{agent.registry}/metrics", timeout=10).text
+    assert (f'imex_ensemble_guest_checks{{check="dns",ensemble="rack",namespace="{ns}",'
+            'result="FAIL"} 1.0') in metrics
+    page = httpx.get(f"{agent.registry}/ui/ensembles/{ns}/rack", timeout=10).text
+    assert "<th>checks</th>" in page and "FAIL: dns" in page
+    for i, ip in IPS.items():
+        report(agent, ns, "rack", i, ip, preflight=ok)
+    wait_until(lambda: condition(status(admin, ns, "rack"), "GuestChecks")
+               == ("True", "AllChecksPass"), "GuestChecks True", 60)
 
 
 def test_describe_tells_the_crash_and_rejoin(control_plane: ControlPlane,

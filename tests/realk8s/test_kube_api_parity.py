@@ -139,7 +139,12 @@ def script(c: httpx.Client, ns: str) -> dict[str, Result]:
          lambda b: sorted((m["manager"], m["operation"]) for m in b["metadata"]["managedFields"]))
     step("delete Service returns the object", c.delete(svcs + "/ens"),
          lambda b: b.get("kind"))
-    time.sleep(3)  # the real garbage collector is asynchronous
+    deadline = time.monotonic() + 60  # the real garbage collector is asynchronous
+    while any(o.get("uid") == uid for i in c.get(slices).json()["items"]
+              for o in i["metadata"].get("ownerReferences") or []):
+        if time.monotonic() > deadline:
+            break  # the step below records what is left
+        time.sleep(0.2)
     step("owned slices collected", c.get(slices),
          lambda b: sorted(i["metadata"]["name"] for i in b["items"]))
 
@@ -148,17 +153,26 @@ def script(c: httpx.Client, ns: str) -> dict[str, Result]:
     rv = c.get(vmis).json()["metadata"]["resourceVersion"]
     events: list[tuple[str, str]] = []
 
+    watching = threading.Event()
+
     def watch() -> None:
+        # until the VMI's deletion (the script's last change it sees: a relabel out of
+        # the selector is a DELETED too, without deletionTimestamp); timeoutSeconds is only
+        # a backstop, so a slow machine's steps cannot outlast the watch
         with c.stream("GET", vmis, params={
-                "watch": "1", "resourceVersion": rv, "timeoutSeconds": "6",
+                "watch": "1", "resourceVersion": rv, "timeoutSeconds": "60",
                 "labelSelector": "imex-ensemble.io/ensemble=ens"}) as r:
+            watching.set()
             for line in r.iter_lines():
                 ev = json.loads(line)
                 events.append((ev["type"], (ev["object"].get("status") or {}).get("phase", "")))
+                if ev["type"] == "DELETED" and ev["object"]["metadata"].get(
+                        "deletionTimestamp"):
+                    break
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    time.sleep(1)
+    assert watching.wait(30), "the watch was not accepted"
     step("status merge patch", c.patch(vmis + "/gb-0/status", headers=MERGE, content=json.dumps(
         {"status": {"phase": "Running"}})), lambda b: (b["metadata"]["generation"], _managers(b)))
     step("label change keeps generation", c.patch(vmis + "/gb-0", headers=MERGE, content=json.dumps(

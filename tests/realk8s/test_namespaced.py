@@ -30,6 +30,7 @@ from tests.realk8s.kubeops import (
     wait_dns,
     wait_namespace_absent,
 )
+from tests.realk8s.podspec import tls_on_loopback
 
 pytestmark = pytest.mark.realk8s
 
@@ -79,7 +80,8 @@ def test_namespaced_overlay_keeps_to_its_namespace(control_plane: ControlPlane,
     token = control_plane.service_account_token(sa_ns, sa)
     kc = control_plane.write_kubeconfig(tmp_path / "ns.kubeconfig", token, sa)
     port = free_port()
-    args = [a for a in container["args"] if not a.startswith("--listen")]
+    args = tls_on_loopback([a for a in container["args"] if not a.startswith("--listen")],
+                           free_port())
     log = tmp_path / "agent.log"
     mark = control_plane.audit_mark()
     agent = subprocess.Popen(

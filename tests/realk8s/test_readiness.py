@@ -30,6 +30,7 @@ import yaml
 
 from tests.realk8s.agentproc import AGENT_SA, AGENT_SA_NAMESPACE, MANIFESTS, apply_base_rbac
 from tests.realk8s.harness import ControlPlane, end_processes, free_port, wait_until
+from tests.realk8s.podspec import tls_on_loopback
 
 pytestmark = pytest.mark.realk8s
 
@@ -42,7 +43,7 @@ def deployment_args(cp: ControlPlane) -> list[str]:
     deployment = next(o for o in objs if o["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--leader-elect" in args
-    return [a for a in args if not a.startswith("--listen")]
+    return tls_on_loopback([a for a in args if not a.startswith("--listen")], free_port())
 
 
 class Agent:

@@ -55,7 +55,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -68,6 +68,7 @@ from tests.sandbox.dns_server import ClusterDnsModel, DnsServer, follow_kubernet
 from tests.sandbox.imex_standin import write_standin_files
 from tests.sandbox.kube_api import ThreadedKubeApi
 from tests.sandbox.netns import Fabric, Node, cleanup_stale, ip, list_netns, netns_pids
+from tests.sandbox.releases import Release
 
 log = logging.getLogger("sandbox.ensemble")
 
@@ -135,6 +136,13 @@ class SandboxSettings:
     #: holding just ``imex-ensemble[guest]``'s dependencies, as a real guest has, since
     #: dnspython imports whatever optional HTTP/2 stack it finds installed.
     guest_python: str = PY
+    #: version skew (tests/sandbox/releases.py): the host agent's release and every guest's
+    #: unless ``Sandbox.guest_releases`` names another; None: this tree
+    host_release: Release | None = None
+    guest_release: Release | None = None
+    #: the registry serves HTTPS too (``--tls-self-issued``, its address as a SAN); guests
+    #: of this tree use it, pinned to the registry CA; a previous release's keep HTTP
+    registry_tls: bool = False
 
 
 @dataclass(frozen=True)
@@ -300,6 +308,8 @@ class Vm:
         self.dir = sandbox.workdir / "vms" / f"{spec.namespace}.{vmi}"
         self.agent: subprocess.Popen[bytes] | None = None
         self.boots = 0
+        #: the agent's imex_channels (none by default: see write_config)
+        self.channels: list[int] = []
 
     # ---- paths and views
     @property
@@ -329,6 +339,14 @@ class Vm:
     @property
     def hosts_path(self) -> Path:
         return self.node.hosts_path
+
+    @property
+    def release(self) -> Release | None:
+        """The release this VM's guest agent runs (None: this tree)."""
+        key = (self.spec.namespace, self.vmi)
+        if key in self.sandbox.guest_releases:
+            return self.sandbox.guest_releases[key]
+        return self.sandbox.settings.guest_release
 
     def status(self) -> dict[str, Any]:
         """The guest agent's status.json ({} before it wrote one)."""
@@ -403,7 +421,9 @@ class Vm:
             # the native stand-in itself, as a guest has the real binary (issue 27)
             "imex_ctl": [str(standin_ctl()), "-c", str(self.imex_cfg)],
             "nvidia_smi": [STANDIN_SMI, "--fabric-file", str(self.dir / "fabric.json")],
-            "imex_channel_device": str(self.dir / "channel0"),
+            # IMEX channel nodes: none, unless a test asks (tests/e2e/test_barrier.py, in a
+            # private mount namespace): the host's /dev is never touched
+            "imex_channels": list(self.channels),
             "report_interval": s.report_interval,
             "poll_interval": s.poll_interval,
             "signal_interval": s.signal_interval,
@@ -411,17 +431,26 @@ class Vm:
             "longpoll_timeout": s.longpoll_timeout,
             "ready_grace": s.ready_grace,
         }
+        if self.release is not None:  # 0.1 knows no imex_channels: its one channel's path
+            del values["imex_channels"]
+            values["imex_channel_device"] = str(self.dir / "channel0")
         if self.spec.auth_encryption:
             # the pin comes from the CA Secret (as the generator's --from-ensemble takes it
             # from status.caSHA256), never from the registry
             values |= {"auth_encryption": True, "ca_sha256": self.sandbox.ca_sha256(self.spec),
                        "tls_dir": str(self.dir / "tls"), "imex_config": str(self.imex_cfg)}
+        if self.sandbox.settings.registry_tls and self.release is None:
+            values |= {"registry_url": self.sandbox.registry_tls_url,
+                       "registry_ca_sha256": self.sandbox.registry_ca_sha256()}
+        values |= self.sandbox.guest_config.get((self.spec.namespace, self.vmi), {})
         cfg = self.dir / "config.toml"
         cfg.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
         return cfg
 
-    def start(self) -> None:
-        """Boot: start the guest agent inside the namespace (it starts IMEX itself)."""
+    def start(self, wrap: Sequence[str] = ()) -> None:
+        """Boot: start the guest agent inside the namespace (it starts IMEX itself).
+        ``wrap``: a command the agent's argv is appended to, inside the namespace (the
+        channel test's private mount namespace)."""
         if self.running():
             return
         cfg = self.write_config()
@@ -430,11 +459,14 @@ class Vm:
             logf.write(f"---- boot {self.boots} at {time.strftime('%H:%M:%S')} ip {self.ip}\n"
                        .encode())
             logf.flush()
+            release = self.release
+            head = [release.script("imex-guest-agent")] if release is not None else [
+                self.sandbox.settings.guest_python, "-m", "guest_agent.cli"]
             self.agent = subprocess.Popen(
-                self.node.argv([self.sandbox.settings.guest_python, "-m", "guest_agent.cli",
-                                "run", "--config", str(cfg), "--json"]),
-                stdout=logf, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO_ROOT,
-                preexec_fn=_pdeathsig)
+                self.node.argv([*wrap, *head, "run", "--config", str(cfg), "--json"]),
+                stdout=logf, stderr=subprocess.STDOUT,
+                env=release.env(child_env()) if release is not None else child_env(),
+                cwd=REPO_ROOT, preexec_fn=_pdeathsig)
         self.node.procs.append(self.agent)
 
     def stop(self, timeout: float = GUEST_STOP_WAIT) -> None:
@@ -489,6 +521,11 @@ class Sandbox:
         self.dns_ip = ""
         self.registry_ip = ""
         self.registry_port = 0
+        self.registry_tls_port = 0
+        #: (namespace, vmi) -> the release its guest runs, overriding the settings'
+        self.guest_releases: dict[tuple[str, str], Release | None] = {}
+        #: (namespace, vmi) -> config keys written over the sandbox's own
+        self.guest_config: dict[tuple[str, str], Mapping[str, object]] = {}
         self.dns_model = ClusterDnsModel(ttl=self.settings.dns_ttl)
         self.dns: DnsServer | None = None
         self._loop: LoopThread | None = None
@@ -514,6 +551,26 @@ class Sandbox:
     @property
     def registry_url(self) -> str:
         return f"http://{self.registry_ip}:{self.registry_port}"
+
+    @property
+    def registry_tls_url(self) -> str:
+        return f"https://{self.registry_ip}:{self.registry_tls_port}"
+
+    def registry_ca_sha256(self, timeout: float = 30.0) -> str:
+        """The registry CA's fingerprint, from its Secret (what guests pin)."""
+        assert self.api is not None
+
+        def probe() -> str | None:
+            try:
+                obj = self.api.get("v1", "Secret", "imex-registry-tls",  # type: ignore[union-attr]
+                                   AGENT_NAMESPACE)
+            except Exception:
+                return None
+            pem = base64.b64decode(obj["data"]["ca.crt"]).decode()
+            return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+
+        return wait_for("the registry TLS Secret", probe, timeout, 0.1,
+                        self.host_agent_log_tail)
 
     @property
     def host_agent_log(self) -> Path:
@@ -582,6 +639,8 @@ class Sandbox:
         self._loop.run(wait_synced(), 25)
         # 4. the host agent and its registry
         self.registry_port = free_port(self.registry_ip)
+        if s.registry_tls:
+            self.registry_tls_port = free_port(self.registry_ip)
         self.start_host_agent()
         log.info("sandbox up: api %s, dns %s, registry %s, subnet %s, workdir %s",
                  self.api.url, self.dns_address, self.registry_url, self.fabric.subnet,
@@ -697,20 +756,27 @@ class Sandbox:
             return
         self.ensure_host_addresses()
         tune = [a for k, v in self.settings.host_tuning.items() for a in ("--tune", f"{k}={v}")]
-        argv = [PY, "-m", "tests.sandbox.host_agent_proc", *tune,
+        release = self.settings.host_release
+        head = [release.script("imex-host-agent")] if release is not None else [
+            PY, "-m", "tests.sandbox.host_agent_proc", *tune]
+        argv = [*head,
                 "--kubeconfig", str(self.kubeconfig),
                 "--listen", f"{self.registry_ip}:{self.registry_port}", "--json",
                 "--report-stale-after", str(self.settings.report_stale_after),
                 "--agent-namespace", AGENT_NAMESPACE,
                 "--ca-overlap", str(self.settings.ca_overlap),
                 "--cert-lifetime", str(self.settings.cert_lifetime)]
+        if self.settings.registry_tls:
+            argv += ["--tls-listen", f"{self.registry_ip}:{self.registry_tls_port}",
+                     "--tls-self-issued", "--tls-san", self.registry_ip]
         self.host_agent_starts += 1
         with open(self.host_agent_log, "ab") as logf:
             logf.write(f"---- start {self.host_agent_starts}\n".encode())
             logf.flush()
-            self.host_agent = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
-                                               env=child_env(), cwd=REPO_ROOT,
-                                               preexec_fn=_pdeathsig)
+            self.host_agent = subprocess.Popen(
+                argv, stdout=logf, stderr=subprocess.STDOUT,
+                env=release.env(child_env()) if release is not None else child_env(),
+                cwd=REPO_ROOT, preexec_fn=_pdeathsig)
 
         def ready() -> bool:
             if self.host_agent is not None and self.host_agent.poll() is not None:

@@ -7,7 +7,8 @@ parsing, logging and ``run``), but an API outage in a test must not cost the pro
 backoff ceiling (30 s) before the agent tries again. ``--tune`` overrides numeric
 ``HostSettings`` fields that have no flag (``backoff_initial``, ``backoff_max``,
 ``watch_timeout_seconds``, ``settle_seconds``, ``shutdown_grace``,
-``optional_kind_retry``); everything else comes from the real CLI.
+``optional_kind_retry``, the registry's serving certificate lifetime and Secret re-read:
+``registry_cert_lifetime``, ``tls_recheck``); everything else comes from the real CLI.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from host_agent.cli import build_settings
 from host_agent.settings import HostSettings, SettingsError
 
 TUNABLE = ("backoff_initial", "backoff_max", "watch_timeout_seconds", "settle_seconds",
-           "shutdown_grace", "workers", "shutdown_drain", "optional_kind_retry")
+           "shutdown_grace", "workers", "shutdown_drain", "optional_kind_retry",
+           "registry_cert_lifetime", "tls_recheck")
 
 
 def split_tuning(argv: Sequence[str]) -> tuple[dict[str, float | int], list[str]]:

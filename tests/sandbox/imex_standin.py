@@ -56,6 +56,8 @@ the parts of IMEX's behaviour that the agent depends on (FACTS.md, "The IMEX dae
   longer verifies against the reloaded CAs is closed, the others stay.
 * ``IMEX_CMD_PORT`` (when ``IMEX_CMD_ENABLED=1``) serves the ``nvidia-imex-ctl`` stand-in
   (:mod:`tests.sandbox.imex_ctl`) with one JSON request and one JSON reply per connection.
+* ``--version`` prints ``IMEX version is: <version>`` and exits, as ``nvidia-imex
+  --version`` does (seen printed by nvidia-imex 570.148.08; FACTS.md has no more).
 * ``DAEMONIZE=1`` forks after the checks; the parent exits 0 only once the child listens
   (systemd ``Type=forking``), writing ``--pid-file`` when given.
 
@@ -1359,7 +1361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--attempt-log", type=Path,
                    help="append one JSON line per outgoing connection attempt (benchmarks)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--version", action="store_true",
+                   help='print "IMEX version is: X" as nvidia-imex --version does, and exit')
     args = p.parse_args(argv)
+    if args.version:
+        print(f"IMEX version is: {args.version_string}")
+        return 0
     try:
         cfg = load_config(args.config)
     except ConfigFileError as e:

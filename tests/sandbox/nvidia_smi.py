@@ -10,6 +10,10 @@ prints that layout for ``--gpus`` GPUs (4 per GB200 tray) from the VM's configur
   call (a missing file or ``null``: no fabric, every value ``N/A``);
 * ``--state WORD``: the Fabric State (default ``Completed``; ``In Progress`` while the
   fabric manager has not registered the GPU);
+* ``--status WORD``: the Fabric Status (default ``Success``; a failure prints its reason
+  there instead);
+* ``--driver VERSION``: the "Driver Version" line (default 580.82.07, an r580 driver;
+  preflight compares it with 570.158.01 and r580, FACTS.md "Driver-version floors");
 * ``--garbage``: print something that is not nvidia-smi output (for the agent's checks).
 
 Standard library only, so it can be copied into a guest image as ``nvidia-smi``.
@@ -40,12 +44,13 @@ def fabric_of(path: Path | None) -> tuple[str, str]:
     return str(doc.get("cluster_uuid", "N/A")), str(doc.get("clique_id", "N/A"))
 
 
-def render(gpus: int, uuid: str, clique: str, state: str) -> str:
+def render(gpus: int, uuid: str, clique: str, state: str, status: str = "Success",
+           driver: str = DRIVER) -> str:
     """The ``-q`` text: a header, then per GPU a few fields and its Fabric section."""
     none = uuid == "N/A"
     lines = ["", "==============NVSMI LOG==============", "",
              f"{'Timestamp':<38}: {time.strftime('%a %b %d %H:%M:%S %Y')}",
-             f"{'Driver Version':<38}: {DRIVER}", f"{'CUDA Version':<38}: 13.0", "",
+             f"{'Driver Version':<38}: {driver}", f"{'CUDA Version':<38}: 13.0", "",
              f"{'Attached GPUs':<38}: {gpus}"]
     for n in range(gpus):
         lines += [
@@ -54,7 +59,7 @@ def render(gpus: int, uuid: str, clique: str, state: str) -> str:
             f"    {'Persistence Mode':<34}: Enabled",
             "    Fabric",
             f"        {'State':<30}: {'N/A' if none else state}",
-            f"        {'Status':<30}: {'N/A' if none else 'Success'}",
+            f"        {'Status':<30}: {'N/A' if none else status}",
             f"        {'CliqueId':<30}: {clique}",
             f"        {'ClusterUUID':<30}: {uuid}",
             "        Health",
@@ -71,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fabric-file", type=Path)
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--state", default="Completed")
+    p.add_argument("--status", default="Success")
+    p.add_argument("--driver", default=DRIVER)
     p.add_argument("--garbage", action="store_true")
     args = p.parse_args(argv)
     if not args.q:
@@ -79,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write("    Fabric\n        CliqueId : banana\n        ClusterUUID : x\n")
         return 0
     uuid, clique = fabric_of(args.fabric_file)
-    sys.stdout.write(render(args.gpus, uuid, clique, args.state))
+    sys.stdout.write(render(args.gpus, uuid, clique, args.state, args.status, args.driver))
     return 0
 
 

@@ -94,3 +94,15 @@ def test_every_task_is_a_taskgroups() -> None:
                     isinstance(owner, ast.Name) and owner.id == "tg")):
                 loose.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert loose == []
+
+
+def test_every_package_folder_is_shipped() -> None:
+    """A package folder missing from pyproject's explicit list is left out of the wheel,
+    and the installed agent fails to start (the vm tier caught guest_agent.workload)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(ROOT).parts)
+               for top in PACKAGES for p in (ROOT / top).rglob("__init__.py")}
+    assert folders <= listed, sorted(folders - listed)

@@ -360,6 +360,7 @@ class VmHarness(HostSide, Observation):
         argv = [sys.executable, "-m", "guest_agent.cli", "cloudinit",
                 "--ensemble", self.spec.name, "--namespace", self.spec.namespace,
                 "--max-members", str(self.spec.max_members),
+                "--expected-members", str(self.settings.vms),
                 "--registry-url", self.registry_url, "--token", self.spec.token,
                 "--install", install, "--raw"]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,

@@ -18,6 +18,12 @@ and the measured time of each step:
    second user-data part; cloud-init re-renders /etc/hosts at boot): the agent's block is
    back with cloud-init's lines kept; a foreign line survives the agent; a live re-render
    by cloud-init's own module is repaired too.
+
+Step 1 also checks the barrier (issue 28): as soon as each guest's agent runs, a job
+unit ordered ``Requires=``/``After=imex-domain-ready.service`` is installed and started
+(through qemu-ga); the guest's systemd starts it only after the barrier (``wait --for
+domain``) returned 0, and ``multi-user.target`` was reached before the barrier finished
+(boot never waits for the domain). The verdict row gives boot-to-job-start per guest.
 """
 
 from __future__ import annotations
@@ -43,6 +49,21 @@ pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.timeout(7200)]
 # what cloud-init 22.4's hosts.debian.tmpl renders first when manage_etc_hosts is true
 CLOUD_INIT_HOSTS_MARK = "# Your system has configured 'manage_etc_hosts' as True."
 FOREIGN = "10.99.0.7\tforeign-db.example  # added by the vm test\n"
+#: a job that needs the domain, as an operator writes one (docs/guest-agent.md)
+JOB_UNIT = """[Unit]
+Description=a job that needs the IMEX domain (vm test)
+Requires=imex-domain-ready.service
+After=imex-domain-ready.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/true
+"""
+JOB_INSTALL = ("cat > /etc/systemd/system/imex-job.service && systemctl daemon-reload && "
+               "systemctl start --no-block imex-job.service && "
+               "systemctl show -p ActiveState --value imex-domain-ready.service")
+MONO = "ActiveEnterTimestampMonotonic"
 
 
 def outside_block(text: str, h: VmHarness) -> list[str]:
@@ -139,7 +160,7 @@ def test_ensemble_of_real_guests(vm_settings: HarnessSettings,
     finally:
         with capsys.disabled():
             print("\n" + verdict.render(h))
-            ok = len(verdict.rows) == 4 and all(r[1].startswith("ok") for r in verdict.rows)
+            ok = len(verdict.rows) == 5 and all(r[1].startswith("ok") for r in verdict.rows)
             print(f"vmtest verdict: {'PASS' if ok else 'FAIL'}")
 
 
@@ -148,12 +169,63 @@ def _scenario(h: VmHarness, n: int, verdict: Verdict) -> None:
     victim = n - 1
     others = [i for i in everyone if i != victim]
 
+    barrier_when_job_came: dict[int, str] = {}
+
     def boot_all() -> str:
-        h.boot(everyone)
+        # h.boot, with the job unit installed as soon as each agent runs
+        for i in everyone:
+            h.add_vm(i)
+        for i in everyone:
+            h.wait_running(h.guests[i])
+        for i in everyone:
+            g = h.guests[i]
+            h.wait_agent(g)
+            r = g.machine.qga.exec(["/bin/sh", "-c", JOB_INSTALL], timeout=120,
+                                   input_data=JOB_UNIT.encode())
+            assert r.exitcode == 0, r.err
+            barrier_when_job_came[i] = r.out.strip()
+            h.read_facts(g)
         took = h.wait_converged(everyone)
         return f"(converged {took:.0f}s after the last agent started)"
 
     verdict.step(f"1. {n} VMs boot, pin, CONNECTED, READY", boot_all)
+
+    def barrier_gates_the_job() -> str:
+        times = []
+        for i in everyone:
+            g = h.guests[i]
+
+            def show(unit: str, props: str, g: Guest = g) -> dict[str, str]:
+                r = g.machine.qga.exec(["/bin/systemctl", "show", "-p", props, unit],
+                                       timeout=60)
+                return dict(line.split("=", 1) for line in r.out.splitlines() if "=" in line)
+
+            def started(show: Callable[[str, str], dict[str, str]] = show
+                        ) -> dict[str, str] | None:
+                j = show("imex-job.service", f"ActiveState,{MONO}")
+                return j if j.get("ActiveState") == "active" else None
+
+            def barrier(show: Callable[[str, str], dict[str, str]] = show) -> str:
+                return str(show("imex-domain-ready.service", "ActiveState,Result"))
+
+            job = wait_for(f"{g.vmi}: imex-job.service started", started, 600, 1.0, barrier)
+            ready = show("imex-domain-ready.service",
+                         f"ActiveState,Result,ExecMainStatus,{MONO},"
+                         "ExecMainStartTimestampMonotonic")
+            target = show("multi-user.target", MONO)
+            assert ready["Result"] == "success" and ready["ExecMainStatus"] == "0", ready
+            assert int(job[MONO]) >= int(ready[MONO]), (job, ready)
+            assert 0 < int(target[MONO]) < int(ready[MONO]), (target, ready)
+            log = g.machine.qga.exec(["/bin/journalctl", "-u", "imex-domain-ready.service",
+                                      "-o", "cat", "--no-pager"], timeout=60).out
+            assert "ready: domain (registry)" in log, log
+            waited = (int(ready[MONO]) - int(ready["ExecMainStartTimestampMonotonic"])) / 1e6
+            times.append(f"{g.vmi} job at {int(job[MONO]) / 1e6:.0f}s after boot "
+                         f"(barrier waited {waited:.0f}s, "
+                         f"{barrier_when_job_came[i]} when the job came)")
+        return "(" + "; ".join(times) + ")"
+
+    verdict.step("1b. imex-domain-ready gates a job unit", barrier_gates_the_job)
 
     def kill_one() -> str:
         pids = {i: h.imex_main_pid(h.guests[i]) for i in others}

@@ -23,6 +23,7 @@ import pytest
 from imex_shared.hostsfile import read_block
 from imex_shared.model import ABSENT_IP, EnsembleId
 from tests.guest_support.agent import (
+    RESTORED,
     STANDIN_CTL,
     STANDIN_IMEX,
     AgentProc,
@@ -33,6 +34,7 @@ from tests.guest_support.agent import (
 from tests.sandbox.dns_server import ClusterDnsModel, ThreadedDnsServer
 from tests.sandbox.imex_standin import write_standin_files
 from tests.sandbox.netns import Fabric, Node, netns_pids
+from tests.timing import measured
 
 pytestmark = pytest.mark.root
 
@@ -122,7 +124,7 @@ def test_burst_of_changes_coalesces_into_two_signals(fabric: Fabric, dns, tmp_pa
 
     The stand-in acts on at most one SIGUSR1 per 5 s (as IMEX): every signal the agent sends
     must be acted on, none ignored. Also: a cloud-init style in-place clobber of the node's
-    bind-mounted /etc/hosts is repaired within 1 s.
+    bind-mounted /etc/hosts is repaired within the 1 s budget (``RESTORED``).
     """
     model, srv = dns
     node = fabric.add_node("c0")
@@ -131,18 +133,20 @@ def test_burst_of_changes_coalesces_into_two_signals(fabric: Fabric, dns, tmp_pa
     g = Guest(node, tmp_path, f"{fabric.gateway_ip}:{srv.port}", signal_interval=5.0)
     agent = g.start()
     try:
+        # a start, not a bound: at load average 10-22 from other jobs the first READY (the
+        # IMEX stand-in and each ctl poll are Python processes) took longer than 15 s
         st = agent.wait("IMEX started and READY",
-                        lambda s: s.get("starts") == 1 and s.get("imex_state") == "READY", 15)
+                        lambda s: s.get("starts") == 1 and s.get("imex_state") == "READY")
         started = time.monotonic()
         assert st["own_ip"] == node.ip and st["own_slot_how"] == "local_ip"
         assert g.hosts_block() == {0: node.ip, 1: peer_ips[0], 2: ABSENT_IP, 3: ABSENT_IP}
 
-        # Bind-mounted /etc/hosts re-rendered in place by "cloud-init": restored within 1 s.
+        # Bind-mounted /etc/hosts re-rendered in place by "cloud-init": restored in time.
         clobber = "127.0.0.1\tlocalhost\n127.0.1.1\tc0.example c0\n"
         t0 = time.monotonic()
         node.write_hosts(clobber)
         wait_until("block restored", g.hosts_block, 3.0, interval=0.02, log=g.log)
-        assert time.monotonic() - t0 < 1.0
+        assert measured("guest.hosts.restored_bind_mount", time.monotonic() - t0) < RESTORED
         assert node.read_hosts().startswith(clobber)
 
         # The first SIGUSR1 after a start is held one window; begin once it is open.

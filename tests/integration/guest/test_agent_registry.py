@@ -161,9 +161,10 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
                                       and b["imex_state"] == "READY"), 10, log=agent.log)
         assert r["path"] == f"/v1/ensembles/{NS}/{NAME}/members/0/status"
         assert r["auth"] == "Bearer tok-123"
-        assert set(r["body"]) - {"imex_domain", "fabric", "imex_channel0"} == {
+        assert set(r["body"]) - {"imex_domain", "fabric", "imex_channel0", "imex_channels",
+                                 "preflight"} == {
             "imex_state", "generation_applied", "nodes_config_sha256", "hosts_sha256",
-            "signals", "restarts", "agent_version"}
+            "signals", "restarts", "agent_version", "registry_ca_sha256"}
         assert r["body"]["hosts_sha256"] == st["hosts_sha256"]
 
         # Every report_interval: -N -j, the fabric and the channel, sent even if unchanged.
@@ -171,6 +172,9 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
             lambda b: "imex_domain" in b and "fabric" in b), 10, log=agent.log)
         assert full["body"]["imex_domain"] == {"nodes": {}}
         assert full["body"]["fabric"] == FABRIC and full["body"]["imex_channel0"] is False
+        # the preflight checks ride along from their first run (within seconds of start)
+        wait_until("a report with the preflight checks", lambda: report(
+            lambda b: "preflight" in b), 15, log=agent.log)
         with registry.cond:
             seen = len(registry.reports)
         wait_until("two more heartbeats", lambda: len(registry.reports) >= seen + 2, 5,

@@ -27,6 +27,7 @@ from imex_shared.model import ABSENT_IP, EnsembleId
 from tests.guest_support.agent import (
     FAKE_IMEX,
     READY_CTL,
+    RESTORED,
     AgentProc,
     cli,
     env,
@@ -36,6 +37,7 @@ from tests.guest_support.agent import (
     write_config,
 )
 from tests.sandbox.dns_server import ClusterDnsModel, ThreadedDnsServer
+from tests.timing import measured
 
 NS, NAME = "gpu", "rack-a"
 ENS = EnsembleId(NS, NAME)
@@ -126,7 +128,7 @@ def test_masquerade_own_slot_and_clobber_restore(tmp_path, dns, agent_factory): 
         lambda: _with_block(tmp_path / "hosts"),
         timeout=3.0,
     )
-    assert time.monotonic() - t0 < 1.0
+    assert measured("guest.hosts.restored_in_place", time.monotonic() - t0) < RESTORED
     assert restored.startswith(clobber.encode())
     assert read_block(restored, ENS) == {0: route, 1: PUB1, 2: ABSENT_IP, 3: ABSENT_IP}
     # An editor-style replace (rename over the file) is caught too.
@@ -139,7 +141,7 @@ def test_masquerade_own_slot_and_clobber_restore(tmp_path, dns, agent_factory): 
         lambda: _with_block(tmp_path / "hosts"),
         timeout=3.0,
     )
-    assert time.monotonic() - t0 < 1.0
+    assert measured("guest.hosts.restored_renamed", time.monotonic() - t0) < RESTORED
     assert b"10.9.9.9 extra\n" in again
     st = agent.wait("re-asserts counted", lambda s: s.get("reasserts", 0) >= 2)
     assert st["reasserts"] == 2  # our own writes are not counted
@@ -229,7 +231,9 @@ def test_nothing_learned_keeps_files_and_sigterm_is_clean(tmp_path, dns, agent_f
     wait_until("a few DNS passes", lambda: srv.server.total_queries() >= 6, 10, log=agent.log)
     t0 = time.monotonic()
     assert agent.stop() == 0
-    assert time.monotonic() - t0 < 3.0
+    # measured max 1.6 s, 2.8 s beside stress-ng (8 runs each, 2026-12-02; the 3 s this
+    # had was 1.07x the loaded figure): bound 6 s, far below the 20 s watchdog
+    assert measured("guest.agent.sigterm_nothing_learned", time.monotonic() - t0) < 6.0
     assert (tmp_path / "hosts").read_bytes() == before
     assert not (tmp_path / "imex" / "nodes_config.cfg").exists()
     assert not (tmp_path / "imex.log").exists()  # IMEX never started
@@ -277,7 +281,10 @@ def test_stop_watchdog_ends_a_hung_shutdown(tmp_path):  # type: ignore[no-untype
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env(), timeout=20, check=False)
-    assert out.returncode == 1 and time.monotonic() - t0 < 10
+    assert out.returncode == 1
+    # a 0.3 s watchdog against a 30 s sleep: measured max 0.96 s, 0.88 s beside stress-ng
+    # (8 runs each, 2026-12-02): bound 10 s
+    assert measured("guest.agent.stop_watchdog", time.monotonic() - t0) < 10
     assert "shutdown did not finish within 0.3s" in out.stderr
     assert "time.sleep" in out.stderr or "line 4" in out.stderr  # the stacks were dumped
 

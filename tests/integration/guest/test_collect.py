@@ -29,10 +29,14 @@ def collector(tmp_path: Path, ctl: Path, smi: list[str], clock: list[float] | No
     settings = settings_from_mapping({
         "ensemble": "gb200", "namespace": "gpu", "max_members": 4,
         "imex_ctl": [str(ctl)], "nvidia_smi": smi,
-        "imex_channel_device": str(tmp_path / "channel0"), "report_interval": 0.5,
+        "report_interval": 0.5,
     })
     now = clock if clock is not None else [1000.0]
-    return DomainCollector(settings, lambda _: None, ctl_timeout=timeout, clock=lambda: now[0])
+    present = tmp_path / "present"  # the channel keeper's answer, as a test sets it
+    return DomainCollector(settings, lambda _: None,
+                           lambda: [int(n) for n in present.read_text().split()]
+                           if present.exists() else [],
+                           ctl_timeout=timeout, clock=lambda: now[0])
 
 
 def gone(pid: int) -> bool:
@@ -51,15 +55,15 @@ async def test_a_valid_view_the_fabric_and_the_channel(tmp_path: Path) -> None:
     (tmp_path / "doc.json").write_text(json.dumps(DOC))
     ctl = script(tmp_path / "ctl", f'[ "$1 $2" = "-N -j" ] && exec cat {tmp_path}/doc.json')
     (tmp_path / "fabric.json").write_text(json.dumps({"cluster_uuid": UUID, "clique_id": 7}))
-    (tmp_path / "channel0").touch()
+    (tmp_path / "present").write_text("0 4")
     c = collector(tmp_path, ctl, [str(SMI), "--fabric-file", str(tmp_path / "fabric.json")])
     r = await c.collect()
     assert r.imex_domain == DOC
     assert r.fabric == Fabric(UUID, 7) and r.fabric_known
-    assert r.channel0 is True
+    assert r.channels == [0, 4]
     assert r.errors == 0 and r.last_error is None
-    (tmp_path / "channel0").unlink()
-    assert (await c.collect()).channel0 is False
+    (tmp_path / "present").unlink()
+    assert (await c.collect()).channels == []
 
 
 async def test_garbage_is_dropped_and_counted_never_forwarded(tmp_path: Path) -> None:

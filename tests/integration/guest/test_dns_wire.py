@@ -15,6 +15,7 @@ from guest_agent.peers.dns import DnsTracker
 from guest_agent.peers.dns_io import DnsClient
 from imex_shared.model import EnsembleId
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer
+from tests.timing import measured
 
 ENS = EnsembleId("team-a", "rack1")
 SIZE = 4
@@ -89,8 +90,10 @@ async def test_failures_are_unknown_and_keep_pins(dns_server: DnsServer, mode: s
     for _ in range(3):
         t0 = time.monotonic()
         obs = await client.observe()
-        # SRV then one concurrent round of per-slot queries, each bounded by dns_timeout
-        assert time.monotonic() - t0 < 4 * TIMEOUT + 0.5
+        # SRV then one concurrent round of per-slot queries, each bounded by dns_timeout:
+        # measured max 0.77 s (timeout), 0.17 s (others), 0.67 s and 0.05 s beside
+        # stress-ng (45 passes each, 2026-12-02): bound 1.7 s
+        assert measured(f"guest.dns.failed_pass_{mode}", time.monotonic() - t0) < 4 * TIMEOUT + 0.5
         assert not obs.learned and obs.via == "none"
         state = tracker.observe(obs)
     assert state.pins == {0: "10.0.0.1", 3: "10.0.0.4"} and state.absent == frozenset()

@@ -14,6 +14,7 @@ import pytest
 
 from guest_agent.net import netwatch
 from tests.sandbox.netns import Fabric, Node
+from tests.timing import measured
 
 pytestmark = pytest.mark.root
 
@@ -117,15 +118,20 @@ def test_local_and_default_route_address(node: Node, watcher: NsWatcher) -> None
     assert watcher.call(netwatch.default_route_address) == node.ip
 
 
+#: at once, not at the next poll (poll_interval: 2 s by default); the call comes after the
+#: 0.1 s debounce: measured max 0.19 s, 0.71 s beside stress-ng (15 runs each, 2026-12-02)
+PROMPT = 1.5
+
+
 def test_address_added_and_removed_calls_back(node: Node, watcher: NsWatcher) -> None:
     t0 = time.monotonic()
     node.add_address("10.213.0.77")
-    assert watcher.wait_call(2) - t0 < 1.0
+    assert measured("guest.netwatch.added", watcher.wait_call(10) - t0) < PROMPT
     assert "10.213.0.77" in watcher.call(netwatch.local_addresses)
     watcher.drain()
     t1 = time.monotonic()
     node.del_address("10.213.0.77")
-    assert watcher.wait_call(2) - t1 < 1.0
+    assert measured("guest.netwatch.removed", watcher.wait_call(10) - t1) < PROMPT
     assert "10.213.0.77" not in watcher.call(netwatch.local_addresses)
 
 

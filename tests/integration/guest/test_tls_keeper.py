@@ -230,3 +230,41 @@ def test_renewal_counts_from_when_the_certificate_came_not_from_the_backdated_st
     assert renew_at(facts) < now
     assert renew_at(facts, now) == now + dt.timedelta(seconds=60)
     assert expiring(facts, now)  # 90 s left: within 24 h
+
+
+async def test_a_404_is_said_once_and_asked_again_only_slowly(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A registry that answers the certificate request 404 (here: a member it does not
+    publish) is not an error loop: said once, asked again every BACKOFF_MAX."""
+    import logging
+
+    from guest_agent.tls.keeper import BACKOFF_MAX
+
+    caplog.set_level(logging.DEBUG, logger="guest_agent.certkeeper")
+    now = dt.datetime.now(dt.UTC)
+    first = ca_mod.first_state(ENS, now)
+    async with serve(registry_state(), ca_source=MutableCa(first)) as reg:
+        k = keeper(reg.url, tmp_path / "tls", first.sha256, [])
+        k.set_slot(3, ENS.slot(3))  # not published there: 404
+        k.started = True
+        sleeps: list[float] = []
+        real_sleep = asyncio.sleep
+
+        async def recorded(seconds: float) -> None:
+            if seconds >= 1:  # the keeper's waits (the test's own polls are shorter)
+                sleeps.append(seconds)
+                seconds = 0  # the test does not wait five minutes
+            await real_sleep(seconds)
+
+        keeper_io.asyncio.sleep = recorded  # type: ignore[attr-defined]
+        task = asyncio.create_task(k.run())
+        try:
+            await until(lambda: k.status.failures >= 2, within=60)  # a child each
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            keeper_io.asyncio.sleep = real_sleep  # type: ignore[attr-defined]
+    assert "404" in (k.status.last_error or "")
+    assert sleeps and all(s >= BACKOFF_MAX * 0.8 for s in sleeps), sleeps  # slow at once
+    said = [r for r in caplog.records if "keeping the current credentials" in r.getMessage()]
+    assert [r.levelname for r in said[:2]] == ["WARNING", "DEBUG"]

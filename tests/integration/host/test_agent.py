@@ -19,6 +19,7 @@ from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, vmi
 from tests.integration.host.conftest import NS, AgentFactory, eventually
 from tests.sandbox.kube_api.fixtures import KubeApiHandle
+from tests.timing import measured
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -271,7 +272,7 @@ async def test_thousand_vmis_in_hundred_ensembles(
     started = time.monotonic()
     agent = await start_agent()
     await agent.settled(timeout=60)
-    elapsed = time.monotonic() - started
+    elapsed = measured("host.thousand_vmis_synced", time.monotonic() - started)
     got = slices(api)
     assert len(got) == 100
     for e in range(100):
@@ -283,6 +284,8 @@ async def test_thousand_vmis_in_hundred_ensembles(
     # The VMI list came in pages of 500 (kube.LIST_PAGE), never all at once.
     assert api.requests[("list", "virtualmachineinstances")] == 2
     print(f"\n1,000 VMIs / 100 ensembles reconciled in {elapsed:.2f} s")
+    # measured median 8.6 s, max 10.1 s at load average 6-32 from other jobs, max 14.6 s
+    # beside stress-ng (8 runs each, 2026-12-02): bound 30 s
     assert elapsed < 30
 
 

@@ -50,9 +50,9 @@ async def test_an_idle_leader_writes_no_info_line(api: KubeApiHandle) -> None:
     assert proc.stderr is not None
     lines: list[dict[str, Any]] = []
     try:
-        def published() -> bool:  # the leader wrote the slice: every event is behind us
-            return any("became the leader" in str(d["msg"]) for d in lines) and \
-                any("applied EndpointSlice gb200-imex" in str(d["msg"]) for d in lines)
+        def published() -> bool:  # leader, slice written, start-up checks held: all events
+            return all(any(m in str(d["msg"]) for d in lines) for m in (
+                "became the leader", "applied EndpointSlice gb200-imex", "start-up checks hold"))
 
         await lines_until(proc.stderr, lines, published, 30)
         joined = [d for d in lines if "joined at 10.244.0.1" in str(d["msg"])]

@@ -27,6 +27,7 @@ from tests.integration.host.test_leader_election import (
     setup_reported,
 )
 from tests.sandbox.kube_api.fixtures import KubeApiHandle
+from tests.timing import measured
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -66,7 +67,8 @@ async def test_heartbeats_cost_the_first_write_and_the_refreshes_and_news_is_wri
         before = api.writes("configmaps", served_only=True)
         t0 = time.monotonic()
         beats = 0
-        while time.monotonic() - t0 < 2.5 * REFRESH:
+        # at least 8 beats and 2.5 refresh periods, however slowly a loaded machine answers
+        while time.monotonic() - t0 < 2.5 * REFRESH or beats < 8:
             r = await put_report(client, receiver, 1, "READY")
             assert r.status_code == 200, r.text
             beats += 1
@@ -79,7 +81,6 @@ async def test_heartbeats_cost_the_first_write_and_the_refreshes_and_news_is_wri
         assert reports is not None
         refreshes = reports.reasons.get("refresh", 0)
         assert reports.reasons.get("new") == 2  # member 0's and member 1's first
-        assert beats >= 8  # (each ~0.2 s plus the answer; a written one waits up to 1 s)
         # the first, then one refresh per REFRESH at most (each needs the copy REFRESH old)
         assert writes == 1 + refreshes, (writes, reports.reasons)
         assert 1 <= refreshes <= int(elapsed / REFRESH), (refreshes, elapsed)
@@ -101,28 +102,42 @@ async def test_a_follower_keeps_a_heartbeating_member_fresh_and_a_silent_one_goe
     receiver, other = await two(api, start_agent)  # the guest talks to the leader only
     async with httpx.AsyncClient(timeout=10) as client:
         t0 = time.monotonic()
-        worst = 0.0
+        worst, reached = 0.0, False
         while time.monotonic() - t0 < 2 * STALE_AFTER:
+            sent = time.monotonic()  # the report's received_at is between the two
             r = await put_report(client, receiver, 2, "READY")
             assert r.status_code == 200, r.text
             last_beat = time.monotonic()
-            if time.monotonic() - t0 > 0.5:  # once the first write reached the other
-                guest = await guest_of(client, other, 2)
-                assert guest is not None and guest["stale"] is False, guest
+            guest = await guest_of(client, other, 2)
+            if guest is None:  # the first write is not through the other's informer yet
+                assert not reached, "the other replica lost the report"
+            else:
+                reached = True
+                assert guest["stale"] is False, guest
                 worst = max(worst, guest["age_s"])
             await asyncio.sleep(BEAT)
+        assert reached, "the first write never reached the other replica"
         # the other replica saw only the refreshes: older than a heartbeat, never stale
-        assert 2 * BEAT < worst <= REFRESH + BEAT + 2.5, worst  # + 1 s coalescing, load
+        # + 1 s coalescing; measured max 2.1 s, 2.2 s beside stress-ng (8 runs each,
+        # 2026-12-02): bound 4.7 s, below the 6 s at which it would be stale
+        assert 2 * BEAT < measured("host.heartbeat.follower_age", worst) \
+            <= REFRESH + BEAT + 2.5, worst
         writes = api.writes("configmaps", served_only=True)
         # silence: stale on the other replica no later than STALE_AFTER after the last
         # report, and no sooner than STALE_AFTER - REFRESH (it sees the last refresh)
+        # stale at STALE_AFTER after the last report at the latest: seen (from the last
+        # answer) after at most 5.6 s, 5.1 s beside stress-ng (8 runs each, 2026-12-02)
         while not (await guest_of(client, other, 2))["stale"]:
             assert time.monotonic() - last_beat < STALE_AFTER + 0.5, "never went stale"
             await asyncio.sleep(0.05)
-        silent = time.monotonic() - last_beat
+        measured("host.heartbeat.stale_after_answer", time.monotonic() - last_beat)
+        # not early: counted from before the last report was sent, so a slow answer
+        # cannot make it look early
+        silent = time.monotonic() - sent
         assert silent >= STALE_AFTER - REFRESH - 0.3, silent
-        if silent < STALE_AFTER - 0.2:  # the receiver has the last heartbeat itself
-            assert (await guest_of(client, receiver, 2))["stale"] is False
+        own = await guest_of(client, receiver, 2)
+        if time.monotonic() - sent < STALE_AFTER:  # the receiver has the last heartbeat
+            assert own["stale"] is False, own
         await asyncio.sleep(max(0.0, STALE_AFTER + 0.2 - (time.monotonic() - last_beat)))
         assert (await guest_of(client, receiver, 2))["stale"] is True
         assert api.writes("configmaps", served_only=True) == writes  # silence writes nothing

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from imex_shared.model import EnsembleId
+from imex_shared.version import package_version
 from tests.host_support.kubevirt import service, vmi
 from tests.integration.host.conftest import NS, AgentFactory, eventually
 from tests.sandbox.kube_api.fixtures import KubeApiHandle
@@ -96,6 +97,9 @@ async def test_cli_process_serves_publishes_and_stops_on_sigterm(api: KubeApiHan
             metrics = (await http.get("/metrics")).text
             assert ('imex_host_agent_members_published{ensemble="gb200",namespace="rack1"} 1.0'
                     in metrics)
+            # one version everywhere: the metrics and /version say the installed release
+            assert f'imex_build_info{{version="{package_version()}"}} 1.0' in metrics
+            assert (await http.get("/version")).json()["version"] == package_version()
         await eventually(lambda: "gb200-imex" in slice_map(api), what="slice from the process")
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(15):

@@ -110,6 +110,7 @@ async def test_issues_a_leaf_that_openssl_verifies(ca_state: ca_mod.CaState,
     async with serve(make_state(), ca_source=FixedCa(ca_state)) as reg, \
             httpx.AsyncClient(base_url=reg.url) as client:
         r = await client.post(URL.format(0), json={"csr": csr_for(p256())}, headers=AUTH)
+        after = dt.datetime.now(dt.UTC)
         assert r.status_code == 200, r.text
         assert set(r.json()) == {"certificate", "ca", "not_after"}
         assert reg.sample("imex_registry_certificates_issued_total",
@@ -123,8 +124,11 @@ async def test_issues_a_leaf_that_openssl_verifies(ca_state: ca_mod.CaState,
     body = r.json()
     assert body["ca"] == ca_state.bundle_pem()
     assert body["not_after"] == leaf.not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
-    skew = before - leaf.not_valid_before_utc
-    assert dt.timedelta(minutes=4, seconds=55) <= skew <= dt.timedelta(minutes=5, seconds=2)
+    # backdated 5 min from the moment of issue (between before and after; a certificate
+    # keeps whole seconds): no wall-clock slack for how long the machine took
+    backdated = dt.timedelta(minutes=5)
+    assert before - backdated - dt.timedelta(seconds=1) <= leaf.not_valid_before_utc \
+        <= after - backdated
     life = leaf.not_valid_after_utc - leaf.not_valid_before_utc
     assert life == dt.timedelta(days=7, minutes=5)
     if openssl is None:
@@ -151,7 +155,7 @@ async def test_issues_a_leaf_that_openssl_verifies(ca_state: ca_mod.CaState,
     fmt = "%b %d %H:%M:%S %Y %Z"
     not_before = dt.datetime.strptime(" ".join(nb.group(1).split()), fmt).replace(tzinfo=dt.UTC)
     not_after = dt.datetime.strptime(" ".join(na.group(1).split()), fmt).replace(tzinfo=dt.UTC)
-    assert abs((before - not_before) - dt.timedelta(minutes=5)) < dt.timedelta(seconds=5)
+    assert not_before == leaf.not_valid_before_utc  # openssl reads what we read
     assert not_after - not_before == dt.timedelta(days=7, minutes=5)
     ca_text = run_openssl("x509", "-noout", "-text", "-in", str(tmp_path / "ca.pem"),
                           check=True).stdout

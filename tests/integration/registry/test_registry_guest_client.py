@@ -74,5 +74,7 @@ async def test_guest_reporter_body_is_accepted(tmp_path: Path) -> None:
     snap = state.get(ens)
     assert snap is not None
     assert dict(snap.reports[1].fields) == {
-        **body, "cert_not_after": None, "fabric": None, "imex_channel0": None}  # optional
+        **body, "cert_not_after": None, "fabric": None, "imex_channel0": None,  # optional
+        "imex_channels": None, "preflight": None, "registry_ca_sha256": None,
+        "transport": "http"}
     assert snap.reports[1].from_ip == "127.0.0.1"

@@ -23,6 +23,7 @@ from tests.integration.registry.registry_harness import (
     seeded_state,
     serve,
 )
+from tests.timing import measured
 
 BASE = "/v1/ensembles/gpu/gb200"
 WAITERS = "imex_registry_longpoll_waiters"
@@ -48,15 +49,16 @@ async def test_long_poll_answers_within_50ms_of_a_change(registry: Running) -> N
             changed_at = time.perf_counter()
             move_member_2(registry, f"10.213.1.{round_ + 1}")
             response = await poll
-            latencies.append(time.perf_counter() - changed_at)
+            latencies.append(measured("registry.longpoll.wake", time.perf_counter() - changed_at))
             assert response.status_code == 200
             body = response.json()
             assert body["generation"] == g + 1
             assert body["members"][1]["ip"] == f"10.213.1.{round_ + 1}"
     print(f"long-poll wake latency: median {statistics.median(latencies) * 1000:.1f} ms, "
           f"max {max(latencies) * 1000:.1f} ms")  # fmt: skip
-    # The median meets the 50 ms contract; the max is only bounded loosely because the
-    # CI machine's two cores are shared and one scheduling hiccup must not fail the run.
+    # The median meets the 50 ms contract; the max is bounded for one scheduling hiccup.
+    # Measured 2026-12-02, 75 wakes each, at load average 15-19 from other jobs and
+    # beside stress-ng: median 2 ms both, max 15 ms and 20 ms. Bounds kept: 50 ms, 0.25 s.
     assert statistics.median(latencies) < 0.05
     assert max(latencies) < 0.25
 
@@ -79,9 +81,11 @@ async def test_long_poll_times_out_with_the_current_state(registry: Running) -> 
     async with httpx.AsyncClient(base_url=registry.url) as client:
         started = time.perf_counter()
         response = await client.get(BASE, params={"wait": g, "timeout": 0.3})
-        took = time.perf_counter() - started
+        took = measured("registry.longpoll.own_timeout", time.perf_counter() - started)
         assert response.status_code == 200 and response.json()["generation"] == g
-        assert 0.3 <= took < 10, took  # its own timeout, not early, not the 30 s below
+        # its own timeout, not early, not the 30 s below; measured max 0.41 s, 0.49 s
+        # beside stress-ng (15 runs each, 2026-12-02): bound 10 s
+        assert 0.3 <= took < 10, took
         stale_wait = await client.get(BASE, params={"wait": g - 5, "timeout": 30})
         assert stale_wait.json()["generation"] == g  # differs already: answered at once
         text = await client.get(f"{BASE}/nodes_config", params={"wait": g - 1, "mode": "ips"})
@@ -93,9 +97,10 @@ async def test_timeout_is_capped() -> None:
     async with serve(seeded_state(), config) as reg, httpx.AsyncClient(base_url=reg.url) as client:
         started = time.perf_counter()
         response = await client.get(BASE, params={"wait": generation(reg), "timeout": 3600})
-        took = time.perf_counter() - started
+        took = measured("registry.longpoll.cap", time.perf_counter() - started)
     assert response.status_code == 200
-    assert 0.4 <= took < 60, took  # the cap, not the hour asked for
+    # the cap, not the hour asked for; measured max 0.52 s quiet and loaded: bound 60 s
+    assert 0.4 <= took < 60, took
 
 
 async def test_deleted_while_waiting_is_404(registry: Running) -> None:
@@ -133,7 +138,7 @@ async def test_a_thousand_long_polls_all_answered_after_one_change(registry: Run
         changed_at = time.perf_counter()
         move_member_2(registry, "10.213.2.2")
         answers = await asyncio.wait_for(asyncio.gather(*polls), 10)
-        took = time.perf_counter() - changed_at
+        took = measured("registry.longpoll.thousand", time.perf_counter() - changed_at)
     finally:
         for poll in polls:
             poll.cancel()
@@ -141,7 +146,10 @@ async def test_a_thousand_long_polls_all_answered_after_one_change(registry: Run
     assert [status for status, _ in answers] == [200] * n
     assert {body["generation"] for _, body in answers} == {g + 1}
     assert registry.sample(WAITERS) == 0
-    assert took < 3.0
+    # measured median 1.5 s and 1.2 s, max 2.3 s and 3.3 s beside stress-ng (15 runs each,
+    # 2026-12-02; the 3 s this had failed 1 in 15 loaded): bound 8 s, inside the
+    # answers' 10 s deadline and far below the 30 s each poll asked for
+    assert took < 8.0, took
 
 
 async def test_shutdown_answers_pending_long_polls() -> None:
@@ -154,6 +162,8 @@ async def test_shutdown_answers_pending_long_polls() -> None:
             reg.server.should_exit = True
             response = await poll
             await asyncio.wait_for(reg.task, 5)
-            took = time.perf_counter() - started
+            took = measured("registry.longpoll.shutdown", time.perf_counter() - started)
     assert response.status_code == 200 and response.json()["generation"] == g
-    assert took < 2.0, took  # not the 30 s the poll asked for
+    # not the 30 s the poll asked for; measured max 0.21 s, 0.25 s beside stress-ng
+    # (15 runs each, 2026-12-02): bound 2 s
+    assert took < 2.0, took

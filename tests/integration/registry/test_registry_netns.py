@@ -133,7 +133,7 @@ async def test_token_and_address_checks_with_real_addresses(link: Link) -> None:
                 (member, path, {"Content-Type": "application/json"}, good),  # no token
                 (member, path, wrong, good),  # wrong token
                 (other, path, right, good),  # right token, wrong address
-                (member, path, right, '{"imex_state": "READY", "colour": "blue"}'),  # extra
+                (member, path, right, '{"imex_state": "READY", "colour": "blue"}'),  # ignored
                 (member, path, right, '{"imex_state": 7}'),  # wrong type
                 (member, path, right, "{not json"),  # not JSON
                 (member, path, right, good),  # all right
@@ -147,9 +147,9 @@ async def test_token_and_address_checks_with_real_addresses(link: Link) -> None:
         }
         accepted = reg.sample("imex_registry_reports_total", namespace="gpu", ensemble="netns")
     statuses = [status for status, _ in results]
-    assert statuses == [401, 401, 403, 422, 422, 422, 200], results
+    # a field the registry does not know (a newer guest's) is ignored, not refused
+    assert statuses == [401, 401, 403, 200, 422, 422, 200], results
     assert other in results[2][1]["error"] and member in results[2][1]["error"]
-    assert "colour" in results[3][1]["error"]
     assert "imex_state" in results[4][1]["error"]
     assert results[6][1]["generation"] == shown["generation"]
     guest = shown["members"][0]["guest"]
@@ -161,4 +161,4 @@ async def test_token_and_address_checks_with_real_addresses(link: Link) -> None:
     )
     assert guest["stale"] is False
     assert failures == {"missing_token": 1, "wrong_token": 1, "wrong_address": 1}
-    assert accepted == 1
+    assert accepted == 2

@@ -19,6 +19,7 @@ import pytest
 from tests.e2e.domain_support import browser, browser_missing, screenshot
 from tests.integration.registry.registry_harness import serve
 from tests.integration.registry.test_registry_domain import TRUSTED, put, state_of, view_of
+from tests.timing import measured
 
 pytestmark = pytest.mark.skipif(browser_missing() is not None,
                                 reason=browser_missing() or "")
@@ -55,7 +56,9 @@ async def test_a_lost_link_shows_up_and_goes_away_without_a_reload() -> None:
             await put(c, 3, view_of(3, 18, {(3, 7)}))  # 3 lost its link to 7
             took = await poll_page(driver, lambda d: cell(d, 3, 7)[0] == "D"
                                    and d.find_element("id", "status").text == "DEGRADED", 3)
-            assert took < 1.5  # refreshed within about a second
+            # the page refreshes every 0.4 s: measured max 0.62 s, 0.97 s beside stress-ng
+            # (8 runs each, 2026-12-02; the 1.5 s this had was 1.5x that): bound 2 s
+            assert measured("registry.ui.refresh", took) < 2.0
             assert cell(driver, 3, 7) == ("D", "cell s-D")
             assert cell(driver, 7, 3) == ("C", "cell s-C")
             problems = driver.find_element("id", "problems").text

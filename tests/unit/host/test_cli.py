@@ -137,3 +137,57 @@ def test_agent_namespace_and_identity(tmp_path: Path) -> None:
 def test_bad_agent_namespace_or_identity(argv: list[str], needle: str) -> None:
     with pytest.raises(SettingsError, match=needle):
         build_settings(argv, {})
+
+
+# -- the registry's HTTPS (docs/security.md) ---------------------------------------------
+
+
+def test_tls_is_off_until_a_certificate_source_is_given() -> None:
+    s = build_settings([], {})
+    assert (s.tls_enabled, s.http_enabled, s.tls_listen_port) == (False, True, None)
+    s = build_settings(["--tls-self-issued", "--tls-san", "10.0.0.9", "--tls-san",
+                        "registry.example.org"], {})
+    assert (s.tls_enabled, s.tls_listen_host, s.tls_listen_port) == (True, "0.0.0.0", 8443)
+    assert s.tls_sans == ("10.0.0.9", "registry.example.org")
+    assert s.tls_service == "imex-host-agent"
+
+
+def test_tls_flags_have_environment_twins() -> None:
+    env = {"IMEX_HOST_AGENT_TLS_LISTEN": "127.0.0.1:9443",
+           "IMEX_HOST_AGENT_TLS_CERT_FILE": "/tls/tls.crt",
+           "IMEX_HOST_AGENT_TLS_PRIVATE_KEY_FILE": "/tls/tls.key",
+           "IMEX_HOST_AGENT_TLS_CA_FILE": "/tls/ca.crt",
+           "IMEX_HOST_AGENT_LISTEN": ""}
+    s = build_settings([], env)
+    assert (s.tls_cert_file, s.tls_private_key_file, s.tls_ca_file) == (
+        "/tls/tls.crt", "/tls/tls.key", "/tls/ca.crt")
+    assert (s.tls_listen_host, s.tls_listen_port, s.http_enabled) == ("127.0.0.1", 9443, False)
+    s = build_settings([], {"IMEX_HOST_AGENT_TLS_SELF_ISSUED": "true",
+                            "IMEX_HOST_AGENT_TLS_SAN": "a.example, 10.1.2.3",
+                            "IMEX_HOST_AGENT_TLS_SERVICE": "registry"})
+    assert s.tls_self_issued and s.tls_sans == ("a.example", "10.1.2.3")
+    assert s.tls_service == "registry"
+    s = build_settings(["--tls-self-issued", "--tls-listen", ""], {})
+    assert not s.tls_enabled  # HTTPS turned off explicitly
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--tls-cert-file", "/tls/tls.crt"], "--tls-private-key-file is missing"),
+        (["--tls-private-key-file", "/k"], "--tls-cert-file is missing"),
+        (["--tls-self-issued", "--tls-cert-file", "/c", "--tls-private-key-file", "/k"],
+         "drop the other"),
+        (["--tls-ca-file", "/ca"], "--tls-ca-file goes with --tls-cert-file"),
+        (["--tls-cert-file", "tls.crt", "--tls-private-key-file", "/k"], "absolute path"),
+        (["--tls-self-issued", "--tls-listen", "8443"], "--tls-listen '8443'"),
+        (["--tls-self-issued", "--tls-san", "not a name!"], "--tls-san 'not a name!'"),
+        (["--listen", ""], 'no plain HTTP needs HTTPS instead'),
+        (["--listen", "", "--tls-self-issued", "--tls-listen", ""],
+         'no plain HTTP needs HTTPS instead'),
+    ],
+)
+def test_bad_tls_flags_name_the_problem(argv: list[str], fragment: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        build_settings(argv, {})
+    assert fragment in str(err.value)

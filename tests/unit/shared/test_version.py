@@ -30,3 +30,54 @@ def test_console_script_prints_its_version(script: str, tmp_path: Path) -> None:
                           env={"PATH": "/usr/bin:/bin", "KUBECONFIG": str(tmp_path / "none")},
                           check=False)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{script} {VERSION}\n", "")
+
+
+# -- the skew policy (docs/install.md "Upgrades") --------------------------------------
+
+from imex_shared.version import (  # noqa: E402
+    BAD,
+    GUEST_TOO_OLD,
+    OLDER_HOST,
+    SUPPORTED,
+    TOO_OLD,
+    host_verdict,
+    series,
+    version_doc,
+)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("0.2.0", (0, 2)), ("0.2", (0, 2)), ("1.10.3rc1", (1, 10)), ("0.2.0+local.1", (0, 2)),
+    ("0+unknown", None), ("", None), ("v0.2.0", None), (None, None), (2, None),
+])
+def test_series(text: object, want: tuple[int, int] | None) -> None:
+    assert series(text) == want
+
+
+def test_the_version_document_supports_one_minor_back() -> None:
+    assert version_doc("0.2.0") == {"version": "0.2.0", "api": "v1", "min_guest": "0.1",
+                                    "max_guest": "0.2"}
+    assert version_doc("1.0.0")["min_guest"] == "1.0"  # a major starts its own range
+
+
+@pytest.mark.parametrize(("doc", "guest", "verdict", "words"), [
+    (version_doc("0.2.0"), "0.2.0", SUPPORTED, "supports this guest"),
+    (version_doc("0.3.1"), "0.2.0", SUPPORTED, "supports this guest"),  # host first
+    (version_doc("0.4.0"), "0.2.0", GUEST_TOO_OLD, "upgrade the guest agent"),
+    (None, "0.2.0", OLDER_HOST, "predates GET /version"),  # a 0.1 host agent: 404
+    (version_doc("0.2.0"), "0.3.0", OLDER_HOST, "tolerated for reports only"),
+    (version_doc("0.2.0"), "0.4.0", TOO_OLD, "too old for this guest"),
+    (version_doc("0.2.0"), "1.0.0", TOO_OLD, "too old for this guest"),
+    ({"version": "0.2.0", "api": "v2", "min_guest": "0.1", "max_guest": "0.2"}, "0.2.0",
+     BAD, "registry API 'v2'"),
+    ({"version": "0.2.0", "api": "v1", "min_guest": "x", "max_guest": "0.2"}, "0.2.0",
+     BAD, "not a MAJOR.MINOR range"),
+    ("<html>", "0.2.0", BAD, "not a version document"),
+    (version_doc("0.2.0"), "0+unknown", SUPPORTED, "version is unknown"),
+])
+def test_what_a_guest_makes_of_its_host(doc: object, guest: str, verdict: str,
+                                        words: str) -> None:
+    got, message = host_verdict(doc, guest)
+    assert got == verdict and words in message, message
+    if verdict in (OLDER_HOST, TOO_OLD):
+        assert "upgrade the host agent first" in message

@@ -206,3 +206,43 @@ def test_without_from_ensemble_nothing_changes() -> None:
     assert cli.from_ensemble_args(args) == []
     opts = cli.options_from_args(args)
     assert (opts.max_members, opts.imex_port, opts.mode) == (18, 50000, "names")
+
+
+def test_the_registry_ca_fingerprint_is_pinned_for_an_https_registry_only() -> None:
+    obj = cr({"registryTLS": "Optional"})
+    obj["status"]["registryCASHA256"] = "e" * 64
+    s = settings_from_object(obj)
+    assert (s.registry_ca_sha256, s.registry_tls_required) == ("e" * 64, False)
+    https = {**FLAGS, "registry_url": "https://imex-host-agent.imex-system.svc:8443",
+             "registry_ca_sha256": None}
+    filled, notes = apply_to_flags(s, https, None, "cr.json")
+    assert filled["registry_ca_sha256"] == "e" * 64 and notes == []
+    with pytest.raises(FromEnsembleError, match="--registry-ca-sha256 'ff"):
+        apply_to_flags(s, {**https, "registry_ca_sha256": "f" * 64}, None, "cr.json")
+    plain = {**https, "registry_url": "http://imex-host-agent.imex-system.svc:8080"}
+    filled, notes = apply_to_flags(s, plain, None, "cr.json")
+    assert filled["registry_ca_sha256"] is None
+    assert notes and "give an https:// --registry-url" in notes[0]
+    obj["spec"]["registryTLS"] = "Required"
+    with pytest.raises(FromEnsembleError, match=r"spec\.registryTLS Required"):
+        apply_to_flags(settings_from_object(obj), plain, None, "cr.json")
+
+
+def test_the_generated_config_pins_the_registry_ca(tmp_path: Path) -> None:
+    obj = cr({"tokenSHA256": TOKEN_SHA})
+    obj["status"]["registryCASHA256"] = "e" * 64
+    (tmp_path / "cr.json").write_text(json.dumps(obj))
+    (tmp_path / "token").write_text(TOKEN)
+    out = subprocess.run(
+        [sys.executable, "-m", "guest_agent.cli", "cloudinit", "--from-ensemble",
+         str(tmp_path / "cr.json"), "--token-file", str(tmp_path / "token"), "--raw",
+         "--registry-url", "https://imex-host-agent.imex-system.svc:8443"],
+        capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert f'registry_ca_sha256 = "{"e" * 64}"' in out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "guest_agent.cli", "cloudinit", "--ensemble", "gb200",
+         "--namespace", "gpu-jobs", "--registry-url", "http://r:8080",
+         "--registry-ca-sha256", "e" * 64], capture_output=True, text=True, cwd=REPO,
+        timeout=60, check=False)
+    assert bad.returncode == 2 and "--registry-url must be an https:// URL" in bad.stderr

@@ -109,6 +109,8 @@ def test_user_data_writes_exactly_the_rendered_files() -> None:
         "/etc/nvidia-imex/config.cfg": (guest_files.render_imex_config(o).encode(), "0644"),
         "/etc/nvidia-imex/nodes_config.cfg": (render_nodes_config(ens, 18, "names"), "0644"),
         "/etc/systemd/system/imex-guest-agent.service": (UNIT.encode(), "0644"),
+        "/etc/systemd/system/imex-domain-ready.service": (
+            guest_files.ready_unit_source().encode(), "0644"),
     }
 
 
@@ -217,7 +219,7 @@ def test_install_sources(install: str, source: list[str]) -> None:
     assert inst["content"] == Path(bootstrap.__file__).read_text()
     # Installed, enabled, committed to disk, then started; IMEX restarts last.
     joined = [" ".join(line) for line in lines]
-    enable = joined.index("systemctl enable imex-guest-agent.service")
+    enable = joined.index("systemctl enable imex-guest-agent.service imex-domain-ready.service")
     start = joined.index("systemctl restart imex-guest-agent.service")
     assert 3 < enable < start
     assert "systemctl restart nvidia-imex.service" in joined[start + 1]
@@ -246,8 +248,30 @@ def test_preinstalled_only_enables() -> None:
     doc = yaml.safe_load(ci.render_user_data(opts(), None))
     assert guest_files.INSTALLER_PATH not in {f["path"] for f in doc["write_files"]}
     assert not any(line[:2] == ["rm", "-rf"] for line in lines)  # the image's agent stays
-    assert ["systemctl", "enable", "imex-guest-agent.service"] in lines
+    assert ["systemctl", "enable", "imex-guest-agent.service",
+            "imex-domain-ready.service"] in lines
     assert ["systemctl", "restart", "imex-guest-agent.service"] in lines
+    assert ["systemctl", "start", "--no-block", "imex-domain-ready.service"] in lines
+    # the barrier unit is written in every install mode, from the package's own file
+    written = {f["path"]: f["content"] for f in doc["write_files"]}
+    assert written["/etc/systemd/system/imex-domain-ready.service"] == \
+        guest_files.ready_unit_source()
+    assert "/etc/modprobe.d/imex-channel0.conf" not in written
+
+
+def test_imex_channel0_module_param_writes_modprobe_d() -> None:
+    doc = yaml.safe_load(ci.render_user_data(opts(imex_channel0_module_param=True), None))
+    written = {f["path"]: f["content"] for f in doc["write_files"]}
+    assert written["/etc/modprobe.d/imex-channel0.conf"].splitlines()[-1] == \
+        "options nvidia NVreg_CreateImexChannel0=1"
+
+
+def test_expected_members_reaches_the_agent_config() -> None:
+    s = settings_from_mapping(tomllib.loads(guest_files.render_agent_config(
+        opts(max_members=4, expected_members=3))))
+    assert s.members_expected == 3
+    with pytest.raises(opt.CloudInitError, match="expected_members: 5 is more than"):
+        guest_files.render_agent_config(opts(max_members=4, expected_members=5))
 
 
 def test_no_restart_imex() -> None:
@@ -275,7 +299,8 @@ def test_setup_is_committed_between_two_syncs_before_anything_starts(install: st
     commit = next(i for i, x in enumerate(joined) if x.startswith("sync; touch "))
     # every install and enable step before it, every (re)start after it
     assert joined.index("systemctl daemon-reload") < commit
-    assert joined.index("systemctl enable imex-guest-agent.service") < commit
+    enable = "systemctl enable imex-guest-agent.service imex-domain-ready.service"
+    assert joined.index(enable) < commit
     assert all("restart" not in x for x in joined[:commit])
     assert joined[commit + 1] == "systemctl restart imex-guest-agent.service"
 

@@ -72,12 +72,13 @@ def test_take_collected_puts_the_own_row_and_fabric_and_takes_the_error_once() -
     s = status()
     doc = domain_doc(3, down=frozenset({2}))
     result = Collected(imex_domain=doc, fabric=Fabric(UUID, 4), fabric_known=True,
-                       channel0=True, errors=1, last_error="garbled -N", at=100.0)
+                       channels=[0, 3], errors=1, last_error="garbled -N", at=100.0)
     take_collected(s, result, 0, 7.0)
     assert s.imex_domain_status == "DEGRADED"
     assert s.imex_row == {"1": "CONNECTED", "2": "DISCONNECTED"}
     assert s.fabric == {"cluster_uuid": UUID, "clique_id": 4} and s.clique == f"{UUID}.4"
     assert (s.imex_channel0, s.domain_errors, s.domain_at) == (True, 1, 100.0)
+    assert s.imex_channels == [0, 3]
     assert (s.last_error, s.last_error_at, result.last_error) == ("garbled -N", 7.0, None)
     # no own slot, no view: no row, no status; the old error stays
     take_collected(s, Collected(last_error="garbled -N"), None, 8.0)
@@ -97,12 +98,37 @@ def test_status_body_in_wire_order_with_and_without_a_collection_pass() -> None:
     body = status_body(s, None, with_cert=True)
     assert body == {**base, "cert_not_after": "2026-12-31T00:00:00Z"}
     # a pass before nvidia-smi answered: no fabric key; a view of None is sent as null
-    body = status_body(s, Collected(channel0=True), with_cert=False)
-    assert list(body) == [*base, "imex_domain", "imex_channel0"]
+    body = status_body(s, Collected(channels=[0]), with_cert=False)
+    assert list(body) == [*base, "imex_domain", "imex_channels", "imex_channel0"]
     assert body["imex_domain"] is None and body["imex_channel0"] is True
+    assert body["imex_channels"] == [0]
+    body = status_body(s, Collected(channels=[1, 2]), with_cert=False)
+    assert body["imex_channels"] == [1, 2] and body["imex_channel0"] is False
+    # the preflight checks ride along once they ran
+    s.preflight = [{"name": "dns", "result": "PASS", "message": "ok"}]
+    assert status_body(s, None, with_cert=False)["preflight"] == s.preflight
+    s.preflight = []
     doc = domain_doc(2)
     body = status_body(s, Collected(imex_domain=doc, fabric_known=True), with_cert=False)
-    assert list(body) == [*base, "imex_domain", "fabric", "imex_channel0"]
+    assert list(body) == [*base, "imex_domain", "fabric", "imex_channels", "imex_channel0"]
     assert body["imex_domain"] is doc and body["fabric"] is None
     body = status_body(s, Collected(fabric=Fabric(UUID, 4), fabric_known=True), False)
     assert body["fabric"] == {"cluster_uuid": UUID, "clique_id": 4}
+
+
+def test_refused_fields_are_a_0_1_registrys_extra_forbidden_only() -> None:
+    import json
+
+    from guest_agent.report.report import left_out, refused_fields
+
+    old = {"error": "registry_ca_sha256: Extra inputs are not permitted; channels: Extra "
+           "inputs are not permitted",
+           "detail": [{"loc": ["registry_ca_sha256"], "msg": "Extra inputs are not permitted"},
+                      {"loc": ["channels"], "msg": "Extra inputs are not permitted"},
+                      {"loc": ["signals"], "msg": "Input should be a valid integer"},
+                      {"loc": ["fabric", "x"], "msg": "Extra inputs are not permitted"},
+                      {"loc": ["imex_state"], "msg": "Extra inputs are not permitted"}]}
+    assert refused_fields(json.dumps(old).encode()) == {"registry_ca_sha256", "channels"}
+    assert refused_fields(b"not json") == frozenset()
+    assert refused_fields(b'{"detail": "x"}') == frozenset()
+    assert left_out({"a": 100.0, "b": 0.0}, now=650.0, retry=600.0) == {"a"}

@@ -102,10 +102,15 @@ def test_table_shows_the_own_matrix_row_and_the_clique() -> None:
     s.imex_row = {str(i): "CONNECTED" for i in range(12) if i != 10} | {"3": "DISCONNECTED"}
     s.imex_domain_status, s.domain_at = "DEGRADED", 97.0
     s.clique = "0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10.7"
-    s.imex_channel0, s.domain_errors = True, 2
+    s.imex_channels, s.domain_errors = [0, 1], 2
+    s.imex_channels_note = "present: 0, 1 of 0, 1"
+    s.preflight = [{"name": "dns", "result": "PASS", "message": "ok"},
+                   {"name": "fabric", "result": "WARN", "message": "In Progress"}]
+    s.preflight_at = 40.0
     table = format_table(s.to_json(), now=100.0)
     assert "clique      0f3c8a52-61d4-4e2b-9a57-3f1d2b6c9e10.7\n" in table
-    assert "channel0    present\n" in table
+    assert "channels    0, 1 (present: 0, 1 of 0, 1)\n" in table
+    assert "preflight   2 checks, fabric WARN (60s ago)\n" in table
     assert "imex view   DEGRADED (nvidia-imex-ctl -N -j, 3s ago), 2 dropped\n" in table
     assert ("Nodes From\\To  0  1  2  3  4  5  6  7  8  9 10 11\n"
             "           10  C  C  C  D  C  C  C  C  C  C  .  C\n") in table
@@ -113,3 +118,31 @@ def test_table_shows_the_own_matrix_row_and_the_clique() -> None:
     table = format_table(s.to_json(), now=100.0)
     assert "clique      none (no NVLink fabric reported by nvidia-smi)" in table
     assert "Nodes From" not in table
+
+
+def test_prometheus_text_carries_the_build_info_of_the_running_daemon() -> None:
+    from guest_agent.report.status_file import prometheus_text
+
+    text = prometheus_text({"namespace": "gpu", "ensemble": "gb200", "agent_version": "0.2.0",
+                            "imex_state": "READY", "signals": 3, "restarts": 1,
+                            "generation_applied": 17, "agent_running": True})
+    assert 'imex_build_info{version="0.2.0"} 1\n' in text
+    assert 'imex_guest_imex_signals_total{namespace="gpu",ensemble="gb200"} 3\n' in text
+    assert 'imex_guest_imex_ready{namespace="gpu",ensemble="gb200"} 1\n' in text
+    assert "# TYPE imex_build_info gauge" in text
+    odd = prometheus_text({"namespace": 'a"b', "ensemble": "c\\d", "agent_version": None})
+    assert 'namespace="a\\"b",ensemble="c\\\\d"' in odd
+
+
+def test_the_status_command_prints_prometheus_text(tmp_path: Path) -> None:
+    status = tmp_path / "status.json"
+    status.write_text(json.dumps({"namespace": "gpu", "ensemble": "gb200", "pid": 2**22 + 7,
+                                  "agent_version": "0.2.0", "imex_state": "READY"}))
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'ensemble = "gb200"\nnamespace = "gpu"\nstatus_file = "{status}"\n')
+    out = subprocess.run([sys.executable, "-m", "guest_agent.cli", "--config", str(cfg),
+                          "status", "--prometheus"], capture_output=True, text=True,
+                         timeout=60, check=False, cwd=Path(__file__).resolve().parents[4])
+    assert out.returncode == 0, out.stderr
+    assert 'imex_build_info{version="0.2.0"} 1' in out.stdout
+    assert 'imex_guest_agent_running{namespace="gpu",ensemble="gb200"} 0' in out.stdout

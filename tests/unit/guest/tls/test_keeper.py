@@ -60,3 +60,13 @@ def test_expiring_within_a_day_and_the_facts_from_the_childs_answer() -> None:
         CertFacts.of(None)
     with pytest.raises(KeeperError, match="malformed"):
         CertFacts.of({"cn": [SLOT], "not_before": "yesterday"})
+
+
+def test_a_404_is_asked_again_slowly_never_in_a_tight_loop() -> None:
+    from guest_agent.tls.keeper import BACKOFF_FIRST, BACKOFF_MAX, KeeperError, retry_delay
+
+    assert retry_delay(KeeperError("HTTP 503"), BACKOFF_FIRST) == (BACKOFF_FIRST,
+                                                                    2 * BACKOFF_FIRST)
+    assert retry_delay(KeeperError("HTTP 503"), BACKOFF_MAX) == (BACKOFF_MAX, BACKOFF_MAX)
+    assert retry_delay(KeeperError("no route", status=404), BACKOFF_FIRST) == (
+        BACKOFF_MAX, BACKOFF_MAX)

@@ -15,7 +15,7 @@ from host_agent.ensembles.owned_service import (
     plan_service,
     service_in_sync,
 )
-from host_agent.ensembles.service_spec import parse_ensemble_service
+from host_agent.ensembles.service_spec import parse_ensemble_service, service_annotations
 from host_agent.kube.selectors import LabelSelector, Requirement
 from imex_shared.model import EnsembleId
 from tests.host_support.ensembles import CR_UID, imex_ensemble
@@ -238,3 +238,13 @@ def test_status_only_cr_events_change_nothing() -> None:
 
 def test_declaration_key() -> None:
     assert Declaration("rack1", "gb200", CR_UID, 1, None).key == ("rack1", "gb200")
+
+
+def test_registry_tls_required_both_forms() -> None:
+    assert parse_ensemble_cr(imex_ensemble()).spec.registry_tls_required is False  # type: ignore[union-attr]
+    spec = parse_ensemble_cr(imex_ensemble(registryTLS="Required")).spec
+    assert spec is not None and spec.registry_tls_required
+    # the owned Service says so too (a CR deleted with --cascade=orphan keeps it)
+    assert service_annotations(spec)["imex-ensemble.io/registry-tls"] == "Required"
+    bad = parse_ensemble_cr(imex_ensemble(registryTLS="Always"))
+    assert bad.spec is None and "spec.registryTLS='Always'" in str(bad.message)

@@ -198,3 +198,16 @@ def test_service_annotations_round_trip(annotations: dict[str, str]) -> None:
     again, problems = parse_ensemble_service(service(annotations=rendered))
     assert problems == [] and again == spec
     assert set(annotations.items()) <= set(rendered.items())
+
+
+@pytest.mark.parametrize(("value", "required", "problem"), [
+    (None, False, None), ("Optional", False, None), ("Required", True, None),
+    ("required", True, None), ("yes", True, "is not Optional or Required"),
+])
+def test_registry_tls_annotation(value: str | None, required: bool, problem: str | None) -> None:
+    annotations = {} if value is None else {"imex-ensemble.io/registry-tls": value}
+    spec, problems = parse_ensemble_service(service(annotations=annotations))
+    assert spec is not None and spec.registry_tls_required is required
+    assert [p for p in problems if "registry-tls" in p] == ([] if problem is None else [
+        p for p in problems if problem in p])
+    assert ("imex-ensemble.io/registry-tls" in service_annotations(spec)) is required

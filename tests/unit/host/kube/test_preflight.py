@@ -163,3 +163,17 @@ async def test_the_checks_run_again_after_1_2_4_then_every_5_seconds(tmp_path: P
     assert said == [f"not ready: {preflight.problem}"]
     missing.write_text("\n")
     assert await preflight.check() == f"token file {missing} is empty"
+
+
+def test_the_self_issued_registry_certificate_needs_secrets_in_the_agent_namespace() -> None:
+    alone = replace(BASE, namespaces=("a",), tls_self_issued=True, tls_listen_port=8443,
+                    vmi="a/vm-0")
+    rights = [n.right for n in needed_rights(alone)]
+    assert [r.verb for r in rights if r.resource == "secrets"] == ["get", "create", "update"]
+    (own,) = [o for o in own_namespaces(alone) if o.namespace == alone.agent_namespace]
+    assert own.create.resource == "secrets" and "registry TLS Secret" in own.holds
+    assert probe_object(own.create)["kind"] == "Secret"
+    both = replace(BASE, namespaces=("a",), tls_self_issued=True, tls_listen_port=8443)
+    asked = [n.right for n in needed_rights(both)]
+    assert len(asked) == len(set(asked))  # the CA Secrets' rights are not asked twice
+    assert [r.verb for r in asked if r.resource == "secrets"] == ["get", "create", "update"]

@@ -20,6 +20,7 @@ from host_agent.settings import HostSettings
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId
 from tests.host_support.kubevirt import service, vmi
+from tests.timing import measured
 
 SETTINGS = HostSettings(settle_seconds=0.01, backoff_initial=0.01, backoff_max=0.05)
 
@@ -135,7 +136,9 @@ async def test_burst_collapses_and_one_ensemble_is_serialized() -> None:
     task = await run_until_idle(rec, [ready])
     client.gate = asyncio.Event()
     put(vmis, rec, vmi("gb200-0", ip="10.0.0.1"), "vmi")
-    await asyncio.sleep(0.01)  # the pass is now blocked inside its apply
+    async with asyncio.timeout(10):
+        while client.active == 0:  # noqa: ASYNC110 - until the pass blocks inside its apply
+            await asyncio.sleep(0.005)
     assert client.active == 1
     for i in range(1, 18):  # events while a pass is in flight only mark it dirty
         put(vmis, rec, vmi(f"gb200-{i}", ip=f"10.0.0.{i + 1}"), "vmi")
@@ -194,10 +197,11 @@ async def test_thousand_vmis_pure_reconcile_cost() -> None:
     ready.set()
     t0 = time.perf_counter()
     task = await run_until_idle(rec, [ready])
-    elapsed = time.perf_counter() - t0
+    elapsed = measured("host.reconcile.thousand_vmis_cpu", time.perf_counter() - t0)
     assert len(state.all()) == 100 and len(client.calls) == 100
     assert all(len(s.members) == 10 for s in state.all())
     print(f"\n100 ensembles / 1,000 VMIs, reconcile without API: {elapsed * 1000:.0f} ms")
+    # measured max 0.35 s, 0.64 s beside stress-ng (15 runs each, 2026-12-02): bound 2 s
     assert elapsed < 2.0
     await cancel(task)
 

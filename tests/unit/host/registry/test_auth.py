@@ -88,11 +88,25 @@ def test_report_schema() -> None:
         "imex_domain": None,
         "fabric": None,
         "imex_channel0": None,
+        "registry_ca_sha256": None,
+        "imex_channels": None,
+        "preflight": None,
     }
+    newer = StatusReport.model_validate_json('{"imex_state": "READY", "extra": 1}')
+    assert newer.model_extra == {"extra": 1}  # a newer guest's field: the route drops it
     for bad in (
+        '{"imex_state": "READY", "imex_channels": [2048]}',
+        '{"imex_state": "READY", "imex_channels": ["0"]}',
+        '{"imex_state": "READY", "preflight": [{"name": "x", "result": "OK", "message": ""}]}',
+        '{"imex_state": "READY", "preflight": [{"name": "x", "result": "PASS", "message": "'
+        + "m" * 256 + '"}]}',
+        '{"imex_state": "READY", "preflight": [' + ",".join(
+            ['{"name": "x", "result": "PASS", "message": ""}'] * 33) + "]}",
+        '{"imex_state": "READY", "preflight": [{"name": "Bad Name", "result": "PASS", '
+        '"message": ""}]}',
         '{"imex_state": "READY", "cert_not_after": "tomorrow"}',
         "{}",  # imex_state missing
-        '{"imex_state": "READY", "extra": 1}',
+        '{"imex_state": "READY", "registry_ca_sha256": "ABC"}',
         '{"imex_state": "READY", "signals": -1}',
         '{"imex_state": "READY", "signals": "3"}',  # strict: no strings for numbers
         '{"imex_state": "READY", "restarts": true}',

@@ -96,6 +96,8 @@ def test_guest_report_fresh_stale_and_missing_fields() -> None:
         "restarts": None,
         "agent_version": None,
         "cert_not_after": None,
+        "registry_ca_sha256": None,
+        "transport": None,
         "received_at": "2027-01-15T07:59:50.000Z",
         "from_ip": "10.0.0.10",
         "age_s": 10.0,

@@ -51,9 +51,10 @@ def ready_all(n: int = 3, at: float = T0) -> dict[int, tuple[str, int | None, fl
 
 
 def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """Ready, Degraded and Published by type (DomainUp has tests of its own)."""
+    """Ready, Degraded and Published by type (DomainUp, GuestChecks and CliqueShared have
+    tests of their own)."""
     return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]
-            if c["type"] != "DomainUp"}
+            if c["type"] not in ("DomainUp", "GuestChecks", "CliqueShared")}
 
 
 def test_a_ready_ensemble_byte_for_byte() -> None:
@@ -86,6 +87,13 @@ def test_a_ready_ensemble_byte_for_byte() -> None:
             {"type": "DomainUp", "status": "Unknown", "observedGeneration": 2,
              "lastTransitionTime": "2026-11-30T00:53:25Z", "reason": "ReportsMissing",
              "message": "members 0-2 report no nvidia-imex-ctl -N -j view"},
+            # issue 28: no preflight reported; no clique reported, so none shared
+            {"type": "GuestChecks", "status": "Unknown", "observedGeneration": 2,
+             "lastTransitionTime": "2026-11-30T00:53:25Z", "reason": "NoChecksReported",
+             "message": "no member has reported its preflight checks yet"},
+            {"type": "CliqueShared", "status": "False", "observedGeneration": 2,
+             "lastTransitionTime": "2026-11-30T00:53:25Z", "reason": "NotShared",
+             "message": "no other ensemble's members report this ensemble's NVLink cliques"},
         ],
         "domainStatus": "UNKNOWN",
         "problems": [],
@@ -174,7 +182,13 @@ def test_not_published_shows_the_refusal() -> None:
             for t, v in (("Ready", "False"), ("Degraded", "True"), ("Published", "False"))]
         + [{"type": "DomainUp", "status": "Unknown", "observedGeneration": 2,
             "lastTransitionTime": "2026-11-30T00:53:20Z", "reason": "ReportsMissing",
-            "message": message}],
+            "message": message},
+           {"type": "GuestChecks", "status": "Unknown", "observedGeneration": 2,
+            "lastTransitionTime": "2026-11-30T00:53:20Z", "reason": "NotPublished",
+            "message": "the ensemble is not published"},
+           {"type": "CliqueShared", "status": "False", "observedGeneration": 2,
+            "lastTransitionTime": "2026-11-30T00:53:20Z", "reason": "NotShared",
+            "message": "the ensemble is not published"}],
         "domainStatus": "UNKNOWN",
         "problems": [message],
     }

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import copy
 import itertools
+import math
 import time
 from dataclasses import replace
 from typing import Any
@@ -23,6 +24,7 @@ from host_agent.status.status import Evaluation
 from host_agent.status.status_io import StatusWriter
 from imex_shared.model import EnsembleId, Member
 from tests.host_support.ensembles import CR_UID, imex_ensemble
+from tests.timing import measured
 
 ENS = EnsembleId("rack1", "gb200")
 KEY = ("rack1", "gb200")
@@ -130,12 +132,18 @@ async def test_a_boot_storm_of_18_reports_in_a_second_costs_at_most_two_writes()
         w.publish(18)
         await w.quiet()
         writes_before = len(w.api.calls)
+        t0 = time.monotonic()
         for i in range(18):  # 18 guests report within ~0.4 s
             w.report(i)
             await asyncio.sleep(0.02)
+        took = measured("host.status.storm_span", time.monotonic() - t0)
         await w.quiet()
         storm = len(w.api.calls) - writes_before
-        assert 1 <= storm <= 2, storm
+        # at most one write per second: 2 when the reports came within one second (a
+        # loaded machine may stretch the storm: then one more per second it took)
+        assert 1 <= storm <= 1 + math.ceil(took), (storm, took)
+        if took < 1.0:
+            assert storm <= 2, (storm, took)
         status = w.last()
         assert status["imexReady"] == 18
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
