@@ -7,6 +7,8 @@ every fault undone: 1 (each running member pins exactly the running members, abs
 slots at 127.0.0.2, and IMEX is CONNECTED to every peer; ``nodes_config`` byte-identical
 on every member), 5 (the CR status's members equal the registry's, and every replica
 serves the same members and generation) and 8 (the registry's domain view is UP).
+At the end of a run of 30 minutes or more, 7's leak check: every agent still the same
+process has an RSS within 10 % of its RSS after the first 10 minutes.
 
 Invariant 3 (IMEX restart policy, SIGUSR1 timing) and 6 (no replica serving an older
 generation once observed) are not checked yet; the results say so.
@@ -125,6 +127,35 @@ class Continuous:
                                       f"({vm.agent.returncode}) unasked; started again"))
                 restart_agent(vm)
         return out
+
+
+def rss(rack: SoakRack) -> dict[str, tuple[int, int]]:
+    """Every agent's (pid, RSS in kB) now: the replicas and the guest agents."""
+    procs: dict[str, Any] = {ident: r.proc for ident, r in rack.replicas.items()}
+    procs |= {f"{e}{i}": rack.vm((e, i)).agent for e, i in rack.slots()}
+    out = {}
+    for name, p in procs.items():
+        if p is None or p.poll() is not None:
+            continue
+        try:
+            for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    out[name] = (p.pid, int(line.split()[1]))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def rss_growth(early: dict[str, tuple[int, int]], late: dict[str, tuple[int, int]],
+               limit: float = 0.10) -> list[Finding]:
+    """Invariant 7's leak check: an agent (the same process) whose RSS grew more than
+    ``limit`` between the two snapshots."""
+    out = []
+    for name, (pid, kb) in early.items():
+        if name in late and late[name][0] == pid and late[name][1] > kb * (1 + limit):
+            out.append(Finding(7, f"{name}: RSS {kb} kB at 10 min, {late[name][1]} kB at "
+                                  f"the end (+{100 * (late[name][1] / kb - 1):.0f} %)"))
+    return out
 
 
 def converged(rack: SoakRack) -> str | None:

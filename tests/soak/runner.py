@@ -30,6 +30,9 @@ from tests.soak.schedule import BY_NAME, KIND_NAMES, Fault
 
 log = logging.getLogger("soak")
 TICK = 0.5
+#: invariant 7's leak check: RSS at 10 minutes against the end, in runs of 30 minutes+
+RSS_EARLY_S = 600.0
+RSS_MIN_RUN_S = 1800.0
 
 
 @dataclass
@@ -68,6 +71,9 @@ class Run:
     quiesces: list[float] = field(default_factory=list)
     t0: float = 0.0
     paused: float = 0.0
+    #: invariant 7's leak check: RSS after 10 minutes, and at the end
+    rss_early: dict[str, tuple[int, int]] = field(default_factory=dict)
+    rss_late: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.injector = Injector(self.rack)
@@ -102,11 +108,17 @@ class Run:
             if self.awaiting and time.monotonic() - last_probe >= 1.0:
                 last_probe = time.monotonic()
                 self._probe()
+            if not self.rss_early and time.monotonic() - self.t0 >= RSS_EARLY_S:
+                self.rss_early = inv.rss(self.rack)
             if self.now_s() >= next_check and time.monotonic() + 30 < end:
                 self._quiesce()
                 next_check = self.now_s() + self.check_every
             time.sleep(TICK)
         self._quiesce()
+        if self.duration >= RSS_MIN_RUN_S and self.rss_early:
+            self.rss_late = inv.rss(self.rack)
+            for f in inv.rss_growth(self.rss_early, self.rss_late):
+                self._violation(f)
 
     def _guard(self, a: Active, fn: Any, what: str) -> None:
         try:
@@ -216,6 +228,8 @@ class Run:
                       "stale_refused": self.checks.stale_refused,
                       "stale_events": self.checks.stale_events},
             "reads": sum(self.checks.reads.values()),
+            "rss_kb": {"at_10_min": {k: v[1] for k, v in self.rss_early.items()},
+                       "at_end": {k: v[1] for k, v in self.rss_late.items()}},
             "not_checked": {str(k): v for k, v in inv.NOT_CHECKED.items()},
             "violations": [{"invariant": v.invariant, "t_s": v.t, "what": v.what,
                             "schedule": v.schedule, "logs": v.logs, "replay": self.replay}

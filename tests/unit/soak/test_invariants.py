@@ -42,3 +42,12 @@ def test_a_stale_2xx_write_is_a_violation_and_the_rest_are_counted() -> None:
     assert "holder was h-a" in found[0].what and "holder was None" in found[1].what
     assert (checks.guarded_writes, checks.stale_refused, checks.stale_events) == (4, 1, 1)
     assert checks.audit() == []  # drained
+
+
+def test_rss_growth_past_ten_percent_of_the_same_process_is_a_leak() -> None:
+    from tests.soak.invariants import rss_growth
+
+    early = {"h-a": (10, 1000), "a0": (11, 1000), "a1": (12, 1000)}
+    late = {"h-a": (10, 1101), "a0": (99, 5000), "a1": (12, 1100)}
+    found = rss_growth(early, late)
+    assert [f.invariant for f in found] == [7] and found[0].what.startswith("h-a: RSS 1000")
