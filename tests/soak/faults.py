@@ -56,6 +56,12 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _is_imex(cmdline: str) -> bool:
+    """The IMEX stand-in (bin/nvidia-imex execs ``python -m tests.sandbox.imex_standin``)."""
+    return "tests.sandbox.imex_standin" in cmdline or (
+        "nvidia-imex" in cmdline and "nvidia-imex-ctl" not in cmdline)
+
+
 def restart_agent(vm: Vm) -> None:
     """systemd's restart of the guest agent: the same config, the VM's files as they are
     (``Vm.start`` is a boot: it writes the image's files, the empty nodes file included)."""
@@ -100,8 +106,7 @@ class Injector:
         now = time.monotonic()
         for slot, at in list(self.agent_restarts.items()):
             vm = self.rack.vm(slot)
-            if now < at or any("nvidia-imex " in _cmdline(p) or _cmdline(p).endswith(
-                    "nvidia-imex") for p in netns_pids(vm.node.name)):
+            if now < at or any(_is_imex(_cmdline(p)) for p in netns_pids(vm.node.name)):
                 continue
             del self.agent_restarts[slot]
             if slot not in self.down:
@@ -141,12 +146,11 @@ class Injector:
 
     def _inject_imex_crash(self, a: Active) -> None:
         vm = self.rack.vm(a.fault.targets[0])
-        for pid in netns_pids(vm.node.name):
-            cmd = _cmdline(pid)
-            if "nvidia-imex " in cmd and "nvidia-imex-ctl" not in cmd:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                a.detail = f"pid {pid}"
+        pids = [p for p in netns_pids(vm.node.name) if _is_imex(_cmdline(p))]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        a.detail = f"pid {' '.join(map(str, pids))}" if pids else "no IMEX was running"
 
     def _inject_hosts_clobber(self, a: Active) -> None:
         vm = self.rack.vm(a.fault.targets[0])
