@@ -201,6 +201,12 @@ class Run:
             except OSError:
                 text = ""
             parts.append(f"--- {ident} ---\n{text}")
+        for slot in self.rack.slots():
+            try:
+                parts.append(f"--- guest {slot[0]}{slot[1]} ---\n"
+                             f"{self.rack.vm(slot).log_tail(600)}")
+            except KeyError:
+                continue
         return "\n".join(parts)
 
     # ---- the results
