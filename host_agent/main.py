@@ -60,6 +60,7 @@ from host_agent.kube.client import (
     Service,
     VirtualMachineInstance,
     api_call,
+    count_requests,
     make_client,
     token_file,
 )
@@ -307,6 +308,7 @@ class HostAgent:
         s = self.settings
         client = self._client or make_client(s)
         own_client = self._client is None
+        count_requests(client, self.metrics.count_request)
         self.preflight = Preflight(client, s, token_file(s) if own_client else None)
         self._build(client)
         assert self.reconciler is not None

@@ -128,6 +128,14 @@ class HostMetrics:
             ["decision"],
             registry=registry,
         )
+        self.api_requests = Counter(
+            _P + "api_requests",
+            "Requests to the Kubernetes API, by verb (get, list, watch, create, update, patch, "
+            "apply, delete, ...), resource (plural, /subresource) and code (HTTP status; "
+            "error: no answer)",
+            ["verb", "resource", "code"],
+            registry=registry,
+        )
         self.report_writes = Counter(
             _P + "report_writes",
             "Reports ConfigMap writes sent (one per coalesced batch of an ensemble)",
@@ -139,6 +147,9 @@ class HostMetrics:
             ["version"], registry=registry,
         )
         self.build_info.labels(package_version()).set(1)
+
+    def count_request(self, verb: str, resource: str, code: str) -> None:
+        self.api_requests.labels(verb, resource, code).inc()
 
     def set_leader(self, leading: bool) -> None:
         self.leader.set(1 if leading else 0)

@@ -1,4 +1,5 @@
-"""Write (or check) manifests/agent, generated from the Helm chart charts/imex-ensemble.
+"""Write (or check) manifests/agent and manifests/components/monitoring, generated from
+the Helm chart charts/imex-ensemble.
 
     python -m tools.chart_manifests          # rewrite manifests/agent
     python -m tools.chart_manifests --check  # exit 1 and name each stale file
@@ -12,6 +13,12 @@ namespace ``imex-system``, with two changes: Helm's four standard labels
 back to the chart's default image. A template that renders nothing by default (the
 ServiceMonitor, the PrometheusRule, the namespaced Roles) has no file. The templates'
 comments come through as they are.
+
+``manifests/components/monitoring`` is an opt-in kustomize Component with the objects
+that need the Prometheus Operator's CRDs or Grafana's sidecar (``MONITORING``), rendered
+with those switched on (``MONITORING_SET``) and every other value at its default: the
+PrometheusRule (runbook_url under the default runbookBaseURL), the ServiceMonitor and
+the dashboard ConfigMap.
 
 Helm: ``$HELM``, else the one tests/realk8s/build.sh built (``--check``: it never
 builds from here), else ``helm`` on PATH. The realk8s tier fails on drift
@@ -32,6 +39,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CHART = Path("charts/imex-ensemble")
 AGENT = Path("manifests/agent")
+MONITORING_DIR = Path("manifests/components/monitoring")
+#: the templates the monitoring component holds, and the values that switch them on
+MONITORING = ("templates/prometheusrule.yaml", "templates/servicemonitor.yaml",
+              "templates/dashboard-configmap.yaml")
+MONITORING_SET = ("prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true",
+                  "grafanaDashboard.enabled=true")
 RELEASE = "imex-ensemble"
 NAMESPACE = "imex-system"
 #: the kustomize image name manifests/agent uses; `kustomize edit set image` sets it
@@ -154,8 +167,38 @@ def render_files(rendered: str, image: str) -> dict[Path, str]:
     return out
 
 
+def component(files: list[str]) -> str:
+    lines = [
+        "# Monitoring, opt-in: the alerts (PrometheusRule, runbooks in docs/runbooks.md), a",
+        "# ServiceMonitor and the Grafana dashboard. The first two need the Prometheus",
+        "# Operator's CRDs, so manifests/base does not include them. Add to your kustomization:",
+        "#   components:",
+        "#     - <path to>/manifests/components/monitoring",
+        "apiVersion: kustomize.config.k8s.io/v1alpha1",
+        "kind: Component",
+        "resources:",
+        *(f"  - {f}" for f in files),
+    ]
+    return header(CHART) + "\n".join(lines) + "\n"
+
+
+def monitoring_files(rendered: str) -> dict[Path, str]:
+    """manifests/components/monitoring's files from the render with MONITORING_SET."""
+    templates = by_template(rendered)
+    missing = [t for t in MONITORING if t not in templates]
+    if missing:
+        raise ChartError(f"the monitoring render has no {', '.join(missing)}")
+    out = {MONITORING_DIR / Path(t).name: header(CHART / t) + strip_helm_labels(templates[t])
+           for t in MONITORING}
+    out[MONITORING_DIR / "kustomization.yaml"] = component([Path(t).name for t in MONITORING])
+    return out
+
+
 def render_all(helm: Path, root: Path = REPO) -> dict[Path, str]:
-    return render_files(helm_template(helm, chart=root / CHART), default_image(root))
+    out = render_files(helm_template(helm, chart=root / CHART), default_image(root))
+    args = [a for v in MONITORING_SET for a in ("--set", v)]
+    out.update(monitoring_files(helm_template(helm, *args, chart=root / CHART)))
+    return out
 
 
 def stale(helm: Path, root: Path = REPO) -> list[Path]:
@@ -164,8 +207,8 @@ def stale(helm: Path, root: Path = REPO) -> list[Path]:
     want = render_all(helm, root)
     out = [rel for rel, text in want.items()
            if not (root / rel).is_file() or (root / rel).read_text() != text]
-    extra = [p.relative_to(root) for p in sorted((root / AGENT).glob("*"))
-             if p.relative_to(root) not in want]
+    extra = [p.relative_to(root) for d in (AGENT, MONITORING_DIR)
+             for p in sorted((root / d).glob("*")) if p.relative_to(root) not in want]
     return out + extra
 
 
@@ -185,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     except ChartError as exc:
         print(f"chart_manifests: {exc}", file=sys.stderr)
         return 1
-    for old in sorted((REPO / AGENT).glob("*")):
+    for old in sorted([*(REPO / AGENT).glob("*"), *(REPO / MONITORING_DIR).glob("*")]):
         if old.relative_to(REPO) not in want:
             old.unlink()
             print(f"removed {old.relative_to(REPO)}")

@@ -39,6 +39,7 @@ from host_agent.crd.imexensemble import GROUP as CRD_GROUP
 from host_agent.crd.imexensemble import KIND as CRD_KIND
 from host_agent.crd.imexensemble import PLURAL as CRD_PLURAL
 from host_agent.crd.imexensemble import VERSION as CRD_VERSION
+from host_agent.kube.api_requests import classify
 from host_agent.kube.objects import Obj
 from host_agent.settings import HostSettings
 
@@ -197,6 +198,52 @@ def set_user_agent(client: AsyncClient, user_agent: str) -> None:
     if headers is None:
         raise KubeConfigError("cannot set the User-Agent: lightkube's client layout changed")
     headers["User-Agent"] = user_agent
+
+
+RequestCount = Callable[[str, str, str], None]
+
+
+class _CountingTransport(httpx2.AsyncBaseTransport):
+    """Counts each request by (verb, resource, code) as its answer starts (a watch's too),
+    ``error`` when none came; a cancelled request (a watch stopped on shutdown) is not
+    counted."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, count: RequestCount) -> None:
+        self._inner = inner
+        self._count = count
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        verb, resource = classify(request.method, request.url.path, dict(request.url.params),
+                                  request.headers.get("content-type"))
+        try:
+            response = await self._inner.handle_async_request(request)
+        except Exception:
+            self._count(verb, resource, "error")
+            raise
+        self._count(verb, resource, str(response.status_code))
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def count_requests(client: AsyncClient, count: RequestCount) -> None:
+    """Every request of ``client`` is counted (``imex_host_agent_api_requests_total``).
+
+    lightkube has no hook for it; its HTTP client's transports (the default one and any
+    proxy mounts) are wrapped in place, as ``set_user_agent`` sets its headers.
+    """
+    transport_client = getattr(getattr(client, "_client", None), "_client", None)
+    inner = getattr(transport_client, "_transport", None)
+    if not isinstance(inner, httpx2.AsyncBaseTransport):
+        raise KubeConfigError("cannot count API requests: lightkube's client layout changed")
+    if isinstance(inner, _CountingTransport):
+        return
+    transport_client._transport = _CountingTransport(inner, count)  # type: ignore[union-attr]
+    mounts = getattr(transport_client, "_mounts", {})
+    for pattern, mounted in list(mounts.items()):
+        if isinstance(mounted, httpx2.AsyncBaseTransport):
+            mounts[pattern] = _CountingTransport(mounted, count)
 
 
 def plain(obj: object) -> Obj:

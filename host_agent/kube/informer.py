@@ -88,6 +88,8 @@ class Informer:
         self._store = store
         self._on_change = on_change
         self._metrics = metrics
+        for reason in ("closed", "gone", "error", "forbidden"):  # series from 0, so that
+            metrics.watch_restarts.labels(name, reason)  # increase() sees the first one
         self._settings = settings
         self._namespace = namespace  # None: all namespaces
         self._view = cache_view(getattr(source, "kind", ""))

@@ -57,6 +57,7 @@ from host_agent.registry.cert_routes import (
 )
 from host_agent.registry.config import RegistryConfig
 from host_agent.registry.domain_routes import add_domain_routes
+from host_agent.registry.ensemble_metrics import EnsembleCollector
 from host_agent.registry.ensemble_routes import EnsembleReads, add_ensemble_routes
 from host_agent.registry.metrics import RegistryMetrics
 from host_agent.registry.models import TEXT_200, json_errors
@@ -189,6 +190,7 @@ def create_app(
                            cert_config)
     app.state.domain = add_domain_routes(
         app, state, config.report_stale_after, reads.lookup, metrics_registry)
+    metrics_registry.register(EnsembleCollector(state, app.state.domain))
     add_ui_routes(app, state, app.state.domain, reads.lookup, config.report_stale_after)
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, per_path=(
         (CERT_PATH_PATTERN, CERT_BODY_LIMIT),

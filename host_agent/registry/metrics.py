@@ -5,6 +5,12 @@ from __future__ import annotations
 import prometheus_client
 from prometheus_client import Counter, Gauge
 
+#: auth.py's refusals: 401 for the token, 403 for the caller (wrong_address) or for a
+#: token over plain HTTP to a registryTLS Required ensemble (plain_http). The alert
+#: ImexGuestReportsRefused reads every reason.
+AUTH_REASONS = ("no_token_configured", "bad_token_annotation", "missing_token", "wrong_token",
+                "wrong_address", "plain_http")
+
 
 class RegistryMetrics:
     """The registry's Prometheus metrics, registered on the agent's registry."""
@@ -33,6 +39,8 @@ class RegistryMetrics:
             ("reason",),
             registry=registry,
         )
+        for reason in AUTH_REASONS:  # series from 0, so that rate() sees the first refusal
+            self.auth_failures.labels(reason)
         self.unknown_fields = Counter(
             "imex_registry_unknown_report_fields",
             "Report fields the registry does not know (a newer guest's), ignored, by name: "

@@ -47,6 +47,8 @@ NON_DEFAULT: dict[str, Any] = {
                                    "labels": {"release": "prometheus"}}},
     "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
     "runbookBaseURL": "https://runbooks.example.com/imex/",
+    "grafanaDashboard": {"enabled": True, "namespace": "rk8s-chart-grafana",
+                         "labels": {"grafana_dashboard": "1", "team": "gpu"}},
     "networkPolicy": {"enabled": True, "monitoring": {
         "namespaceSelector": {"matchLabels": {"team": "observability"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}},
@@ -179,13 +181,27 @@ def test_the_rules_carry_their_runbooks(helm: Helm) -> None:
     rendered = chart_objects(helm, "--set", "prometheusRule.enabled=true",
                              "--set", "runbookBaseURL=https://runbooks.example.com/imex/")
     rule = rendered[("PrometheusRule", "imex-system", "imex-ensemble")]
-    example = yaml.safe_load(
-        (REPO / "manifests/examples/prometheusrule-imex-domain.yaml").read_text())
+    chart_rules = yaml.safe_load((CHART / "files/prometheus-rules.yaml").read_text())
     for group in rule["spec"]["groups"]:
         for r in group["rules"]:
             assert r["annotations"].pop("runbook_url") == \
-                f"https://runbooks.example.com/imex/{r['alert']}"
-    assert rule["spec"]["groups"] == example["spec"]["groups"]
+                f"https://runbooks.example.com/imex/docs/runbooks.md#{r['alert'].lower()}"
+    assert rule["spec"]["groups"] == chart_rules["groups"]
+    with pytest.raises(chart_manifests.ChartError, match="runbookBaseURL"):
+        chart_objects(helm, "--set", "prometheusRule.enabled=true", "--set", "runbookBaseURL=")
+
+
+def test_the_monitoring_objects_keep_the_ensembles_labels_and_carry_the_dashboard(
+        helm: Helm) -> None:
+    rendered = chart_objects(helm, "--set", "metrics.serviceMonitor.enabled=true",
+                             "--set", "grafanaDashboard.enabled=true",
+                             "--set", "grafanaDashboard.namespace=grafana")
+    monitor = rendered[("ServiceMonitor", "imex-system", "imex-host-agent")]
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True  # namespace, not exported_
+    cm = rendered[("ConfigMap", "grafana", "imex-ensemble-dashboard")]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = (CHART / "dashboards/imex-ensemble.json").read_text()
+    assert json.loads(cm["data"]["imex-ensemble.json"]) == json.loads(dashboard)
 
 
 @pytest.fixture(scope="module")
@@ -209,13 +225,14 @@ def test_every_object_is_accepted_by_the_apiserver(control_plane: ControlPlane, 
         path = tmp_path / "values.yaml"
         path.write_text(yaml.safe_dump(NON_DEFAULT))
         args = ["--values", str(path)]
-    for name in (ns, *NON_DEFAULT["rbac"]["namespaces"]):
+    for name in (ns, *NON_DEFAULT["rbac"]["namespaces"],
+                 NON_DEFAULT["grafanaDashboard"]["namespace"]):
         admin.apply(f"/api/v1/namespaces/{name}",
                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     text = helm_template(helm.binary, "--include-crds", *args, namespace=ns)
     kinds = {o["kind"] for o in objects(text)}
     if values == "non-default":
-        assert {"ServiceMonitor", "PrometheusRule", "Role"} <= kinds
+        assert {"ServiceMonitor", "PrometheusRule", "Role", "ConfigMap"} <= kinds
         assert "ClusterRoleBinding" not in kinds
     assert "CustomResourceDefinition" in kinds
     try:

@@ -126,10 +126,12 @@ class Pod:
 def rendered(control_plane: ControlPlane) -> Iterator[list[dict[str, Any]]]:
     text = control_plane.kubectl("kustomize", str(OVERLAY)).stdout
     objs = [o for o in yaml.safe_load_all(text) if o]
-    ns = next(o for o in objs if o["kind"] == "Namespace")["metadata"]["name"]
+    assert not [o for o in objs if o["kind"] == "Namespace"]  # the namespace is the user's
+    ns = next(o for o in objs if o["kind"] == "VirtualMachinePool")["metadata"]["namespace"]
     admin = control_plane.admin
     assert admin is not None
     wait_namespace_absent(admin, ns)  # the namespaced overlay's test uses it too
+    control_plane.kubectl("create", "namespace", ns)  # as the README says: create it first
     try:
         yield objs
     finally:

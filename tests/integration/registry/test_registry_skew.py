@@ -44,7 +44,7 @@ async def test_unknown_fields_are_ignored_counted_and_logged_once(
         reg: Running, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="host_agent.registry")
     body = {"imex_state": "READY", "agent_version": "0.3.0", "channels": [0, 1],
-            "preflight": {"ok": True, "checks": ["gpu"]}}
+            "workload_hints": {"ok": True, "checks": ["gpu"]}}  # 0.3's, say
     async with httpx.AsyncClient(base_url=reg.url) as client:
         for _ in range(3):
             answer = await client.put(URL, json=body, headers=AUTH)
@@ -54,13 +54,13 @@ async def test_unknown_fields_are_ignored_counted_and_logged_once(
         bad = await client.put(URL, json={**body, "signals": "7"}, headers=AUTH)
         assert bad.status_code == 422 and "signals" in bad.json()["error"]
     kept = reg.state.get(seeded_state().all()[0].ens).reports[0]  # type: ignore[union-attr]
-    assert "channels" not in kept.fields and "preflight" not in kept.fields
+    assert "channels" not in kept.fields and "workload_hints" not in kept.fields
     assert kept.fields["transport"] == "http"
     guest = shown["members"][0]["guest"]
     assert guest["imex_state"] == "READY" and guest["transport"] == "http"
     assert "channels" not in guest
     assert reg.sample(COUNTER, field="channels") == 3
-    assert reg.sample(COUNTER, field="preflight") == 3
+    assert reg.sample(COUNTER, field="workload_hints") == 3
     said = [r.getMessage() for r in caplog.records if "ignoring report field" in r.getMessage()]
     assert len(said) == 2 and all(r.levelname == "INFO" for r in caplog.records
                                   if "ignoring report field" in r.getMessage())

@@ -79,7 +79,8 @@ def names(store: Store) -> set[str]:
 
 
 def restarts(metrics: HostMetrics, reason: str, kind: str = "thing") -> float | None:
-    """``imex_host_agent_watch_restarts_total`` for one kind and reason (None: never)."""
+    """``imex_host_agent_watch_restarts_total`` for one kind and reason (0 from the
+    informer's start for the known reasons; None: an unknown kind or reason)."""
     return metrics.registry.get_sample_value(
         "imex_host_agent_watch_restarts_total", {"kind": kind, "reason": reason})
 
@@ -193,7 +194,7 @@ async def test_an_optional_kind_the_cluster_does_not_serve_is_synced_empty_and_r
     assert names(store) == {"a"} and script.watched_from == ["10"]
     assert metrics.registry.get_sample_value(
         "imex_host_agent_watch_restarts_total", {"kind": "imexensemble", "reason": "error"}
-    ) is None
+    ) == 0
 
 
 async def test_a_required_kind_answering_404_is_an_error_not_an_empty_list() -> None:
@@ -233,7 +234,7 @@ async def test_list_without_watch_rights_lists_again_and_warns_once(caplog: Any)
     assert metrics.registry.get_sample_value(
         "imex_host_agent_watch_restarts_total", {"kind": "lease", "reason": "forbidden"}) == 2
     assert metrics.registry.get_sample_value(
-        "imex_host_agent_watch_restarts_total", {"kind": "lease", "reason": "error"}) is None
+        "imex_host_agent_watch_restarts_total", {"kind": "lease", "reason": "error"}) == 0
 
 
 def resumed_then_refused(after: dict[str, Any]) -> list[Any]:
@@ -258,7 +259,7 @@ async def test_a_resumed_watch_refused_403_is_retried_from_its_version(caplog: A
     assert metrics.registry.get_sample_value(
         "imex_host_agent_lists_total", {"kind": "thing"}) == 1
     assert restarts(metrics, "error") == 5
-    assert restarts(metrics, "forbidden") is None
+    assert restarts(metrics, "forbidden") == 0
     assert not any("watching is not" in r.getMessage() for r in caplog.records)
 
 
