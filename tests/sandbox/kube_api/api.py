@@ -152,33 +152,18 @@ class KubeApi:
             await asyncio.sleep(delay)
         if fault is not None:
             self.counters.faulted[(verb, resource)] += 1
-            return self._audited(req, verb, resource, error_response(fault))
+            return audit_mod.record(self.audit, self.store, req, verb, resource,
+                                    error_response(fault))
         try:
-            return self._audited(req, verb, resource, await route())
+            return audit_mod.record(self.audit, self.store, req, verb, resource,
+                                    await route())
         except ApiError as e:
-            return self._audited(req, verb, resource, error_response(e))
+            return audit_mod.record(self.audit, self.store, req, verb, resource,
+                                    error_response(e))
         except Exception as e:  # a bug in the double: answer as the apiserver would
             log.exception("sandbox API double failed on %s %s", req.method, req.target)
             return error_response(ApiError(500, "InternalError",
                                            f"Internal error occurred: {type(e).__name__}: {e}"))
-
-    def _audited(self, req: Request, verb: str, resource: str,
-                 resp: Response | StreamResponse) -> Response | StreamResponse:
-        """Log a write (with the Lease holder now, at its commit) or a read's objects in
-        ``self.audit`` when there is one (audit.py); the answer is passed on unchanged."""
-        audit = self.audit
-        if audit is None or req.query.get("dryRun") or isinstance(resp, StreamResponse):
-            return resp
-        ua = req.headers.get("user-agent", "")
-        if verb in audit_mod.WRITE_VERBS:
-            answer = _decoded(resp) if resp.status < 300 else None
-            audit.write(verb, resource, req.path, resp.status, ua,
-                        audit_mod.holder_of(self.store, audit.lease), answer)
-        elif verb in ("get", "list") and resp.status == 200 and audit.kept(resource):
-            doc = _decoded(resp) or {}
-            items = doc.get("items") if verb == "list" else [doc]
-            audit.delivered(ua, verb, resource, items if isinstance(items, list) else [])
-        return resp
 
     # ------------------------------------------------------------ routing
 
@@ -484,14 +469,6 @@ class KubeApi:
 
 async def _one_error(status: JSON) -> AsyncIterator[bytes]:
     yield encode({"type": "ERROR", "object": status}) + b"\n"
-
-
-def _decoded(resp: Response) -> JSON | None:
-    try:
-        doc = json.loads(resp.body)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def _body(req: Request, yaml_ok: bool = False) -> Any:

@@ -21,12 +21,15 @@ built on the server's loop and handed over through :meth:`Audit.drain`.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .http import Request, Response, StreamResponse
 
 JSON = dict[str, Any]
 
@@ -129,3 +132,33 @@ def holder_of(store: Any, lease: tuple[str, str] | None) -> str | None:
         return None
     holder = (entry.obj.get("spec") or {}).get("holderIdentity")
     return str(holder) if holder else None
+
+
+R = Response | StreamResponse
+
+
+def record(audit: Audit | None, store: Any, req: Request, verb: str, resource: str,
+           resp: R) -> R:
+    """Log one answered request in ``audit`` when there is one, and pass the answer on:
+    a write with the Lease holder now, at its commit (the double answers a write with
+    nothing else run in between), or the objects a read sent."""
+    if audit is None or req.query.get("dryRun") or isinstance(resp, StreamResponse):
+        return resp
+    ua = req.headers.get("user-agent", "")
+    if verb in WRITE_VERBS:
+        answer = _decoded(resp) if resp.status < 300 else None
+        audit.write(verb, resource, req.path, resp.status, ua, holder_of(store, audit.lease),
+                    answer)
+    elif verb in ("get", "list") and resp.status == 200 and audit.kept(resource):
+        doc = _decoded(resp) or {}
+        items = doc.get("items") if verb == "list" else [doc]
+        audit.delivered(ua, verb, resource, items if isinstance(items, list) else [])
+    return resp
+
+
+def _decoded(resp: Response) -> JSON | None:
+    try:
+        doc = json.loads(resp.body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
