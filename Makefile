@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test fuzz lint bench bench-peers vmtest vmtest-matrix chroottest realk8s realnode \
-	wheelhouse image stress-check clean
+	wheelhouse image stress-check clean soak soak-ci
 
 # constraints.txt pins every test and lint dependency (bumped in commits of their own)
 $(STAMP): pyproject.toml constraints.txt
@@ -39,6 +39,13 @@ bench: $(STAMP)
 # issue 18: the manual recipe beside ours on the realk8s binaries (root); QUICK=1 is CI's size
 bench-peers: $(STAMP)
 	$(BIN)/python -m tests.bench.peers $(if $(QUICK),--quick)
+
+# issue 30: SOAK_ARGS e.g. --duration 600 --seed 7 --vms 6 (default 1 h, 18 VMs; root)
+soak: $(STAMP)
+	$(BIN)/python -m tests.soak $(SOAK_ARGS)
+
+soak-ci: $(STAMP)
+	$(BIN)/python -m tests.tiers run soak-ci
 
 vmtest: $(STAMP)
 	$(BIN)/python -m tests.tiers run vmtest $(VMTEST_ARGS)

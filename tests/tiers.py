@@ -40,7 +40,7 @@ class Tier:
 
 
 #: Markers only the other tiers select; `make test` is everything else.
-_ELSEWHERE = ("vm", "chroot", "realk8s", "realnode", "bench")
+_ELSEWHERE = ("vm", "chroot", "realk8s", "realnode", "bench", "soak")
 
 TIERS: dict[str, Tier] = {
     # the 30 slowest tests and fixtures printed at the end: where CI's time goes
@@ -64,6 +64,10 @@ TIERS: dict[str, Tier] = {
     "fuzz": Tier("make fuzz", " and ".join(f"not {m}" for m in _ELSEWHERE), ("tests/fuzz",),
                  options=("-q", "-p", "no:cacheprovider"), in_ci=False,
                  env=(("IMEX_FUZZ_EXAMPLES", "500"),)),
+    # issue 30: the CI-size soak (6 VMs, the commit's seed and tests/soak/seeds.txt, about
+    # 3 minutes), a required stage of .ci/run
+    "soak-ci": Tier("make soak-ci", "soak", ("tests/soak",),
+                    options=("-q", "-s", "-p", "no:cacheprovider")),
 }
 
 

@@ -47,6 +47,7 @@ from typing import Any
 
 import yaml
 
+from . import audit as audit_mod
 from . import openapi, rbac, tables
 from .errors import ApiError, bad_request, status_object
 from .faults import Counters, Faults
@@ -111,6 +112,8 @@ class KubeApi:
         self.admin = admin
         self.clock = clock
         self.tokens = rbac.Tokens()
+        #: the audit and delivery logs (audit.py), when a test asked for them
+        self.audit: audit_mod.Audit | None = None
 
     def _identity(self, auth: str | None) -> rbac.Identity | None:
         """Who sent the request (rbac.py); None: a token nobody minted (401)."""
@@ -149,11 +152,14 @@ class KubeApi:
             await asyncio.sleep(delay)
         if fault is not None:
             self.counters.faulted[(verb, resource)] += 1
-            return error_response(fault)
+            return audit_mod.record(self.audit, self.store, req, verb, resource,
+                                    error_response(fault))
         try:
-            return await route()
+            return audit_mod.record(self.audit, self.store, req, verb, resource,
+                                    await route())
         except ApiError as e:
-            return error_response(e)
+            return audit_mod.record(self.audit, self.store, req, verb, resource,
+                                    error_response(e))
         except Exception as e:  # a bug in the double: answer as the apiserver would
             log.exception("sandbox API double failed on %s %s", req.method, req.target)
             return error_response(ApiError(500, "InternalError",
@@ -349,10 +355,12 @@ class KubeApi:
             return StreamResponse(200, _one_error(e.status()))
         as_table = tables.wants_table(req.headers.get("accept", ""))
         return StreamResponse(200, self._events(t, w, bookmarks, timeout,
-                                                _include(req) if as_table else None))
+                                                _include(req) if as_table else None,
+                                                req.headers.get("user-agent", "")))
 
     async def _events(self, t: ResourceType, w: Watcher, bookmarks: bool,
-                      timeout: float | None, table: str | None) -> AsyncIterator[bytes]:
+                      timeout: float | None, table: str | None,
+                      user_agent: str = "") -> AsyncIterator[bytes]:
         """The watch stream; `table` = includeObject when the client asked for Tables."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout is not None else None
@@ -378,6 +386,8 @@ class KubeApi:
                     raise AbortConnection()
                 if table is not None:
                     obj = tables.table(t, [obj], None, table)
+                elif self.audit is not None:
+                    self.audit.delivered(user_agent, "watch", t.plural, [obj])
                 yield encode({"type": kind, "object": obj}) + b"\n"
         finally:
             self.store.unwatch(w)

@@ -24,6 +24,8 @@ resourceVersion gets 410), `outage("refuse"|"hold")` / `recover()`
 `restart(down=0.0, compact=False)` (watches and connections dropped, state
 kept, optionally refusing for `down` seconds, as a restarting apiserver
 behind a stable address; `compact` also forgets the watch history).
+Audit: `start_audit(lease=(ns, name), keep=plurals)` logs every write with that
+Lease's holder at its commit and the objects each client is sent (audit.py).
 Counters: `writes(resource=None, verb=None, served_only=False)`, `requests`
 (Counter of (verb, resource)), `faulted` (the part of `requests` a fault
 answered), `changes` (Counter of (plural, event type) actually stored),
@@ -59,6 +61,7 @@ import yaml
 
 from . import resources as rt
 from .api import KubeApi, encode, error_response, json_response
+from .audit import Audit
 from .errors import ApiError, bad_request
 from .faults import Counters, Faults
 from .http import HttpServer, Request, Response
@@ -258,6 +261,12 @@ class KubeApiServer:
     def reset_counters(self) -> None:
         self.counters.reset()
         self.store.changes.clear()
+
+    def start_audit(self, lease: tuple[str, str] | None = None, keep: Any = ()) -> Audit:
+        """Log every write with `lease`'s holder at its commit, and the objects of the
+        `keep` plurals each client is sent (audit.py); returns the log."""
+        self.api.audit = Audit(lease, keep)
+        return self.api.audit
 
     # -------------------------------------------------------------- state
 
@@ -465,6 +474,10 @@ class ThreadedKubeApi:
 
     def reset_counters(self) -> None:
         self._sync(self.server.reset_counters)
+
+    def start_audit(self, lease: tuple[str, str] | None = None, keep: Any = ()) -> Audit:
+        """`KubeApiServer.start_audit`; the log's `drain()` may be called from any thread."""
+        return self._sync(self.server.start_audit, lease, keep)
 
     @property
     def resource_version(self) -> int:
