@@ -47,6 +47,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
            "API load 3 vs 1, RSS per replica"),
     "ha-memory": ("tests.bench.ha_bench:run_memory", "only the ha part's RSS per replica "
                   "(10,000 VMIs, 3 electing replicas against the API double)"),
+    "idle-logs": ("tests.bench.idle_logs", "host agent: INFO lines an idle leader writes per "
+                  "hour, over a 10-minute window"),
     "domain": ("tests.bench.domain_bench", "IMEX domain view: aggregation CPU for 1,000 x 18 "
                "reports/10 s, report writes/s, /ui p50 on 32 connections, link drop -> DEGRADED"),
 }

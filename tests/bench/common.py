@@ -102,6 +102,9 @@ GOALS: tuple[Goal, ...] = (
     Goal("guest_change_cpu_ms", "guest agent's own CPU per applied change", "<=", 10, "ms"),
     Goal("standin_to_guest_cpu_ratio", "IMEX stand-ins' CPU / guest agents' CPU per change",
          "<", 1, ""),
+    # issue 29
+    Goal("host_idle_info_lines_per_h", "host agent: INFO lines per hour of an idle leader",
+         "==", 0, ""),
     # issue 27, judged on bench-peers.json (make bench-peers; peers/report.goal_figures)
     Goal("peers_replace_speedup_p50", "bench-peers: replacement p50, recipe / ours", ">=", 10,
          "x"),

@@ -18,8 +18,9 @@ def test_goal_keys_are_the_issues_thirteen() -> None:
         "host_sync_writes_per_ensemble", "host_restart_writes", "host_takeover_writes",
         "host_update_cpu_ms", "host_sync_25k_s", "host_rss_25k_mb",
         "host_status_storm_answer_p99_s", "host_status_writes_per_ensemble_storm",
-        "guest_change_cpu_ms", "standin_to_guest_cpu_ratio", "peers_replace_speedup_p50",
-        "peers_hosts_vs_floor_p50", "peers_absent_dns_fewer")
+        "guest_change_cpu_ms", "standin_to_guest_cpu_ratio",
+        "host_idle_info_lines_per_h",  # issue 29's
+        "peers_replace_speedup_p50", "peers_hosts_vs_floor_p50", "peers_absent_dns_fewer")
 
 
 @pytest.mark.parametrize(("key", "value", "verdict"), [
@@ -31,6 +32,7 @@ def test_goal_keys_are_the_issues_thirteen() -> None:
     ("host_rss_mb", None, None),
     ("host_sync_writes_per_ensemble", 2.0, True), ("host_sync_writes_per_ensemble", 2.01, False),
     ("host_restart_writes", 0, True), ("host_restart_writes", 1, False),
+    ("host_idle_info_lines_per_h", 0, True), ("host_idle_info_lines_per_h", 6, False),
     ("host_update_cpu_ms", 0.5, True), ("host_update_cpu_ms", 0.51, False),
     ("host_status_storm_answer_p99_s", 1.0, True), ("host_status_storm_answer_p99_s", 1.1, False),
     ("standin_to_guest_cpu_ratio", 0.99, True), ("standin_to_guest_cpu_ratio", 1.0, False),
