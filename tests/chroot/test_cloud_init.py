@@ -110,7 +110,7 @@ def test_setup_runs_and_is_redone_after_a_torn_boot_by_this_cloud_init(
     first = sems(c)
     assert setup | {ours} <= first, f"{gid}: semaphores {sorted(first)}"
     assert c.read("/var/log/systemctl.log").splitlines()[:2] == [
-        "daemon-reload", "enable imex-guest-agent.service"]
+        "daemon-reload", "enable imex-guest-agent.service imex-domain-ready.service"]
 
     # a crash in the first minutes: the commit never reached the disk, the config is empty
     c.check(f"rm {setup_script.CLOUD_INIT_SEM_DIR}/{ours} && : > {guest_files.CONFIG_PATH}")
