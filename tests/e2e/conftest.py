@@ -11,6 +11,7 @@ Convergence times are collected in :data:`TIMINGS` and printed in the terminal s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +52,26 @@ class Rack:
     def timed(self, what: str, seconds: float) -> float:
         TIMINGS[what] = seconds
         return seconds
+
+
+@contextlib.contextmanager
+def running(sbx: Sandbox) -> Iterator[VirtController]:
+    """``sbx`` started with a VirtController over it; on the way out both are closed and
+    a network namespace of this sandbox left behind fails the test."""
+    tag = ""
+    try:
+        sbx.start()
+        assert sbx.fabric is not None
+        tag = sbx.fabric.tag
+        ctl = VirtController(sbx)
+        try:
+            yield ctl
+        finally:
+            ctl.close()
+    finally:
+        sbx.close()
+        left = [n for n in list_netns() if tag and n.startswith(f"{sbx.settings.prefix}-{tag}-")]
+        assert not left, f"namespaces left behind: {left}"
 
 
 def signals_quiet(vms: Callable[[], list[Vm]], window: float, timeout: float = 120.0) -> None:

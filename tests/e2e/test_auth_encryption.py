@@ -29,7 +29,7 @@ from lightkube.types import PatchType
 from guest_agent.tls.imex_config import imex_tls_settings, merge_imex_config
 from host_agent.ca import authority as ca_mod
 from host_agent.ca import secret as ca_secret
-from tests.e2e.conftest import signals_quiet
+from tests.e2e.conftest import running, signals_quiet
 from tests.sandbox.ensemble import (
     AGENT_NAMESPACE,
     EnsembleSpec,
@@ -39,7 +39,7 @@ from tests.sandbox.ensemble import (
     wait_for,
 )
 from tests.sandbox.imex_standin import StandinProcess, write_standin_files
-from tests.sandbox.netns import ip, list_netns
+from tests.sandbox.netns import ip
 from tests.sandbox.virt_controller import Pool, Service, VirtController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(300)]
@@ -79,23 +79,11 @@ def rack() -> Iterator[TlsRack]:
     if os.geteuid() != 0:
         pytest.skip("needs root: the e2e sandbox builds network namespaces and a bridge")
     sbx = Sandbox(SandboxSettings(prefix="e2tls", ca_overlap=40.0))
-    tag = ""
-    try:
-        sbx.start()
-        assert sbx.fabric is not None
-        tag = sbx.fabric.tag
-        ctl = VirtController(sbx)
-        try:
-            spec = ctl.create_ensemble("rack-t", "gb300", max_members=VMS, auth_encryption=True)
-            pool = ctl.pool(spec)
-            pool.scale(VMS)
-            yield TlsRack(sbx, ctl, spec, pool)
-        finally:
-            ctl.close()
-    finally:
-        sbx.close()
-        left = [n for n in list_netns() if tag and n.startswith(f"e2tls-{tag}-")]
-        assert not left, f"namespaces left behind: {left}"
+    with running(sbx) as ctl:
+        spec = ctl.create_ensemble("rack-t", "gb300", max_members=VMS, auth_encryption=True)
+        pool = ctl.pool(spec)
+        pool.scale(VMS)
+        yield TlsRack(sbx, ctl, spec, pool)
 
 
 def imex_log(vm: Vm) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import running
 from tests.e2e.domain_support import block_dials, domain, unblock_dials
 from tests.sandbox.ensemble import (
     RACK_CLUSTER_UUID,
@@ -38,7 +39,6 @@ from tests.sandbox.ensemble import (
     Vm,
     child_env,
 )
-from tests.sandbox.netns import list_netns
 from tests.sandbox.virt_controller import Pool, VirtController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(240)]
@@ -65,23 +65,11 @@ def trio() -> Iterator[Trio]:
     if os.geteuid() != 0:
         pytest.skip("needs root: the sandbox builds network namespaces and a bridge")
     sbx = Sandbox(SandboxSettings(prefix="bar", report_interval=1.0, report_stale_after=10.0))
-    tag = ""
-    try:
-        sbx.start()
-        assert sbx.fabric is not None
-        tag = sbx.fabric.tag
-        ctl = VirtController(sbx)
-        try:
-            spec = ctl.create_ensemble("rack-w", "trio", max_members=N, form="cr")
-            pool = ctl.pool(spec)
-            pool.scale(N - 1)
-            yield Trio(sbx, ctl, spec, pool)
-        finally:
-            ctl.close()
-    finally:
-        sbx.close()
-        left = [n for n in list_netns() if tag and n.startswith(f"bar-{tag}-")]
-        assert not left, f"namespaces left behind: {left}"
+    with running(sbx) as ctl:
+        spec = ctl.create_ensemble("rack-w", "trio", max_members=N, form="cr")
+        pool = ctl.pool(spec)
+        pool.scale(N - 1)
+        yield Trio(sbx, ctl, spec, pool)
 
 
 def wait_argv(vm: Vm, *args: str, config: Path | None = None) -> list[str]:

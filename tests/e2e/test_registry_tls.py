@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.e2e.conftest import running
 from tests.e2e.skew_support import SkewRack, reports_in
 from tests.sandbox.capture import BridgeCapture, streams
 from tests.sandbox.ensemble import AGENT_NAMESPACE, EnsembleSpec, Sandbox, SandboxSettings, wait_for
-from tests.sandbox.netns import list_netns
 from tests.sandbox.releases import PREVIOUS_VERSION, Release, previous_release
 from tests.sandbox.virt_controller import VirtController
 
@@ -70,27 +70,15 @@ def tls() -> Iterator[TlsSandbox]:
     tuning = {**SandboxSettings().host_tuning, "registry_cert_lifetime": SERVING_LIFETIME,
               "tls_recheck": 1.0}
     sbx = Sandbox(SandboxSettings(prefix="tlsreg", registry_tls=True, host_tuning=tuning))
-    tag = ""
-    try:
-        sbx.start()
-        assert sbx.fabric is not None
-        tag = sbx.fabric.tag
+    with running(sbx) as ctl:
         first = wait_for("the registry's serving certificate", lambda: serving_cert_sha256(sbx),
                          30)
-        ctl = VirtController(sbx)
-        try:
-            spec = ctl.create_ensemble("rack-o", "gb200", max_members=4)
-            pool = ctl.pool(spec)
-            for i in range(OLD_VMS + 1):  # the rejoin's VM too
-                sbx.guest_releases[(spec.namespace, pool.vmi_name(i))] = release
-            pool.scale(OLD_VMS)
-            yield TlsSandbox(sbx, ctl, release, SkewRack(sbx, ctl, spec, pool), first)
-        finally:
-            ctl.close()
-    finally:
-        sbx.close()
-        left = [n for n in list_netns() if tag and n.startswith(f"tlsreg-{tag}-")]
-        assert not left, f"namespaces left behind: {left}"
+        spec = ctl.create_ensemble("rack-o", "gb200", max_members=4)
+        pool = ctl.pool(spec)
+        for i in range(OLD_VMS + 1):  # the rejoin's VM too
+            sbx.guest_releases[(spec.namespace, pool.vmi_name(i))] = release
+        pool.scale(OLD_VMS)
+        yield TlsSandbox(sbx, ctl, release, SkewRack(sbx, ctl, spec, pool), first)
 
 
 def test_0_1_guests_keep_working_over_http_beside_https(tls: TlsSandbox) -> None:

@@ -21,11 +21,10 @@ from collections.abc import Iterator
 import pytest
 
 from imex_shared.version import package_version
+from tests.e2e.conftest import running
 from tests.e2e.skew_support import SkewRack, reports_in
 from tests.sandbox.ensemble import Sandbox, SandboxSettings
-from tests.sandbox.netns import list_netns
 from tests.sandbox.releases import previous_release
-from tests.sandbox.virt_controller import VirtController
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(300)]
 VMS = 3
@@ -37,23 +36,11 @@ def old_host() -> Iterator[SkewRack]:
         pytest.skip("needs root: the e2e sandbox builds network namespaces and a bridge")
     release = previous_release()
     sbx = Sandbox(SandboxSettings(prefix="skewh", host_release=release))
-    tag = ""
-    try:
-        sbx.start()
-        assert sbx.fabric is not None
-        tag = sbx.fabric.tag
-        ctl = VirtController(sbx)
-        try:
-            spec = ctl.create_ensemble("rack-k", "gb200", max_members=4)
-            pool = ctl.pool(spec)
-            pool.scale(VMS)
-            yield SkewRack(sbx, ctl, spec, pool)
-        finally:
-            ctl.close()
-    finally:
-        sbx.close()
-        left = [n for n in list_netns() if tag and n.startswith(f"skewh-{tag}-")]
-        assert not left, f"namespaces left behind: {left}"
+    with running(sbx) as ctl:
+        spec = ctl.create_ensemble("rack-k", "gb200", max_members=4)
+        pool = ctl.pool(spec)
+        pool.scale(VMS)
+        yield SkewRack(sbx, ctl, spec, pool)
 
 
 #: the report fields 0.2 added, which a 0.1 registry refuses (422, extra forbidden)

@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from tests.realk8s.agentproc import (
-    AGENT_MANIFESTS,
     AGENT_SA,
     AGENT_SA_NAMESPACE,
     CRD_MANIFESTS,
@@ -99,8 +98,6 @@ def host_agent(control_plane: ControlPlane) -> Iterator[HostAgentProc]:
 
     One per test module: a cluster-wide agent left running would also publish for
     the ensembles of modules that test other deployments (the sidecar overlay)."""
-    if not (AGENT_MANIFESTS / "clusterrole.yaml").exists():
-        pytest.skip("manifests/agent/clusterrole.yaml is not in this tree")
     apply_base_rbac(control_plane)
     token = control_plane.service_account_token(AGENT_SA_NAMESPACE, AGENT_SA)
     kc = control_plane.write_kubeconfig(control_plane.workdir / "host-agent.kubeconfig",
