@@ -89,6 +89,13 @@ def read_token(path: str | None) -> str | None:
     return token
 
 
+def not_published_yet(exc: BaseException) -> bool:
+    """The registry's 404 for a member it has not published yet: every boot's first report
+    can race the host agent's slice, so this is news (INFO), not an error."""
+    return (isinstance(exc, http.HttpStatusError) and exc.status == 404
+            and b"has no published member" in exc.body)
+
+
 def _transient(exc: BaseException) -> bool:
     if isinstance(exc, http.HttpStatusError):
         return exc.status in RETRY_STATUSES
@@ -288,9 +295,10 @@ class Reporter:
                     await self.send(report)
                 except http.HttpError as exc:
                     self.failures += 1
-                    self._say_once(logging.WARNING, f"status report failed: {exc}")
-                    if self.on_error is not None:
-                        self.on_error(f"status report: {exc}")
+                    if not not_published_yet(exc):
+                        self._say_once(logging.WARNING, f"status report failed: {exc}")
+                        if self.on_error is not None:
+                            self.on_error(f"status report: {exc}")
                     raise
 
     async def run(self) -> None:
@@ -310,6 +318,11 @@ class Reporter:
             except (http.HttpError, ReportError, RetryError) as exc:
                 if not isinstance(exc, http.HttpError):  # HTTP failures counted per attempt
                     self.failures += 1
+                if not_published_yet(exc):
+                    self._say_once(logging.INFO, (
+                        f"status report waits for this member's publication ({exc}); "
+                        "the next view or heartbeat sends it again"))
+                    continue
                 self._say_once(logging.ERROR, f"status report not delivered: {exc}")
                 if self.on_error is not None:
                     self.on_error(f"status report: {exc}")

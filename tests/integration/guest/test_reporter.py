@@ -200,3 +200,39 @@ async def test_fields_an_older_registry_refuses_are_left_out_and_said_once(
     assert "predates GET /version" in host["note"]
     assert seen[-1]["refused_fields"] == ["registry_ca_sha256"]
     assert seen[-1]["transport"] == "http"
+
+
+async def test_a_member_not_yet_published_is_news_not_an_error(tmp_path: Path,
+                                                                caplog: Any) -> None:
+    """A boot's first report can race the host agent's slice: the registry's 404 for an
+    unpublished member is one INFO line, no WARNING or ERROR, and the heartbeat delivers.
+    Any other 404 (an ensemble the registry does not know) stays an ERROR."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="guest_agent.reporter")
+    errors: list[str | None] = []
+    unpublished = json.dumps({"error": "ensemble gpu/rack-a has no published member 0 "
+                                       "(published: none)"})
+    async with Registry() as reg, reporter(tmp_path, f"http://127.0.0.1:{reg.port}",
+                                            on_error=errors.append) as rep:
+        reg.answers = [(404, unpublished), (404, unpublished)]
+        rep.submit(0, BODY)
+        await reg.wait_requests(1)
+        rep.submit(0, BODY, force=True)  # the next heartbeat: still unpublished
+        await reg.wait_requests(2)
+        rep.submit(0, BODY, force=True)  # published now
+        await reg.wait_requests(3)
+        await delivered(rep, 1)
+        assert errors == []
+        reg.answers = [(404, json.dumps({"error": "ensemble gpu/rack-a not found"}))]
+        rep.submit(0, BODY, force=True)
+        await reg.wait_requests(4)
+        async with asyncio.timeout(3):
+            while not errors:  # noqa: ASYNC110 - a list the object under test fills
+                await asyncio.sleep(0.01)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records
+             if r.levelno >= logging.INFO and "status report" in r.getMessage()]
+    waits = [m for lvl, m in lines if "waits for this member's publication" in m]
+    assert len(waits) == 1 and all(lvl == "INFO" for lvl, m in lines if m in waits), lines
+    assert [lvl for lvl, m in lines if m not in waits] == ["WARNING", "ERROR"], lines
+    assert "not found" in lines[-1][1]

@@ -5,7 +5,9 @@ expiry warning starts (status re-evaluated by time alone)."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import replace
+from pathlib import Path
 
 from host_agent.state.snapshot import GuestReport
 from host_agent.status.status import cert_expiring, desired_status, next_change
@@ -47,3 +49,14 @@ def test_no_expiry_no_reason_and_a_broken_ca_secret_is_named() -> None:
     assert conditions(status)["Degraded"] == ("True", "CASecretInvalid")
     assert bad in status["problems"]
     assert ENS.key == "rack1/gb200"
+
+
+def test_troubleshooting_shows_the_text_the_renderer_writes() -> None:
+    """docs/troubleshooting.md's GuestCertExpiring block is this renderer's output."""
+    doc = (Path(__file__).resolve().parents[4] / "docs" / "troubleshooting.md").read_text()
+    block = re.search(r"<!-- rendered: guest-cert-expiring -->\n```text\n(.*?)\n```", doc, re.S)
+    assert block is not None, "docs/troubleshooting.md: the guest-cert-expiring block is gone"
+    snap = with_certs({0: T0 + 5 * 86400, 1: T0 + 3600, 2: T0 + 5 * 86400})
+    status = desired_status(decl(), snap, T0, STALE)  # type: ignore[arg-type]
+    c = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert block[1] == f"Condition Degraded={c['status']}  {c['reason']}: {c['message']}"
