@@ -16,6 +16,10 @@ believes it sent:
 - ``host_takeover_writes`` (goal 0): two electing replicas over the same fleet; the
   leader is killed (SIGKILL) and the follower takes over: writes from the kill until
   quiet, Lease writes excluded.
+- Not writes, in every figure above: SelfSubjectAccessReviews. The agent's start-up
+  checks ask the API what it may do (one review per right, as ``kubectl auth can-i``
+  does); the API answers a review and stores nothing. They are counted apart and
+  printed (``host_restart_access_reviews``), so a check that asks more each start shows.
 - ``host_sync_10k_cr_s`` / ``host_sync_writes_per_cr_ensemble`` (printed beside, not
   goals this round): the same sync for 1,000 ImexEnsembles of 10 VMIs (the agent
   creates each Service, writes the slice and the status that holds the pair).
@@ -89,14 +93,23 @@ def quiet_writes(url: str, token: str, *, quiet: float = QUIET_S,
     raise BenchError(f"the agent's writes never stopped: {last}")
 
 
+#: POSTs that store nothing: the API answers an access review and keeps no object
+REVIEWS = ("selfsubjectaccessreviews",)
+
+
 def _no_lease(writes: dict[str, int]) -> dict[str, int]:
-    return {k: v for k, v in writes.items() if k.split("/")[0] != "leases"}
+    return {k: v for k, v in writes.items() if k.split("/")[0] not in ("leases", *REVIEWS)}
+
+
+def reviews(writes: dict[str, int]) -> int:
+    return sum(v for k, v in writes.items() if k.split("/")[0] in REVIEWS)
 
 
 def split(writes: dict[str, int]) -> tuple[int, int]:
-    """(writes without Events and Leases, Events)."""
+    """(writes without Events, Leases and access reviews, Events)."""
     events = sum(v for k, v in writes.items() if k.split("/")[0] == "events")
-    other = sum(v for k, v in writes.items() if k.split("/")[0] not in ("events", "leases"))
+    other = sum(v for k, v in writes.items()
+                if k.split("/")[0] not in ("events", "leases", *REVIEWS))
     return other, events
 
 
@@ -131,6 +144,7 @@ def restart_writes(results: Results, url: str, token: str, kubeconfig: Path,
         stop(proc)
     other, events = split(made)
     results.set("host_restart_writes", other + events)
+    results.set("host_restart_access_reviews", reviews(made))
     results.note("host_restart_writes", f"a new agent over the published fleet wrote: "
                  f"{breakdown(made)}")
 

@@ -111,12 +111,19 @@ def simulate(ensembles: int, members: int, *, refresh_after: float, replicas: in
             at = loop.time() + INTERVAL + rng.uniform(0, 0.2)
 
     async def main() -> None:
+        # each replica's writer tasks, as the agent runs them (persist hands over to run)
+        writers = [asyncio.create_task(r.run()) for r in fleet]
         tasks: list[Coroutine[Any, Any, None]] = []
         for e in range(ensembles):
             ens = EnsembleId("bench", f"e{e}")
             for i in range(members):
                 tasks.append(guest(ens, i, fleet[rng.randrange(replicas)]))
-        await asyncio.gather(*tasks)
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for w in writers:
+                w.cancel()
+            await asyncio.gather(*writers, return_exceptions=True)
 
     try:
         loop.run_until_complete(main())
