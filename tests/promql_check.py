@@ -3,11 +3,14 @@ real Prometheus (tests/integration/host/test_promql_live.py). Pure: no Prometheu
 
 An alert's expression returns nothing on a healthy agent, by design. To show that the
 series it reads exist, with the labels it uses, the test evaluates a *neutral* form:
-every comparison with a number (``> 0.5``, ``== 1``) becomes ``>= -Inf``, which keeps
-every series, and ``absent(X)`` becomes ``X``. A matcher that selects a failure value
-(``code=~"5.."``, ``result="FAIL"``) selects nothing on a healthy agent; then the
-*widened* form replaces each matcher but ``job``'s with ``=~".+"``: the series and the
-label still have to exist. The rules avoid ``unless``, which neutral forms would break.
+every comparison with a number (``> 0.5``, ``== 1``) is dropped, which keeps every
+series, and ``absent(X)`` becomes ``X``. Dropped, not turned into ``>= -Inf``: a ratio of
+two rates that did not move (an idle agent's writes over a few seconds) is NaN, and NaN
+fails every comparison, so ``>= -Inf`` would hide a series that exists.
+
+A matcher that selects a failure value (``code=~"5.."``, ``result="FAIL"``) selects
+nothing on a healthy agent; then the *widened* form replaces each matcher but ``job``'s
+with ``=~".+"``: the series and the label still have to exist. The rules avoid ``unless``, which neutral forms would break.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def neutral(expr: str) -> str:
     m = _ABSENT.match(expr)
     if m:
         expr = m.group(1)
-    return _COMPARE.sub(" >= -Inf", expr)
+    return _COMPARE.sub("", expr)
 
 
 def widened(expr: str) -> str:

@@ -33,8 +33,9 @@ def test_xfails():
 '''
 
 
-def run(tmp_path: Path, allowlist: str, ci: bool) -> tuple[int, str, dict[str, object]]:
-    (tmp_path / "test_scratch.py").write_text(SCRATCH)
+def run(tmp_path: Path, allowlist: str, ci: bool,
+        scratch: str = SCRATCH) -> tuple[int, str, dict[str, object]]:
+    (tmp_path / "test_scratch.py").write_text(scratch)
     allowed = tmp_path / "allowed.toml"
     allowed.write_text(allowlist)
     env = {**os.environ, "PYTHONPATH": str(REPO), "IMEX_TIER": "scratch",
@@ -74,6 +75,32 @@ def test_in_ci_a_skip_nobody_allowed_fails_the_run(tmp_path: Path) -> None:
     assert "test_xfails: xfail: known to fail" in out
     assert summary["counts"] == {"passed": 1, "failed": 0, "skipped": 1, "xfailed": 1,
                                  "xpassed": 0, "error": 0, "deselected": 0}
+
+
+FAILING = '''
+import pytest
+
+@pytest.fixture
+def leaks():
+    yield
+    raise RuntimeError("a namespace was left behind")
+
+def test_passes_but_its_teardown_fails(leaks):
+    assert True is not False
+
+def test_fails():
+    assert 1 == 2
+'''
+
+
+def test_the_summary_names_each_failure_and_its_phase(tmp_path: Path) -> None:
+    """CI prints the summary's failures at the end of its log: an error in a teardown is
+    named there, not only counted."""
+    code, out, summary = run(tmp_path, "", ci=True, scratch=FAILING)
+    assert code == 1, out
+    assert sorted((f["test"].split("::")[1], f["when"])
+                  for f in summary["failures"]) == [  # type: ignore[attr-defined]
+        ("test_fails", "call"), ("test_passes_but_its_teardown_fails", "teardown")]
 
 
 def test_in_ci_allowed_skips_pass_and_outside_ci_nothing_fails(tmp_path: Path) -> None:

@@ -177,7 +177,7 @@ async def test_every_expression_returns_series_with_its_labels_from_a_running_ag
             await asyncio.sleep(0.3)
         assert report(port, 1, "10.244.0.2", TOKEN) in (200, 204)
         assert report(port, 1, "10.244.0.2", "not-the-token") == 401
-        await asyncio.sleep(6)  # a few scrapes: rate() needs two samples
+        await scraped(prom, 4)
         check(prom)
     finally:
         if proc.returncode is None:
@@ -188,6 +188,21 @@ async def test_every_expression_returns_series_with_its_labels_from_a_running_ag
                 proc.kill()
                 await proc.wait()
         log.close()
+
+
+async def scraped(prom: Prometheus, samples: int) -> None:
+    """Wait until Prometheus holds ``samples`` scrapes taken after the first accepted
+    report (the reports counter has no series before it), so every rate() has samples.
+    Counted, not slept for: on a loaded machine a scrape may time out (1 s, the
+    interval) and be lost."""
+    expr = "min(count_over_time(imex_registry_reports_total[5m]))"
+    deadline = time.monotonic() + 60
+    while True:
+        got = prom.query(expr)
+        if got and float(got[0]["value"][1]) >= samples:
+            return
+        assert time.monotonic() < deadline, f"{expr} is {got} after 60 s"
+        await asyncio.sleep(0.5)
 
 
 def _up(port: int) -> bool:
