@@ -56,12 +56,14 @@ def counts(tiers: tuple[str, ...]) -> str:
     for tier in tiers:
         path = ROOT / "test-artifacts" / "tiers" / f"{tier}.json"
         try:
-            c = json.loads(path.read_text())["counts"]
+            doc = json.loads(path.read_text())
+            c = doc["counts"]
         except (OSError, ValueError, KeyError):
             parts.append(f"{tier}: no summary")
             continue
-        parts.append(f"{tier}: {c['passed']} passed, {c['failed'] + c['error']} failed, "
-                     f"{c['skipped']} skipped")
+        failed = "".join(f" ({f['when']}) {f['test']}" for f in doc.get("failures", []))
+        parts.append(f"{tier}: {c['passed']} passed, {c['failed'] + c['error']} failed"
+                     f"{':' + failed if failed else ''}, {c['skipped']} skipped")
     return "; ".join(parts)
 
 
