@@ -55,6 +55,20 @@ class Violation:
     logs: str = ""
 
 
+def may_undo(a: Active, api_held: bool) -> bool:
+    """Whether a fault due for its undo may be undone now: a crash's rejoin writes the new
+    VMI, the virt-controller's write, so it waits while an API fault is held (an undo
+    during an outage failed with "Connection refused", and the slot's VM was lost to its
+    pool for the rest of the run). Its hold is then longer than drawn."""
+    return not (api_held and a.fault.kind in NEEDS_API)
+
+
+def undo_order(active: list[Active]) -> list[Active]:
+    """The order a quiesce undoes the held faults in: the API's first, so that the
+    guests' undos that write to it find it answering; otherwise as they were injected."""
+    return sorted(active, key=lambda a: BY_NAME[a.fault.kind].group != "api")
+
+
 @dataclass
 class Run:
     rack: SoakRack
@@ -102,7 +116,7 @@ class Run:
                 pending.remove(f)
                 self._inject(f)
             for a in list(self.active):
-                if time.monotonic() >= a.undo_at:
+                if time.monotonic() >= a.undo_at and may_undo(a, api_held):
                     self._undo(a)
                 else:
                     self._guard(a, self.injector.tick, "tick")
@@ -163,7 +177,7 @@ class Run:
     def _quiesce(self) -> None:
         t_start = time.monotonic()
         log.info("quiesce at %.0f s: undoing %d faults", self.now_s(), len(self.active))
-        for a in list(self.active):
+        for a in undo_order(self.active):
             self._undo(a)
         # an agent killed on purpose restarts within RestartSec
         deadline = t_start + self.quiesce
