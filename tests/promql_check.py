@@ -10,7 +10,8 @@ fails every comparison, so ``>= -Inf`` would hide a series that exists.
 
 A matcher that selects a failure value (``code=~"5.."``, ``result="FAIL"``) selects
 nothing on a healthy agent; then the *widened* form replaces each matcher but ``job``'s
-with ``=~".+"``: the series and the label still have to exist. The rules avoid ``unless``, which neutral forms would break.
+with ``=~".+"``: the series and the label still have to exist. The rules avoid
+``unless``, which neutral forms would break.
 """
 
 from __future__ import annotations
