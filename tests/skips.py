@@ -70,8 +70,7 @@ def unexpected(skips: list[tuple[str, str]], allowed: list[Allowed],
 
 
 def write_summary(tier: str, counts: dict[str, int], skips: list[tuple[str, str]],
-                  refused: list[tuple[str, str]],
-                  failures: list[tuple[str, str]] | None = None) -> Path:
+                  refused: list[tuple[str, str]], failures: list[tuple[str, str]]) -> Path:
     out = Path(os.environ.get("IMEX_TIER_SUMMARY_DIR", SUMMARY_DIR))
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{tier}.json"
@@ -79,7 +78,7 @@ def write_summary(tier: str, counts: dict[str, int], skips: list[tuple[str, str]
         "tier": tier, "counts": counts,
         "skips": [{"test": n, "reason": r} for n, r in skips],
         "refused": [{"test": n, "reason": r} for n, r in refused],
-        "failures": [{"test": n, "when": w} for n, w in failures or []],
+        "failures": [{"test": n, "when": w} for n, w in failures],
     }, indent=1) + "\n", encoding="utf-8")
     return path
 
@@ -114,8 +113,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     counts["deselected"] = len(stats.get("deselected", []))
     # which tests failed, and in which phase (an error is a setup or teardown failure):
     # CI's log may be cut, and its last lines must still name them
-    failures: list[tuple[str, str]] = [(r.nodeid, str(r.when or "")) for key in ("failed", "error")
-                for r in stats.get(key, []) if isinstance(r, pytest.TestReport)]
+    failures: list[tuple[str, str]] = [
+        (r.nodeid, str(r.when)) for key in ("failed", "error")
+        for r in stats.get(key, []) if isinstance(r, pytest.TestReport)]
     tier = os.environ.get("IMEX_TIER")
     if tier:  # a tier run (tests/tiers.py); a pytest run by a test, as in a chroot, writes none
         try:

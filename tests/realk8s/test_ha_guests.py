@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from host_agent.persist.pair import MEMBERSHIP_ANNOTATION, decode
+from host_agent.persist.pair import PersistedView, from_service
 from tests.guest_support.agent import write_config
 from tests.realk8s.fixtures import ensemble_service, vmi
 from tests.realk8s.hacluster import HaCluster
@@ -89,17 +89,22 @@ class Rig:
     vip_url: str
     generations: list[int] = field(default_factory=list)
 
-    def persisted(self) -> int:
+    def pair(self) -> PersistedView | None:
+        """The generation pair on the Service (None before the first pass)."""
         assert self.cp.admin is not None
-        svc = self.cp.admin.get(f"{SERVICES.format(ns=self.ns)}/ha")
-        return decode(svc["metadata"]["annotations"][MEMBERSHIP_ANNOTATION]).generation
+        pair, problem = from_service(self.cp.admin.get(f"{SERVICES.format(ns=self.ns)}/ha"))
+        assert problem is None, problem
+        return pair
+
+    def persisted(self) -> int:
+        pair = self.pair()
+        assert pair is not None, "no generation pair on the Service"
+        return pair.generation
 
     def pinned(self) -> int:
         """How many members the persisted view pins (0 before the first pass)."""
-        assert self.cp.admin is not None
-        svc = self.cp.admin.get(f"{SERVICES.format(ns=self.ns)}/ha")
-        text = svc["metadata"].get("annotations", {}).get(MEMBERSHIP_ANNOTATION)
-        return len(decode(text).view.pins) if text else 0
+        pair = self.pair()
+        return len(pair.view.pins) if pair is not None else 0
 
     def flip(self, ip: str) -> int:
         """Change the ghost member's IP; the new persisted generation."""
