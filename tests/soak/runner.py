@@ -5,8 +5,8 @@ loop turn every :data:`TICK` seconds injects the faults now due, ticks and undoe
 held ones, starts agents whose RestartSec passed, runs the continuous checks and probes
 convergence for the faults undone since. Every ``check_every`` seconds, and at the end,
 it quiesces: every held fault is undone, the rack gets at most ``quiesce`` seconds to
-converge, and the quiet invariants are checked. The schedule's clock stops while it
-quiesces, so the drawn schedule is what runs.
+converge and stay converged for :data:`SETTLE_S`, and the quiet invariants are checked.
+The schedule's clock stops while it quiesces, so the drawn schedule is what runs.
 
 A fault **survived** when nothing was violated from its injection to the end of the
 first quiesce after its undo. Its convergence time is the delay from its undo until the
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.sandbox.imex_standin import PEER_TIMEOUT_S
 from tests.soak import invariants as inv
 from tests.soak.faults import NEEDS_API, Active, Injector
 from tests.soak.rack import SoakRack
@@ -34,6 +35,12 @@ TICK = 0.5
 #: invariant 7's leak check: RSS at 10 minutes against the end, in runs of 30 minutes+
 RSS_EARLY_S = 600.0
 RSS_MIN_RUN_S = 1800.0
+#: how long a quiesce's convergence must hold: longer than a peer's ping timeout (a ping
+#: an undone fault swallowed can still drop its link that much later) plus its first redial
+SETTLE_S = PEER_TIMEOUT_S + 1.0
+#: the invariants a quiet rack reaches in its own time, so a quiesce re-checks them
+#: until its bound: convergence (1), the replicas' views (5) and the domain view (8)
+CONVERGENCE = (1, 5, 8)
 
 
 @dataclass
@@ -53,6 +60,24 @@ class Violation:
     what: str
     schedule: list[str]
     logs: str = ""
+
+
+@dataclass
+class Held:
+    """Whether a condition has held, without a break, for ``hold`` seconds."""
+
+    hold: float
+    #: when the current unbroken run began; None while the condition is false
+    since: float | None = None
+
+    def observe(self, now: float, ok: bool) -> bool:
+        """Record one look at ``now``; True once the run that includes it is long enough."""
+        if not ok:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = now
+        return now - self.since >= self.hold
 
 
 def may_undo(a: Active, api_held: bool) -> bool:
@@ -134,8 +159,8 @@ class Run:
         self._quiesce()
         if self.duration >= RSS_MIN_RUN_S and self.rss_early:
             self.rss_late = inv.rss(self.rack)
-            for f in inv.rss_growth(self.rss_early, self.rss_late):
-                self._violation(f)
+            for found in inv.rss_growth(self.rss_early, self.rss_late):
+                self._violation(found)
 
     def _guard(self, a: Active, fn: Any, what: str) -> None:
         try:
@@ -179,20 +204,16 @@ class Run:
         log.info("quiesce at %.0f s: undoing %d faults", self.now_s(), len(self.active))
         for a in undo_order(self.active):
             self._undo(a)
-        # an agent killed on purpose restarts within RestartSec
         deadline = t_start + self.quiesce
-        while time.monotonic() < deadline:
-            self.injector.pending_restarts()
-            self._continuous()
-            if not self.injector.agent_restarts and inv.converged(self.rack) is None:
-                break
-            time.sleep(TICK)
+        stable_since = self._settle(deadline)
         self._probe()
-        # the registry's domain view follows the guests' next report
         found = inv.quiesced(self.rack)
-        while found and any(f.invariant in (5, 8) for f in found) and \
-                all(f.invariant in (5, 8) for f in found) and time.monotonic() < deadline:
+        # the registry's domain view follows the guests' next report, and a link may
+        # drop once more as IMEX notices a fault that was undone under it
+        while found and all(f.invariant in CONVERGENCE for f in found) and \
+                time.monotonic() < deadline:
             time.sleep(1)
+            stable_since = self._settle(deadline)
             found = inv.quiesced(self.rack)
         for f in found:
             self._violation(f)
@@ -200,10 +221,29 @@ class Run:
             if o.survived is None and all(id(a.fault) != id(o.fault) for a in self.active):
                 o.survived = not any(v.t >= o.injected_s for v in self.violations)
         took = time.monotonic() - t_start
-        self.quiesces.append(took)
+        self.quiesces.append((stable_since if stable_since is not None
+                              else time.monotonic()) - t_start)
         log.info("quiesced in %.1f s; %d violations so far", took, len(self.violations))
         self.awaiting.clear()
         self.paused += took
+
+    def _settle(self, deadline: float) -> float | None:
+        """Wait, until ``deadline``, for the rack to converge and stay converged for
+        :data:`SETTLE_S`; returns when that began (monotonic), None if it never did.
+
+        One look is not enough: a link whose pings an undone fault swallowed still reads
+        CONNECTED until IMEX's peer timeout drops it, and then it redials. Seed
+        0xd2975029 saw that: converged at the quiesce, then a link down 1.4 s later."""
+        held = Held(SETTLE_S)
+        while time.monotonic() < deadline:
+            # an agent killed on purpose restarts within RestartSec
+            self.injector.pending_restarts()
+            self._continuous()
+            quiet = not self.injector.agent_restarts and inv.converged(self.rack) is None
+            if held.observe(time.monotonic(), quiet):
+                break
+            time.sleep(TICK)
+        return held.since
 
     def _violation(self, f: inv.Finding) -> None:
         t = self.now_s()
