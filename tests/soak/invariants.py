@@ -10,29 +10,33 @@ serves the same members and generation) and 8 (the registry's domain view is UP)
 At the end of a run of 30 minutes or more, 7's leak check: every agent still the same
 process has an RSS within 10 % of its RSS after the first 10 minutes.
 
-At each quiesce also 6, in part: no replica serves a generation older than the one the
-API holds (the Service's membership annotation, the CR's status). Not checked yet, as
-the results say: 3 (IMEX restart policy, SIGUSR1 timing), and 6 continuously.
+6 both ways: continuously, every 2 s, no replica serves a generation older than one
+the API sent it more than observed.BOUND_S ago (tests/soak/observed.py); at each
+quiesce, no replica serves a generation older than the one the API holds (the Service's
+membership annotation, the CR's status). Not checked yet, as the results say: 3 (IMEX
+restart policy, SIGUSR1 timing).
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.soak.faults import restart_agent
+from tests.soak.observed import Observed, generation_of
 from tests.soak.rack import REPLICAS, SoakRack
 from tests.soak.schedule import Slot
 
 #: the kinds whose 2xx writes only the Lease holder may make (invariant 4)
 GUARDED = frozenset({"endpointslices", "services", "imexensembles", "secrets"})
 AGENT_UA = "imex-host-agent/"
-NOT_CHECKED = {3: "IMEX restart policy and SIGUSR1 timing",
-               6: "checked at each quiesce only (served generation >= the API's), not "
-                  "continuously against what each replica observed"}
+NOT_CHECKED = {3: "IMEX restart policy and SIGUSR1 timing"}
+#: seconds between two reads of what each replica serves (invariant 6)
+SERVED_EVERY_S = 2.0
 
 
 @dataclass
@@ -52,6 +56,10 @@ class Continuous:
     stale_refused: int = 0
     stale_events: int = 0
     reads: dict[Slot, int] = field(default_factory=dict)
+    #: invariant 6: what each replica was sent, and each replica's process
+    observed: Observed = field(default_factory=Observed)
+    pids: dict[str, int | None] = field(default_factory=dict)
+    served_at: float = 0.0
 
     def readers(self) -> list[Finding]:
         out = []
@@ -86,13 +94,14 @@ class Continuous:
         api = self.rack.sbx.api
         if api is None or api.server.api.audit is None:
             return []
-        writes, _ = api.server.api.audit.drain()
+        writes, deliveries = api.server.api.audit.drain()
+        self._observe(deliveries)
         out = []
         for w in writes:
             if not w.user_agent.startswith(AGENT_UA):
                 continue
             self.writes_seen += 1
-            ident = w.user_agent.rsplit("(", 1)[-1].rstrip(")")
+            ident = _ident(w.user_agent)
             base = w.resource.split("/")[0]
             if base == "events":
                 if 200 <= w.code < 300 and ident != w.holder:
@@ -109,6 +118,51 @@ class Continuous:
                                       f"holder was {w.holder}"))
             else:
                 self.stale_refused += 1
+        return out
+
+    def _observe(self, deliveries: list[Any]) -> None:
+        if not deliveries:
+            return
+        names = {(spec.namespace, spec.name): key for key, spec in self.rack.specs.items()}
+        for d in deliveries:
+            if not d.user_agent.startswith(AGENT_UA):
+                continue
+            meta = d.obj.get("metadata") or {}
+            key = names.get((str(meta.get("namespace")), str(meta.get("name"))))
+            gen = generation_of(d.resource, d.obj) if key is not None else None
+            if key is not None and gen is not None:
+                self.observed.deliver(_ident(d.user_agent), key, d.t, gen)
+
+    def generations(self) -> list[Finding]:
+        """Invariant 6 continuously: each replica's pauses and restarts every call, what
+        it serves every :data:`SERVED_EVERY_S` (observed.py has the rule)."""
+        now = time.time()
+        live = []
+        for ident, r in self.rack.replicas.items():
+            pid = r.proc.pid if r.proc is not None and r.proc.poll() is None else None
+            if ident in self.pids and pid is not None and pid != self.pids[ident]:
+                self.observed.restarted(ident, now)
+            self.pids[ident] = pid
+            if pid is None or r.stopped:
+                self.observed.paused(ident, now)
+            else:
+                live.append(ident)
+        if now - self.served_at < SERVED_EVERY_S:
+            return []
+        self.served_at = now
+        out = []
+        for ident in live:
+            for key, spec in self.rack.specs.items():
+                asked = time.time()
+                try:
+                    doc = _get(f"{self.rack.replica_url(ident)}/v1/ensembles/{spec.key}", 2)
+                except Exception:
+                    continue  # not serving it (yet), or busy: that owes nothing
+                gen = doc.get("generation") if isinstance(doc, dict) else None
+                why = self.observed.check(ident, key, gen if isinstance(gen, int) else None,
+                                          asked)
+                if why is not None:
+                    out.append(Finding(6, why))
         return out
 
     def processes(self, down: set[Slot], restarting: set[Slot]) -> list[Finding]:
@@ -169,8 +223,13 @@ def converged(rack: SoakRack) -> str | None:
     return None
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as r:
+def _ident(user_agent: str) -> str:
+    """The replica a host agent's user agent names: ``imex-host-agent/V (IDENT)``."""
+    return user_agent.rsplit("(", 1)[-1].rstrip(")")
+
+
+def _get(url: str, timeout: float = 5) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
 
 

@@ -195,7 +195,7 @@ class Run:
     def _continuous(self) -> None:
         restarting = set(self.injector.agent_restarts)
         found = self.checks.readers() + self.checks.audit() + \
-            self.checks.processes(self.injector.down, restarting)
+            self.checks.processes(self.injector.down, restarting) + self.checks.generations()
         for f in found:
             self._violation(f)
 
@@ -293,6 +293,8 @@ class Run:
                       "stale_refused": self.checks.stale_refused,
                       "stale_events": self.checks.stale_events},
             "reads": sum(self.checks.reads.values()),
+            "generations": {"delivered": self.checks.observed.delivered,
+                            "checked": self.checks.observed.checked},
             "rss_kb": {"at_10_min": {k: v[1] for k, v in self.rss_early.items()},
                        "at_end": {k: v[1] for k, v in self.rss_late.items()}},
             "not_checked": {str(k): v for k, v in inv.NOT_CHECKED.items()},
