@@ -81,6 +81,9 @@ log = logging.getLogger("guest_agent")
 
 
 AGENT_VERSION = package_version()
+#: a failed write is tried again after this, doubling up to the max (_retry_apply_later)
+APPLY_RETRY_FIRST_S = 1.0
+APPLY_RETRY_MAX_S = 30.0
 
 
 # --- the stages the daemon imports lazily: netwatch, discovery, TLS ------------------
@@ -181,6 +184,9 @@ class Agent:
         self.discovery: Discovery | None = None
         self._watchdog: threading.Timer | None = None
         self.keeper: CertKeeper | None = None
+        #: a failed write's retry (_retry_apply_later), and the delay of the next one
+        self._retry: asyncio.TimerHandle | None = None
+        self._retry_delay = APPLY_RETRY_FIRST_S
         if settings.auth_encryption:
             self.keeper = make_keeper(settings, self._on_creds, self._on_tls)
 
@@ -281,9 +287,14 @@ class Agent:
         try:
             result = self.applier.apply(plan.pins, plan.hosts_pins)
         except ApplyError as exc:
-            log.error("apply failed: %s", exc)
+            log.error("apply failed: %s (trying again in %g s)", exc, self._retry_delay)
             self.record_error(f"apply: {exc}")
+            self._retry_apply_later()
             return None
+        self._retry_delay = APPLY_RETRY_FIRST_S
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if result.written:
             log.info("files written", extra={"nodes": result.nodes_written,
                                              "hosts": result.hosts_written})
@@ -313,12 +324,33 @@ class Agent:
             result = self.applier.assert_files()
         except ApplyError as exc:
             self.record_error(f"re-assert: {exc}")
+            self._retry_apply_later()
             return
         if result is not None and result.reasserted:
             self._count_reassert(reason)
             self.status.hosts_sha256 = result.hosts_sha256
             self.status.nodes_config_sha256 = result.nodes_sha256
             self.write_status()
+
+    def _retry_apply_later(self) -> None:
+        """Try a failed write again by itself, 1 s later and then up to every 30 s: the
+        view that asked for it may be the last one for hours, so waiting for the next
+        would leave a full disk's victim (ENOSPC at boot, before the first write) without
+        its files long after the space came back."""
+        if self._retry is not None or self.stop.is_set():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # a pass run outside the daemon (``once``) reports the error instead
+        delay = self._retry_delay
+        self._retry_delay = min(delay * 2, APPLY_RETRY_MAX_S)
+        self._retry = loop.call_later(delay, self._retry_apply)
+
+    def _retry_apply(self) -> None:
+        self._retry = None
+        if not self.stop.is_set():
+            self.refresh()
 
     def _count_reassert(self, reason: str) -> None:
         self.status.reasserts += 1

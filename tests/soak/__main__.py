@@ -85,7 +85,8 @@ def run_one(a: argparse.Namespace, seed: int, kinds: list[str] | None) -> int:
             print(format_table(res))
             print(f"audit: {res['audit']}; reads checked: {res['reads']}; generations "
                   f"delivered {res['generations']['delivered']}, checked "
-                  f"{res['generations']['checked']}; quiesces: "
+                  f"{res['generations']['checked']}; IMEX ends checked {res['imex_ends']}; "
+                  f"quiesces: "
                   f"{res['quiesces']} (p50 {res['quiesce_p50_s']} s); not checked: "
                   f"{', '.join(f'{k} ({v})' for k, v in res['not_checked'].items())}")
             print(f"violations: {len(run.violations)}")

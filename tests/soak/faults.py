@@ -56,6 +56,13 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def imex_pids(vm: Vm) -> list[int]:
+    """The IMEX daemons in ``vm``'s network namespace: not the agent's preflight, which
+    runs ``nvidia-imex --version`` and is gone a moment later."""
+    return [p for p in netns_pids(vm.node.name)
+            if _is_imex(c := _cmdline(p)) and "--version" not in c.split()]
+
+
 def _is_imex(cmdline: str) -> bool:
     """The IMEX stand-in (bin/nvidia-imex execs ``python -m tests.sandbox.imex_standin``)."""
     return "tests.sandbox.imex_standin" in cmdline or (
@@ -146,7 +153,7 @@ class Injector:
 
     def _inject_imex_crash(self, a: Active) -> None:
         vm = self.rack.vm(a.fault.targets[0])
-        pids = [p for p in netns_pids(vm.node.name) if _is_imex(_cmdline(p))]
+        pids = imex_pids(vm)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

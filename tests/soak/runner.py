@@ -173,6 +173,7 @@ class Run:
         now = time.monotonic()
         a = Active(f, now, now + f.hold)
         log.info("inject %s", f.describe())
+        self.checks.credits.grant(f.kind, f.targets)
         self.outcomes[f.id] = Outcome(f, self.now_s())
         self._guard(a, self.injector.inject, "inject")
         self.active.append(a)
@@ -195,7 +196,8 @@ class Run:
     def _continuous(self) -> None:
         restarting = set(self.injector.agent_restarts)
         found = self.checks.readers() + self.checks.audit() + \
-            self.checks.processes(self.injector.down, restarting) + self.checks.generations()
+            self.checks.processes(self.injector.down, restarting) + \
+            self.checks.generations() + self.checks.restarts()
         for f in found:
             self._violation(f)
 
@@ -217,6 +219,12 @@ class Run:
             found = inv.quiesced(self.rack)
         for f in found:
             self._violation(f)
+        # every restart the quiesced faults caused has happened: count them, then let
+        # their credits go (invariant 3)
+        found = self.checks.restarts(now=True)
+        for f in found:
+            self._violation(f)
+        self.checks.credits.quiesced()
         for o in self.outcomes.values():
             if o.survived is None and all(id(a.fault) != id(o.fault) for a in self.active):
                 o.survived = not any(v.t >= o.injected_s for v in self.violations)
@@ -295,6 +303,7 @@ class Run:
             "reads": sum(self.checks.reads.values()),
             "generations": {"delivered": self.checks.observed.delivered,
                             "checked": self.checks.observed.checked},
+            "imex_ends": self.checks.credits.ends,
             "rss_kb": {"at_10_min": {k: v[1] for k, v in self.rss_early.items()},
                        "at_end": {k: v[1] for k, v in self.rss_late.items()}},
             "not_checked": {str(k): v for k, v in inv.NOT_CHECKED.items()},

@@ -8,8 +8,10 @@ comes from the registry.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -235,3 +237,55 @@ def test_members_of_another_clique_are_pinned_away_with_a_signal_not_a_restart(
         assert [m["clique"] for m in st["members"]] == [a, a, b, b]
     finally:
         assert agent.stop() == 0, agent.log()
+
+
+@pytest.mark.root
+def test_a_write_refused_for_space_is_retried_once_space_returns(tmp_path: Path,
+                                                                 registry: FakeRegistry) -> None:
+    """ENOSPC before the first write (a full disk at boot). On the registry path the view
+    that asked for the write is the last one until the membership moves (the long poll
+    waits for a new generation), so the agent must try again by itself. The soak found
+    it (seed 8, issue 30): a VM's nodes file stayed empty after the space came back."""
+    registry.publish({0: "10.77.1.10", 1: "10.77.1.11"})
+    imex_dir = tmp_path / "imex"
+    imex_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs",
+                    str(imex_dir)], check=True)
+    agent = None
+    try:
+        filler = imex_dir / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+        (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+        cfg = write_config(tmp_path / "config.toml", {
+            "ensemble": NAME, "namespace": NS, "max_members": 4,
+            "registry_url": registry.url,
+            "nameservers": [f"127.0.0.1:{_closed_port()}"],
+            "hosts_file": str(tmp_path / "hosts"),
+            "nodes_config": str(imex_dir / "nodes_config.cfg"),
+            "status_file": str(tmp_path / "status.json"),
+            "imex_control": "process",
+            "imex_command": [*FAKE_IMEX, "--log", str(tmp_path / "imex.log")],
+            "imex_ctl": READY_CTL,
+            "own_index": 0, "own_slot": "published",
+            "poll_interval": 0.3, "dns_timeout": 0.3, "longpoll_timeout": 60,
+        })
+        agent = AgentProc(cfg, tmp_path / "status.json", tmp_path / "agent.log")
+        st = agent.wait("the write refused for space",
+                        lambda s: "No space left" in (s.get("last_error") or ""))
+        assert st.get("generation_applied") is None
+        nodes = imex_dir / "nodes_config.cfg"
+        assert not nodes.exists() or nodes.read_bytes() == b""  # nothing torn
+        g0 = registry.generation
+        filler.unlink()
+        st = agent.wait("the files written once space returned, with no new view",
+                        lambda s: s.get("generation_applied") == g0, timeout=40)
+        assert registry.generation == g0
+        assert nodes.read_text().splitlines() == [ENS.slot(i) for i in range(4)]
+        assert read_block((tmp_path / "hosts").read_bytes(), ENS) is not None
+        assert agent.stop() == 0
+    finally:
+        if agent is not None and agent.proc.poll() is None:
+            agent.kill()
+        subprocess.run(["umount", "-l", str(imex_dir)], check=False)
