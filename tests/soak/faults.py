@@ -56,11 +56,13 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def imex_pids(vm: Vm) -> list[int]:
-    """The IMEX daemons in ``vm``'s network namespace: not the agent's preflight, which
-    runs ``nvidia-imex --version`` and is gone a moment later."""
-    return [p for p in netns_pids(vm.node.name)
-            if _is_imex(c := _cmdline(p)) and "--version" not in c.split()]
+def imex_pids(vm: Vm, daemons: bool = False) -> list[int]:
+    """The IMEX stand-in's processes in ``vm``'s network namespace. With ``daemons``,
+    only running daemons: the Python stand-in itself, not the ``nvidia-imex`` wrapper
+    before its exec (whose ``$(...)`` subshells carry the same command line for a
+    moment) and not the preflight's ``nvidia-imex --version``."""
+    return [p for p in netns_pids(vm.node.name) if _is_imex(c := _cmdline(p)) and (
+        not daemons or ("tests.sandbox.imex_standin" in c and "--version" not in c.split()))]
 
 
 def _is_imex(cmdline: str) -> bool:

@@ -196,7 +196,7 @@ class Continuous:
                     why = self.credits.ended(slot, known[1], vm.vmi)
                     if why is not None:
                         out.append(Finding(3, why))
-            pids = imex_pids(vm)
+            pids = imex_pids(vm, daemons=True)
             if pids:
                 self.imex[slot] = (vm.vmi, max(pids))
         return out
