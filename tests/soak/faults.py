@@ -58,11 +58,23 @@ def _cmdline(pid: int) -> str:
 
 def imex_pids(vm: Vm, daemons: bool = False) -> list[int]:
     """The IMEX stand-in's processes in ``vm``'s network namespace. With ``daemons``,
-    only running daemons: the Python stand-in itself, not the ``nvidia-imex`` wrapper
-    before its exec (whose ``$(...)`` subshells carry the same command line for a
-    moment) and not the preflight's ``nvidia-imex --version``."""
-    return [p for p in netns_pids(vm.node.name) if _is_imex(c := _cmdline(p)) and (
-        not daemons or ("tests.sandbox.imex_standin" in c and "--version" not in c.split()))]
+    only the daemons: not the preflight's ``nvidia-imex --version``, and not a child
+    between its fork and its exec, which carries its parent's command line for a moment
+    (the ``nvidia-imex`` wrapper's ``$(...)`` subshells, the stand-in's own commands)."""
+    pids = [p for p in netns_pids(vm.node.name) if _is_imex(c := _cmdline(p))
+            and not (daemons and "--version" in c.split())]
+    if daemons:
+        tree = set(pids)
+        pids = [p for p in pids if _ppid(p) not in tree]
+    return pids
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[-1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _is_imex(cmdline: str) -> bool:

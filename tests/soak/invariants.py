@@ -48,6 +48,8 @@ IMEX_EVERY_S = 1.0
 class Finding:
     invariant: int
     what: str
+    #: what to keep beside the harness's log tails (the lines that explain it)
+    logs: str = ""
 
 
 @dataclass
@@ -195,7 +197,7 @@ class Continuous:
                 if known[0] == vm.vmi:
                     why = self.credits.ended(slot, known[1], vm.vmi)
                     if why is not None:
-                        out.append(Finding(3, why))
+                        out.append(Finding(3, why, _imex_lines(vm.log_tail(200_000))))
             pids = imex_pids(vm, daemons=True)
             if pids:
                 self.imex[slot] = (vm.vmi, max(pids))
@@ -257,6 +259,13 @@ def converged(rack: SoakRack) -> str | None:
         if why is not None:
             return why
     return None
+
+
+def _imex_lines(log: str, keep: int = 12) -> str:
+    """The agent's last lines about its IMEX daemon and its own slot."""
+    lines = [ln for ln in log.splitlines()
+             if "IMEX" in ln or "own slot" in ln or ln.startswith("----")]
+    return "\n".join(lines[-keep:])
 
 
 def _alive(pid: int) -> bool:

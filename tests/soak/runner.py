@@ -258,8 +258,11 @@ class Run:
         log.error("VIOLATION of invariant %d at %.1f s: %s", f.invariant, t, f.what)
         sched = [o.fault.describe() + (f" ({o.detail})" if o.detail else "")
                  for o in sorted(self.outcomes.values(), key=lambda o: o.injected_s)]
-        self.violations.append(Violation(f.invariant, round(t, 1), f.what, sched,
-                                         self._log_tails()))
+        logs = self._log_tails()
+        if f.logs:
+            logs = f"--- why ---\n{f.logs}\n{logs}"
+            log.error("%s", f.logs)
+        self.violations.append(Violation(f.invariant, round(t, 1), f.what, sched, logs))
 
     def _log_tails(self) -> str:
         parts = []
