@@ -50,6 +50,7 @@ from guest_agent.daemon import (
     stop_watchdog,
 )
 from guest_agent.files.apply import Applier, ApplyError, ApplyResult
+from guest_agent.files.retry import Retry
 from guest_agent.imex.channels import ChannelsState
 from guest_agent.imex.channels_io import keep_channels, log_news
 from guest_agent.imex.control import make_controller
@@ -81,9 +82,6 @@ log = logging.getLogger("guest_agent")
 
 
 AGENT_VERSION = package_version()
-#: a failed write is tried again after this, doubling up to the max (_retry_apply_later)
-APPLY_RETRY_FIRST_S = 1.0
-APPLY_RETRY_MAX_S = 30.0
 
 
 # --- the stages the daemon imports lazily: netwatch, discovery, TLS ------------------
@@ -184,9 +182,8 @@ class Agent:
         self.discovery: Discovery | None = None
         self._watchdog: threading.Timer | None = None
         self.keeper: CertKeeper | None = None
-        #: a failed write's retry (_retry_apply_later), and the delay of the next one
-        self._retry: asyncio.TimerHandle | None = None
-        self._retry_delay = APPLY_RETRY_FIRST_S
+        #: a pass whose write failed runs again by itself (files/retry.py)
+        self.retry = Retry(lambda: None if self.stop.is_set() else self.refresh())
         if settings.auth_encryption:
             self.keeper = make_keeper(settings, self._on_creds, self._on_tls)
 
@@ -264,13 +261,8 @@ class Agent:
         self.known = learn(self.known, view)
         if self.keeper is not None and view.source == "registry":
             self.keeper.set_registry_bundle(view.ca_bundle_sha256)
-        log.info(
-            "view from %s: %d pinned, %d absent, generation %s",
-            view.source,
-            len(view.pins),
-            len(view.absent),
-            view.generation,
-        )
+        log.info("view from %s: %d pinned, %d absent, generation %s",
+                 view.source, len(view.pins), len(view.absent), view.generation)
         self.refresh()
 
     def refresh(self) -> ApplyResult | None:
@@ -287,14 +279,11 @@ class Agent:
         try:
             result = self.applier.apply(plan.pins, plan.hosts_pins)
         except ApplyError as exc:
-            log.error("apply failed: %s (trying again in %g s)", exc, self._retry_delay)
+            log.error("apply failed: %s (trying again in %g s)", exc, self.retry.delay)
             self.record_error(f"apply: {exc}")
-            self._retry_apply_later()
+            self.retry.failed()
             return None
-        self._retry_delay = APPLY_RETRY_FIRST_S
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
+        self.retry.ok()
         if result.written:
             log.info("files written", extra={"nodes": result.nodes_written,
                                              "hosts": result.hosts_written})
@@ -324,33 +313,13 @@ class Agent:
             result = self.applier.assert_files()
         except ApplyError as exc:
             self.record_error(f"re-assert: {exc}")
-            self._retry_apply_later()
+            self.retry.failed()
             return
         if result is not None and result.reasserted:
             self._count_reassert(reason)
             self.status.hosts_sha256 = result.hosts_sha256
             self.status.nodes_config_sha256 = result.nodes_sha256
             self.write_status()
-
-    def _retry_apply_later(self) -> None:
-        """Try a failed write again by itself, 1 s later and then up to every 30 s: the
-        view that asked for it may be the last one for hours, so waiting for the next
-        would leave a full disk's victim (ENOSPC at boot, before the first write) without
-        its files long after the space came back."""
-        if self._retry is not None or self.stop.is_set():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # a pass run outside the daemon (``once``) reports the error instead
-        delay = self._retry_delay
-        self._retry_delay = min(delay * 2, APPLY_RETRY_MAX_S)
-        self._retry = loop.call_later(delay, self._retry_apply)
-
-    def _retry_apply(self) -> None:
-        self._retry = None
-        if not self.stop.is_set():
-            self.refresh()
 
     def _count_reassert(self, reason: str) -> None:
         self.status.reasserts += 1
