@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.guest_support.agent import pid_alive
 from tests.soak.faults import imex_pids, restart_agent
 from tests.soak.observed import Observed, generation_of
 from tests.soak.rack import REPLICAS, SoakRack
@@ -190,7 +191,7 @@ class Continuous:
             except Exception:
                 continue  # between a crash and its rejoin
             known = self.imex.get(slot)
-            if known is not None and known[0] == vm.vmi and _alive(known[1]):
+            if known is not None and known[0] == vm.vmi and pid_alive(known[1]):
                 continue
             if known is not None:
                 del self.imex[slot]
@@ -266,15 +267,6 @@ def _imex_lines(log: str, keep: int = 12) -> str:
     lines = [ln for ln in log.splitlines()
              if "IMEX" in ln or "own slot" in ln or ln.startswith("----")]
     return "\n".join(lines[-keep:])
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie waiting for its parent."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _ident(user_agent: str) -> str:

@@ -115,6 +115,23 @@ def registry() -> Iterator[FakeRegistry]:
         reg.server.server_close()
 
 
+def _config(tmp_path: Path, registry: FakeRegistry, extra: dict[str, Any]) -> Path:
+    """An agent on the registry path only (DNS at a closed port), in process mode."""
+    return write_config(tmp_path / "config.toml", {
+        "ensemble": NAME, "namespace": NS, "max_members": 4,
+        "registry_url": registry.url,
+        "nameservers": [f"127.0.0.1:{_closed_port()}"],
+        "hosts_file": str(tmp_path / "hosts"),
+        "nodes_config": str(tmp_path / "imex" / "nodes_config.cfg"),
+        "status_file": str(tmp_path / "status.json"),
+        "imex_control": "process",
+        "imex_command": [*FAKE_IMEX, "--log", str(tmp_path / "imex.log")],
+        "imex_ctl": READY_CTL,
+        "own_index": 0, "own_slot": "published",
+        "poll_interval": 0.3, "dns_timeout": 0.3, **extra,
+    })
+
+
 def _closed_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -128,18 +145,8 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
     (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
     fabric = tmp_path / "fabric.json"
     fabric.write_text(json.dumps(FABRIC))
-    cfg = write_config(tmp_path / "config.toml", {
-        "ensemble": NAME, "namespace": NS, "max_members": 4,
-        "registry_url": registry.url, "token_file": str(tmp_path / "token"),
-        "nameservers": [f"127.0.0.1:{_closed_port()}"],
-        "hosts_file": str(tmp_path / "hosts"),
-        "nodes_config": str(tmp_path / "imex" / "nodes_config.cfg"),
-        "status_file": str(tmp_path / "status.json"),
-        "imex_control": "process",
-        "imex_command": [*FAKE_IMEX, "--log", str(tmp_path / "imex.log")],
-        "imex_ctl": READY_CTL,
-        "own_index": 0, "own_slot": "published",
-        "poll_interval": 0.3, "dns_timeout": 0.3, "longpoll_timeout": 5,
+    cfg = _config(tmp_path, registry, {
+        "token_file": str(tmp_path / "token"), "longpoll_timeout": 5,
         "signal_interval": 1.0,
         "report_interval": 0.5,
         "nvidia_smi": [SMI, "--fabric-file", str(fabric)],
@@ -258,19 +265,7 @@ def test_a_write_refused_for_space_is_retried_once_space_returns(tmp_path: Path,
             while True:
                 f.write(b"\0" * 4096)
         (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
-        cfg = write_config(tmp_path / "config.toml", {
-            "ensemble": NAME, "namespace": NS, "max_members": 4,
-            "registry_url": registry.url,
-            "nameservers": [f"127.0.0.1:{_closed_port()}"],
-            "hosts_file": str(tmp_path / "hosts"),
-            "nodes_config": str(imex_dir / "nodes_config.cfg"),
-            "status_file": str(tmp_path / "status.json"),
-            "imex_control": "process",
-            "imex_command": [*FAKE_IMEX, "--log", str(tmp_path / "imex.log")],
-            "imex_ctl": READY_CTL,
-            "own_index": 0, "own_slot": "published",
-            "poll_interval": 0.3, "dns_timeout": 0.3, "longpoll_timeout": 60,
-        })
+        cfg = _config(tmp_path, registry, {"longpoll_timeout": 60})
         agent = AgentProc(cfg, tmp_path / "status.json", tmp_path / "agent.log")
         st = agent.wait("the write refused for space",
                         lambda s: "No space left" in (s.get("last_error") or ""))
