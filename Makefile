@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test fuzz lint bench bench-peers vmtest vmtest-matrix chroottest realk8s realnode \
-	wheelhouse image stress-check clean soak soak-ci
+	wheelhouse image stress-check clean soak soak-ci soak-realk8s
 
 # constraints.txt pins every test and lint dependency (bumped in commits of their own)
 $(STAMP): pyproject.toml constraints.txt
@@ -43,6 +43,10 @@ bench-peers: $(STAMP)
 # issue 30: SOAK_ARGS e.g. --duration 600 --seed 7 --vms 6 (default 1 h, 18 VMs; root)
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak $(SOAK_ARGS)
+
+# the soak on the real kube-apiserver and etcd, which it kills (tests/soak/realk8s.py)
+soak-realk8s: $(STAMP)
+	$(BIN)/python -m tests.soak.realk8s $(SOAK_ARGS)
 
 soak-ci: $(STAMP)
 	$(BIN)/python -m tests.tiers run soak-ci

@@ -50,7 +50,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     bin_dir = _BIN.get("dir") or build_binaries()
-    cp = ControlPlane(bin_dir=bin_dir, vmi_openapi=OPENAPI)
+    cp = ControlPlane(bin_dir=bin_dir, vmi_openapi=OPENAPI, audit_leases=True)
     try:
         cp.start()
         reporter = request.config.pluginmanager.get_plugin("terminalreporter")

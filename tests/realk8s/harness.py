@@ -264,12 +264,17 @@ class ControlPlane:
     procs: dict[str, Proc] = field(default_factory=dict)
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
     etcd_url: str = ""
+    #: etcd's (client, peer) ports, kept for a restart on the same addresses
+    etcd_ports: tuple[int, int] = (0, 0)
     server: str = ""
     dns_port: int = 0
     admin: Api | None = None
     startup_seconds: dict[str, float] = field(default_factory=dict)
     #: audit every request (the RBAC tests read the log); benchmarks turn it off
     audit: bool = True
+    #: also keep Lease requests' bodies (RequestResponse): the answer names the holder,
+    #: which the realk8s soak's invariant 4 needs (tests/soak/apiaudit.py)
+    audit_leases: bool = False
     #: kube-controller-manager's --controllers (the peers benchmark adds the EndpointSlice
     #: controller, which publishes the manual recipe's pods)
     #: (the default's aggregation controller fills admin/edit/view from aggregate-to-* roles)
@@ -304,7 +309,8 @@ class ControlPlane:
     def start(self, api_only: bool = False) -> None:
         """Start everything, or (``api_only``) just etcd, the apiserver and the VMI CRD."""
         t0 = time.monotonic()
-        steps = [self._start_etcd, self._start_apiserver, self._register_crd]
+        steps: list[Callable[[], None]] = [self._start_etcd, self._start_apiserver,
+                                           self._register_crd]
         if not api_only:
             steps += [self._start_controller_manager, self._start_coredns]
         try:
@@ -349,8 +355,9 @@ class ControlPlane:
         wait_until(ready, what, timeout, proc.tail)
 
     # ---- etcd
-    def _start_etcd(self) -> None:
-        client, peer = free_port(), free_port()
+    def _start_etcd(self, ports: tuple[int, int] | None = None) -> None:
+        client, peer = ports or (free_port(), free_port())
+        self.etcd_ports = (client, peer)
         self.etcd_url = f"http://127.0.0.1:{client}"
         proc = self._spawn("etcd", [
             str(self.bin_dir / "etcd"), "--name", "rk8s",
@@ -440,7 +447,10 @@ class ControlPlane:
         path.write_text(yaml.safe_dump({
             "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
             "omitStages": ["RequestReceived", "ResponseStarted"],
-            "rules": [{"level": "Metadata"}]}))
+            "rules": [*([{"level": "RequestResponse", "resources": [
+                {"group": "coordination.k8s.io", "resources": ["leases"]}]}]
+                if self.audit_leases else []),
+                      {"level": "Metadata"}]}))
         return path
 
     def audit_mark(self) -> int:
@@ -471,10 +481,25 @@ class ControlPlane:
 
         ``kill``: SIGKILL, as a crashed or OOM-killed apiserver goes: no final bookmarks
         to watchers, so their resourceVersions are as old as their last event."""
-        old = self.procs.pop("kube-apiserver")
-        old.stop(sig=signal.SIGKILL if kill else signal.SIGTERM)
+        self.stop_apiserver(kill=kill)
+        self.start_apiserver_again()
+
+    def stop_apiserver(self, *, kill: bool = False) -> None:
+        """Stop kube-apiserver (SIGKILL with ``kill``) until :meth:`start_apiserver_again`."""
+        self.procs.pop("kube-apiserver").stop(sig=signal.SIGKILL if kill else signal.SIGTERM)
+
+    def start_apiserver_again(self) -> None:
         # Same port: clients (the host agent) keep their kubeconfig.
         self._start_apiserver(port=int(self.server.rsplit(":", 1)[1]))
+
+    def stop_etcd(self, *, kill: bool = True) -> None:
+        """Stop etcd (SIGKILL by default: a crashed member), keeping its data directory;
+        kube-apiserver stays up and answers errors until :meth:`start_etcd_again`."""
+        self.procs.pop("etcd").stop(sig=signal.SIGKILL if kill else signal.SIGTERM)
+
+    def start_etcd_again(self) -> None:
+        """etcd on the same ports and data: the apiserver's client reconnects by itself."""
+        self._start_etcd(self.etcd_ports)
 
     # ---- CRD
     def _register_crd(self) -> None:
