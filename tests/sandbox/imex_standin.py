@@ -660,6 +660,8 @@ class ImexStandin:
         self.signal_log: list[JsonDict] = []
         self.last_acted: float | None = None
         self.starts = self._previous_starts() + 1
+        #: this process's start, before its first resolution (the soak's invariant 3)
+        self.started_at = time.time()
         for t in _EARLY_USR1:
             self.signals_received += 1
             self.signals_ignored += 1
@@ -736,6 +738,7 @@ class ImexStandin:
             "map_hash": self.map_hash,
             "nodes": self.entries,
             "starts": self.starts,
+            "started": self.started_at,
             "signals_received": self.signals_received,
             "signals_acted": self.signals_acted,
             "signals_ignored": self.signals_ignored,

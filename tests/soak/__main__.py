@@ -86,9 +86,11 @@ def run_one(a: argparse.Namespace, seed: int, kinds: list[str] | None) -> int:
             print(f"audit: {res['audit']}; reads checked: {res['reads']}; generations "
                   f"delivered {res['generations']['delivered']}, checked "
                   f"{res['generations']['checked']}; IMEX ends checked {res['imex_ends']}; "
-                  f"quiesces: "
-                  f"{res['quiesces']} (p50 {res['quiesce_p50_s']} s); not checked: "
-                  f"{', '.join(f'{k} ({v})' for k, v in res['not_checked'].items())}")
+                  f"pin changes resolved {res['signals']['met']}, lost "
+                  f"{res['signals']['lost']}, unjudged {res['signals']['unjudged']}; "
+                  f"quiesces: {res['quiesces']} (p50 {res['quiesce_p50_s']} s)"
+                  + (f"; not checked: {', '.join(f'{k} ({v})' for k, v in nc.items())}"
+                     if (nc := res['not_checked']) else ""))
             print(f"violations: {len(run.violations)}")
             for v in run.violations:
                 print(f"  invariant {v.invariant} at {v.t} s: {v.what}")

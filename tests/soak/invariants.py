@@ -14,8 +14,9 @@ process has an RSS within 10 % of its RSS after the first 10 minutes.
 the API sent it more than observed.BOUND_S ago (tests/soak/observed.py); at each
 quiesce, no replica serves a generation older than the one the API holds (the Service's
 membership annotation, the CR's status). 3, the restart policy, every 1 s: a VM's
-IMEX daemon ends only for a fault on that VM (tests/soak/restarts.py). Not checked, as
-the results say: 3's SIGUSR1 timing.
+IMEX daemon ends only for a fault on that VM (tests/soak/restarts.py); and every change
+of a VM's pins is followed by an acted SIGUSR1 or a start within the agent's window
+(tests/soak/signals.py).
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ from tests.soak.observed import Observed, generation_of
 from tests.soak.rack import REPLICAS, SoakRack
 from tests.soak.restarts import Credits
 from tests.soak.schedule import Slot
+from tests.soak.signals import lost_signal, resolved_at
 
 #: the kinds whose 2xx writes only the Lease holder may make (invariant 4)
 GUARDED = frozenset({"endpointslices", "services", "imexensembles", "secrets"})
 AGENT_UA = "imex-host-agent/"
-NOT_CHECKED = {3: "SIGUSR1 timing (a lost signal is a link not CONNECTED at the quiesce, "
-                  "invariant 1)"}
+NOT_CHECKED: dict[int, str] = {}
 #: seconds between two reads of what each replica serves (invariant 6)
 SERVED_EVERY_S = 2.0
 #: seconds between two looks at each VM's IMEX process (invariant 3)
@@ -72,6 +73,14 @@ class Continuous:
     imex: dict[Slot, tuple[str, int]] = field(default_factory=dict)
     credits: Credits = field(default_factory=Credits)
     imex_at: float = 0.0
+    #: invariant 3's signals: each VM's hosts pins as they changed (mtime, pins)
+    pins: dict[Slot, list[tuple[float, dict[str, Any]]]] = field(default_factory=dict)
+    #: slot -> (the change owed a resolution, whether its deadline passed on a state
+    #: too old to tell); met and lost obligations
+    owed: dict[Slot, tuple[float, bool]] = field(default_factory=dict)
+    signals_met: int = 0
+    signals_at: float = 0.0
+    lost: dict[Slot, set[float]] = field(default_factory=dict)
 
     def readers(self) -> list[Finding]:
         out = []
@@ -95,6 +104,8 @@ class Continuous:
                                           f"read: {str(doc.get('sample'))[:300]!r}"))
                 if "reads" in doc:
                     self.reads[slot] = int(doc["reads"])
+                if doc.get("file") == "hosts" and isinstance(doc.get("block"), dict):
+                    self.pins.setdefault(slot, []).append((float(doc["mtime"]), doc["block"]))
             reader = self.rack.readers.get(slot)
             if reader is not None and reader.poll() is not None:
                 out.append(Finding(2, f"the reader of {slot[0]}{slot[1]} exited "
@@ -202,6 +213,40 @@ class Continuous:
             pids = imex_pids(vm, daemons=True)
             if pids:
                 self.imex[slot] = (vm.vmi, max(pids))
+        return out
+
+    def signals(self) -> list[Finding]:
+        """Invariant 3's signals (signals.py has the rule), at restarts' cadence: each
+        running daemon's last resolution against its VM's pins. An obligation is counted
+        met when a resolution follows it, and reported once when none did."""
+        now = time.time()
+        if now - self.signals_at < IMEX_EVERY_S:
+            return []
+        self.signals_at = now
+        out = []
+        for slot, changes in self.pins.items():
+            try:
+                vm = self.rack.vm(slot)
+                state = json.loads(vm.imex_state_file.read_text())
+                pid, started = int(state["pid"]), float(state["started"])
+                updated = float(state["updated"])
+            except Exception:
+                continue  # no daemon (yet), or a state being replaced
+            if not pid_alive(pid):
+                continue
+            verdict, first = lost_signal(changes, resolved_at(state, started), now, updated)
+            owed = self.owed.get(slot)
+            if owed is not None and (first is None or first != owed[0]):
+                self.signals_met += 1
+                del self.owed[slot]
+            if first is None:
+                continue
+            if verdict in ("ok", "wait"):
+                self.owed[slot] = (first, verdict == "wait")
+            elif first not in self.lost.get(slot, ()):
+                self.lost.setdefault(slot, set()).add(first)
+                self.owed.pop(slot, None)
+                out.append(Finding(3, f"{vm.vmi}: {verdict}", _imex_lines(vm.log_tail(200_000))))
         return out
 
     def processes(self, down: set[Slot], restarting: set[Slot]) -> list[Finding]:

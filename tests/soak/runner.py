@@ -197,7 +197,7 @@ class Run:
         restarting = set(self.injector.agent_restarts)
         found = self.checks.readers() + self.checks.audit() + \
             self.checks.processes(self.injector.down, restarting) + \
-            self.checks.generations() + self.checks.restarts()
+            self.checks.generations() + self.checks.restarts() + self.checks.signals()
         for f in found:
             self._violation(f)
 
@@ -307,6 +307,9 @@ class Run:
             "generations": {"delivered": self.checks.observed.delivered,
                             "checked": self.checks.observed.checked},
             "imex_ends": self.checks.credits.ends,
+            "signals": {"met": self.checks.signals_met,
+                        "lost": sum(len(v) for v in self.checks.lost.values()),
+                        "unjudged": sum(w for _, w in self.checks.owed.values())},
             "rss_kb": {"at_10_min": {k: v[1] for k, v in self.rss_early.items()},
                        "at_end": {k: v[1] for k, v in self.rss_late.items()}},
             "not_checked": {str(k): v for k, v in inv.NOT_CHECKED.items()},
