@@ -117,3 +117,22 @@ async def cancel_all(tasks: list[asyncio.Task[Any]], every: float = 0.5) -> None
                 log.warning("task %s survived its cancellation; cancelling again\n%s",
                             t.get_name(), stack)
             t.cancel()
+
+
+async def run_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Run ``tasks`` until one fails (its error is raised) or this is cancelled; either
+    way the rest are ended with :func:`cancel_all`.
+
+    For a task that runs tasks of its own, instead of a TaskGroup: a TaskGroup cancels
+    its children once, and a second cancellation of its owner (``cancel_all``'s repeat)
+    does not reach them, so a child that lost the first one kept the owner, and the
+    agent's shutdown, waiting until the watchdog (seen under load: discovery's DNS loop,
+    20 s, exit 1). Here the repeats reach the children.
+    """
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            if not t.cancelled() and (exc := t.exception()) is not None:
+                raise exc
+    finally:
+        await cancel_all(tasks)

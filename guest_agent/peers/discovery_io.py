@@ -43,7 +43,7 @@ Handover between registry replicas (host agents with leader election, behind one
   answers only when the generation exceeds it). After ``MAX_BEHIND`` such answers in a row
   (two long-poll timeouts) the lower number is believed: the registry's numbering restarted.
 
-Concurrency: :meth:`run` owns one TaskGroup with the two loops; ``publish`` is called
+Concurrency: :meth:`run` owns the two loops (daemon.run_all); ``publish`` is called
 under a lock, so views arrive in order and never concurrently; a view equal to the last
 published one is not published again.
 """
@@ -61,6 +61,7 @@ import tenacity
 
 from guest_agent import eventloop
 from guest_agent.config import Settings
+from guest_agent.daemon import run_all
 from guest_agent.peers.discovery import View, dns_view, registry_view
 from guest_agent.peers.dns import DnsState, DnsTracker
 from guest_agent.peers.dns_io import DnsClient
@@ -172,10 +173,11 @@ class Discovery:
     async def run(self, publish: Publish) -> None:
         """Publish views forever (until cancelled)."""
         self._started_at = time.monotonic()
-        async with asyncio.TaskGroup() as tg:
-            if self.registry is not None:
-                tg.create_task(self._registry_loop(publish), name="discovery-registry")
-            tg.create_task(self._dns_loop(publish), name="discovery-dns")
+        loops = [asyncio.create_task(self._dns_loop(publish), name="discovery-dns")]
+        if self.registry is not None:
+            loops.append(asyncio.create_task(self._registry_loop(publish),
+                                             name="discovery-registry"))
+        await run_all(loops)  # not a TaskGroup: daemon.run_all says why
 
     # ------------------------------------------------------------------ publishing
 

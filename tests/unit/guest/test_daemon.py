@@ -66,3 +66,40 @@ def test_both_agents_write_one_json_format() -> None:
     doc = json.loads(host)
     assert doc["slots"] == [0, 2] and doc["ensemble"] == "rack1/gb200"
     assert doc["peer"] == "10.0.0.1"
+
+
+async def test_run_all_repeats_a_cancellation_its_child_lost() -> None:
+    """The owner of a child that swallowed its cancellation ends when cancel_all repeats
+    the owner's; the same owner built on a TaskGroup waits for the child forever."""
+    from guest_agent.daemon import run_all
+
+    swallowed = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            swallowed.set()  # as a lost cancellation looks from outside
+        await asyncio.sleep(30)
+
+    async def with_run_all() -> None:
+        await run_all([asyncio.create_task(stubborn(), name="child")])
+
+    async def with_task_group() -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(stubborn(), name="child")
+
+    owner = asyncio.create_task(with_run_all(), name="owner")
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(cancel_all([owner], every=0.1), 10)
+    assert swallowed.is_set() and owner.done()
+
+    swallowed.clear()
+    group = asyncio.create_task(with_task_group(), name="group")
+    await asyncio.sleep(0.05)
+    done, _ = await asyncio.wait([asyncio.create_task(cancel_all([group], every=0.1))],
+                                 timeout=1.0)
+    assert swallowed.is_set() and not done and not group.done()  # the hang fixed above
+    for t in asyncio.all_tasks() - {asyncio.current_task()}:
+        t.cancel()
+    await asyncio.sleep(0)
