@@ -329,8 +329,12 @@ class Agent:
         )
 
     async def on_addresses(self) -> None:
-        """Netwatch callback: our addresses changed (migration, DHCP)."""
+        """Netwatch callback: our addresses may have changed (migration, DHCP), or the
+        watch was just bound and a change before it would otherwise be lost."""
+        before = (self.local_addrs, self.default_route)
         await self.update_addresses()
+        if (self.local_addrs, self.default_route) == before:
+            return
         log.info("local addresses changed: %s", sorted(self.local_addrs))
         if self.discovery is not None:
             self.discovery.kick()
@@ -400,20 +404,9 @@ class Agent:
         )
 
     async def _watch_addresses(self) -> None:
-        """netwatch calls back synchronously; the (async) follow-up runs in its own task."""
         from guest_agent.net import netwatch
 
-        changed = asyncio.Event()
-
-        async def follow() -> None:
-            while True:
-                await changed.wait()
-                changed.clear()
-                await self.on_addresses()
-
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(follow(), name="netwatch-follow")
-            tg.create_task(netwatch.watch_addresses(changed.set), name="netwatch-watch")
+        await netwatch.follow_addresses(self.on_addresses)
 
     async def _collect(self) -> None:
         await self.first_apply.wait()

@@ -24,7 +24,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -178,6 +178,23 @@ async def default_route_address() -> str | None:
     return pick_route_address(routes, addrs)
 
 
+async def follow_addresses(on_change: Callable[[], Awaitable[None]]) -> None:
+    """:func:`watch_addresses` with an async follow-up, one at a time: changes that come
+    while it runs are coalesced into the next call."""
+    from guest_agent.daemon import run_all
+
+    changed = asyncio.Event()
+
+    async def follow() -> None:
+        while True:
+            await changed.wait()
+            changed.clear()
+            await on_change()
+
+    await run_all([asyncio.create_task(follow(), name="netwatch-follow"),
+                   asyncio.create_task(watch_addresses(changed.set), name="netwatch-watch")])
+
+
 async def watch_addresses(
     on_change: Callable[[], None], *, debounce: float = 0.1, reopen_after: float = 1.0
 ) -> None:
@@ -211,6 +228,10 @@ async def _watch_once(on_change: Callable[[], None], debounce: float) -> None:
 
     async with AsyncIPRoute() as ipr:
         await ipr.bind(groups=GROUPS)
+        # A change between the caller's first read and this bind sent no event to us:
+        # call back once now, so the caller reads again (seen in the soak: a migration
+        # as the agent started left it pinning a gone address for 40 s).
+        _safe_call(on_change)
         try:
             while True:
                 relevant = False

@@ -155,3 +155,22 @@ def test_link_and_route_changes_call_back(node: Node, watcher: NsWatcher) -> Non
     gw = str(node.fabric.subnet.network_address + 1)
     node.run(["ip", "route", "add", "default", "via", gw])
     watcher.wait_call(2)
+
+
+def test_a_change_before_the_watch_is_bound_is_not_lost(node: Node) -> None:
+    """Read, then watch: an address that moves between the two sends the watch no event
+    (the agent read its addresses, a migration moved them, then it subscribed). The
+    watch calls back once it is bound, so the caller reads again and sees the move."""
+    seen: list[set[str]] = []
+    w: NsWatcher | None = None
+    try:
+        with node.enter():
+            seen.append(asyncio.run(netwatch.local_addresses()))
+        node.add_address("10.213.0.77")  # before any subscription exists
+        w = NsWatcher(node)
+        w.wait_call(5.0)  # no change after the bind: only the bind's own call
+        seen.append(w.call(netwatch.local_addresses))
+    finally:
+        if w is not None:
+            w.stop()
+    assert "10.213.0.77" not in seen[0] and "10.213.0.77" in seen[1]
