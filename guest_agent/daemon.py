@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Coroutine
 from typing import Any
 
 from imex_shared.jsonlog import JsonFormatter
@@ -119,20 +120,22 @@ async def cancel_all(tasks: list[asyncio.Task[Any]], every: float = 0.5) -> None
             t.cancel()
 
 
-async def run_all(tasks: list[asyncio.Task[Any]]) -> None:
-    """Run ``tasks`` until one fails (its error is raised) or this is cancelled; either
-    way the rest are ended with :func:`cancel_all`.
+async def run_all(coros: dict[str, Coroutine[Any, Any, None]]) -> None:
+    """Run ``coros`` (name -> coroutine) as tasks of one TaskGroup, for a task that runs
+    tasks of its own; when this is cancelled, end them with :func:`cancel_all` first.
 
-    For a task that runs tasks of its own, instead of a TaskGroup: a TaskGroup cancels
-    its children once, and a second cancellation of its owner (``cancel_all``'s repeat)
-    does not reach them, so a child that lost the first one kept the owner, and the
-    agent's shutdown, waiting until the watchdog (seen under load: discovery's DNS loop,
-    20 s, exit 1). Here the repeats reach the children.
+    A TaskGroup alone cancels its children once, and a second cancellation of its owner
+    (``cancel_all``'s repeat) does not reach them: a child that lost the first one kept
+    the owner, and the agent's shutdown, waiting until the watchdog (seen under load:
+    discovery's DNS loop, 20 s, exit 1). Here the repeats reach the children; the
+    owner's own repeats are absorbed until they are done, then its cancellation goes on.
     """
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for t in done:
-            if not t.cancelled() and (exc := t.exception()) is not None:
-                raise exc
-    finally:
-        await cancel_all(tasks)
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(coro, name=name) for name, coro in coros.items()]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:
+            while not all(t.done() for t in tasks):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await cancel_all(tasks)
+            raise

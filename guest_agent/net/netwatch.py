@@ -191,8 +191,8 @@ async def follow_addresses(on_change: Callable[[], Awaitable[None]]) -> None:
             changed.clear()
             await on_change()
 
-    await run_all([asyncio.create_task(follow(), name="netwatch-follow"),
-                   asyncio.create_task(watch_addresses(changed.set), name="netwatch-watch")])
+    await run_all({"netwatch-follow": follow(),
+                   "netwatch-watch": watch_addresses(changed.set)})
 
 
 async def watch_addresses(

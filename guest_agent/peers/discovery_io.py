@@ -173,11 +173,10 @@ class Discovery:
     async def run(self, publish: Publish) -> None:
         """Publish views forever (until cancelled)."""
         self._started_at = time.monotonic()
-        loops = [asyncio.create_task(self._dns_loop(publish), name="discovery-dns")]
+        loops = {"discovery-dns": self._dns_loop(publish)}
         if self.registry is not None:
-            loops.append(asyncio.create_task(self._registry_loop(publish),
-                                             name="discovery-registry"))
-        await run_all(loops)  # not a TaskGroup: daemon.run_all says why
+            loops["discovery-registry"] = self._registry_loop(publish)
+        await run_all(loops)  # not a bare TaskGroup: daemon.run_all says why
 
     # ------------------------------------------------------------------ publishing
 

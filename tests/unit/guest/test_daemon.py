@@ -83,7 +83,7 @@ async def test_run_all_repeats_a_cancellation_its_child_lost() -> None:
         await asyncio.sleep(30)
 
     async def with_run_all() -> None:
-        await run_all([asyncio.create_task(stubborn(), name="child")])
+        await run_all({"child": stubborn()})
 
     async def with_task_group() -> None:
         async with asyncio.TaskGroup() as tg:
