@@ -50,8 +50,12 @@ class Event:
 
     @property
     def ident(self) -> str:
-        """The replica a host agent's User-Agent names (``imex-host-agent/V (IDENT)``)."""
-        return self.user_agent.rsplit("(", 1)[-1].rstrip(")")
+        return ident_of(self.user_agent)
+
+
+def ident_of(user_agent: str) -> str:
+    """The replica a host agent's User-Agent names (``imex-host-agent/V (IDENT)``)."""
+    return user_agent.rsplit("(", 1)[-1].rstrip(")")
 
 
 def _ts(value: Any) -> float:

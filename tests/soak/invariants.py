@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.guest_support.agent import pid_alive
+from tests.soak.apiaudit import AGENT_UA, GUARDED
+from tests.soak.apiaudit import ident_of as _ident
 from tests.soak.faults import imex_pids, restart_agent
 from tests.soak.observed import Observed, generation_of
 from tests.soak.rack import REPLICAS, SoakRack
@@ -36,9 +38,6 @@ from tests.soak.restarts import Credits
 from tests.soak.schedule import Slot
 from tests.soak.signals import lost_signal, resolved_at
 
-#: the kinds whose 2xx writes only the Lease holder may make (invariant 4)
-GUARDED = frozenset({"endpointslices", "services", "imexensembles", "secrets"})
-AGENT_UA = "imex-host-agent/"
 NOT_CHECKED: dict[int, str] = {}
 #: seconds between two reads of what each replica serves (invariant 6)
 SERVED_EVERY_S = 2.0
@@ -312,11 +311,6 @@ def _imex_lines(log: str, keep: int = 12) -> str:
     lines = [ln for ln in log.splitlines()
              if "IMEX" in ln or "own slot" in ln or ln.startswith("----")]
     return "\n".join(lines[-keep:])
-
-
-def _ident(user_agent: str) -> str:
-    """The replica a host agent's user agent names: ``imex-host-agent/V (IDENT)``."""
-    return user_agent.rsplit("(", 1)[-1].rstrip(")")
 
 
 def _get(url: str, timeout: float = 5) -> Any:

@@ -30,7 +30,6 @@ import logging
 import random
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -49,7 +48,7 @@ from tests.soak.realk8s_rack import (
     Rack,
     Reporter,
 )
-from tests.soak.runner import Held, format_table, write_results
+from tests.soak.runner import Held, format_table, percentile, write_results
 
 log = logging.getLogger("soak.realk8s")
 
@@ -345,7 +344,8 @@ class Soak:
             if len(gens) > 1:
                 out.append(Finding(5, f"{key}: replicas serve generations {sorted(gens)}"))
             if key == "b" and views:
-                leader = next((d for i, d in views.items() if i == rack.holder() and d), None)
+                holder = rack.holder()
+                leader = next((d for i, d in views.items() if i == holder and d), None)
                 st = rack.cr_status()
                 if leader is not None and st is not None:
                     diff = status_vs_registry(st, leader)
@@ -395,7 +395,7 @@ class Soak:
             got = [t for f, t in self.done if f.kind == kind]
             times = sorted(t for t in got if t is not None)
             faults[kind] = {"injected": len(got), "survived": len(times),
-                            "p50_s": _pct(times, 50), "p99_s": _pct(times, 99),
+                            "p50_s": percentile(times, 50), "p99_s": percentile(times, 99),
                             "max_s": times[-1] if times else None}
         led = self.ledger
         return {
@@ -403,7 +403,7 @@ class Soak:
             "wall_s": round(wall, 1), "vms": len(self.rack.vmis),
             "replicas_started": self.rack.ha.started if self.rack.ha else 0,
             "quiesce_max_s": self.quiesce, "quiesces": len(self.quiesces),
-            "quiesce_p50_s": _pct(sorted(self.quiesces), 50),
+            "quiesce_p50_s": percentile(sorted(self.quiesces), 50),
             "faults": faults,
             "audit": {"host_agent_writes": led.writes_seen,
                       "guarded_writes": led.guarded_writes,
@@ -417,14 +417,6 @@ class Soak:
             "violations": self.violations,
             "replay": self.replay,
         }
-
-
-def _pct(values: list[float], p: int) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return round(statistics.quantiles(values, n=100, method="inclusive")[p - 1], 1)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -287,7 +287,7 @@ class Run:
             got = [o for o in self.outcomes.values() if o.fault.kind == kind]
             times = sorted(o.converge_s for o in got if o.converge_s is not None)
             out[kind] = {"injected": len(got), "survived": sum(bool(o.survived) for o in got),
-                         "p50_s": _pct(times, 50), "p99_s": _pct(times, 99),
+                         "p50_s": percentile(times, 50), "p99_s": percentile(times, 99),
                          "max_s": round(times[-1], 1) if times else None}
         return out
 
@@ -297,7 +297,7 @@ class Run:
             "wall_s": round(wall, 1),
             "check_every_s": self.check_every, "quiesce_max_s": self.quiesce,
             "quiesces": len(self.quiesces),
-            "quiesce_p50_s": _pct(sorted(self.quiesces), 50),
+            "quiesce_p50_s": percentile(sorted(self.quiesces), 50),
             "faults": self.table(),
             "audit": {"host_agent_writes": self.checks.writes_seen,
                       "guarded_writes": self.checks.guarded_writes,
@@ -320,7 +320,7 @@ class Run:
         }
 
 
-def _pct(sorted_values: list[float], p: int) -> float | None:
+def percentile(sorted_values: list[float], p: int) -> float | None:
     if not sorted_values:
         return None
     if len(sorted_values) == 1:
