@@ -22,12 +22,15 @@ bookkeeping) stays lightkube's.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import httpx2
+import msgspec
 from lightkube import ALL_NS, ApiError, AsyncClient, KubeConfig
 from lightkube.core.exceptions import ConfigError
 from lightkube.core.resource import NamespacedResource
@@ -39,6 +42,7 @@ from host_agent.crd.imexensemble import GROUP as CRD_GROUP
 from host_agent.crd.imexensemble import KIND as CRD_KIND
 from host_agent.crd.imexensemble import PLURAL as CRD_PLURAL
 from host_agent.crd.imexensemble import VERSION as CRD_VERSION
+from host_agent.kube import http11
 from host_agent.kube.api_requests import classify
 from host_agent.kube.objects import Obj
 from host_agent.settings import HostSettings
@@ -356,29 +360,39 @@ async def api_call(
     params: Mapping[str, str] | None = None,
     content_type: str = "application/json",
     timeout: float | None = None,
+    what: str | None = None,
 ) -> Obj | None:
     """One raw request on the client's connection (auth, TLS, User-Agent included).
 
     For the calls lightkube has no words for: preconditions on delete, a
-    merge patch that carries a resourceVersion, Leases as plain JSON. Returns
-    the decoded body (None for 404 on GET); raises KubeError with the status.
+    merge patch that carries a resourceVersion, Leases as plain JSON; and for the
+    writes the agent makes most, which take the lean path (``http11``) when the
+    configuration allows. Returns the decoded body (None for 404 on GET); raises
+    KubeError with the status, its message starting with ``what`` (default: the
+    method and path). ``body`` is JSON-encoded unless it is bytes already.
     """
     transport = getattr(getattr(client, "_client", None), "_client", None)
     if transport is None:
         raise KubeConfigError("lightkube's client layout changed: no HTTP client to call")
     headers = {"Accept": "application/json"}
     data: bytes | None = None
-    if body is not None:
-        import json
-
+    if isinstance(body, bytes):
+        data = body
+    elif body is not None:
         data = json.dumps(body, separators=(",", ":")).encode()
+    if data is not None:
         headers["Content-Type"] = content_type
-    what = f"{method} {path}"
+    what = what or f"{method} {path}"
+    lean = http11.for_client(client)
     try:
-        resp = await transport.request(
-            method, path, content=data, params=dict(params or {}), headers=headers,
-            **({"timeout": timeout} if timeout is not None else {}),
-        )
+        if lean is not None:
+            resp: _Response = await _lean_call(lean, transport, method, path, data,
+                                               params, headers, timeout)
+        else:
+            resp = await transport.request(
+                method, path, content=data, params=dict(params or {}), headers=headers,
+                **({"timeout": timeout} if timeout is not None else {}),
+            )
     except Exception as exc:
         raise translate(exc, what) from exc
     if method == "GET" and resp.status_code == 404:
@@ -393,3 +407,52 @@ async def api_call(
     except ValueError:
         return {}
     return out if isinstance(out, dict) else {}
+
+
+class _Response(Protocol):
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class _LeanResponse:
+    """An ``http11.Answer`` as api_call reads a response."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        try:
+            return msgspec.json.decode(self.content)
+        except msgspec.DecodeError as exc:
+            raise ValueError(str(exc)) from exc
+
+
+async def _lean_call(lean: http11.Http11Pool, transport: Any, method: str, path: str,
+                     data: bytes | None, params: Mapping[str, str] | None,
+                     headers: Mapping[str, str], timeout: float | None) -> _LeanResponse:
+    """``http11``'s request, counted as the full stack's ``_CountingTransport`` counts."""
+    counter = getattr(transport, "_transport", None)
+    count = counter._count if isinstance(counter, _CountingTransport) else None
+    if count is not None:
+        verb, resource = classify(method, path, dict(params or {}),
+                                  headers.get("Content-Type"))
+    try:
+        answer = await lean.request(method, path, body=data, params=params, headers=headers,
+                                    timeout=timeout)
+    except Exception:
+        if count is not None:
+            count(verb, resource, "error")
+        raise
+    if count is not None:
+        count(verb, resource, str(answer.status))
+    return _LeanResponse(answer.status, answer.body)

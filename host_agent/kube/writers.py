@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import msgspec
 from lightkube import AsyncClient
 from lightkube.core.resource import NamespacedResource
 from lightkube.resources.core_v1 import Secret, Service
@@ -53,19 +54,17 @@ class SliceWriter:
         if resource_version is not None:
             body = {**body, "metadata": {**meta, "resourceVersion": resource_version}}
         self._gate.ensure()
-        try:
-            result = await self._client.patch(
-                EndpointSlice,
-                meta["name"],
-                body,
-                namespace=meta["namespace"],
-                patch_type=PatchType.APPLY,
-                field_manager=self._field_manager,
-                force=True,
-            )
-        except Exception as exc:
-            raise translate(exc, f"apply EndpointSlice {meta['namespace']}/{meta['name']}") from exc
-        rv = plain(result).get("metadata", {}).get("resourceVersion")
+        # A raw call, not lightkube's patch: it takes the lean request path (http11), and
+        # this is the write a sync makes once per ensemble and an update once per change.
+        ns, name = meta["namespace"], meta["name"]
+        result = await api_call(
+            self._client, "PATCH",
+            f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/{name}",
+            body=msgspec.json.encode(body), content_type="application/apply-patch+yaml",
+            params={"fieldManager": self._field_manager, "force": "true"},
+            what=f"apply EndpointSlice {ns}/{name}",
+        )
+        rv = ((result or {}).get("metadata") or {}).get("resourceVersion")
         return rv if isinstance(rv, str) else None
 
     async def delete_slice(
