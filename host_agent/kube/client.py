@@ -25,12 +25,10 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import httpx2
-import msgspec
 from lightkube import ALL_NS, ApiError, AsyncClient, KubeConfig
 from lightkube.core.exceptions import ConfigError
 from lightkube.core.resource import NamespacedResource
@@ -42,7 +40,7 @@ from host_agent.crd.imexensemble import GROUP as CRD_GROUP
 from host_agent.crd.imexensemble import KIND as CRD_KIND
 from host_agent.crd.imexensemble import PLURAL as CRD_PLURAL
 from host_agent.crd.imexensemble import VERSION as CRD_VERSION
-from host_agent.kube import http11
+from host_agent.kube import http11, lean_listwatch
 from host_agent.kube.api_requests import classify
 from host_agent.kube.objects import Obj
 from host_agent.settings import HostSettings
@@ -289,6 +287,16 @@ class ListWatcher:
         each object reduced to ``view`` as its page arrives: at 10,000 VMIs a single
         unpaged list held every full object at once, most of the agent's peak RSS.
         """
+        what = f"list {self.kind} in {self.scope}"
+        lean = http11.for_client(self._client)
+        if lean is not None:
+            br = self._client._client.prepare_request(
+                "list", res=self._res, namespace=self._ns, params=self._selectors())
+            try:
+                return await lean_listwatch.list_all(lean, "/" + br.url, br.params,
+                                                     LIST_PAGE, view)
+            except Exception as exc:
+                raise _from_lean(exc, what) from exc
         try:
             it = self._client.list(
                 self._res, namespace=self._ns, labels=self._labels, fields=self._fields,
@@ -297,8 +305,18 @@ class ListWatcher:
             items = [view(plain(o)) async for o in it]
             rv = it.resourceVersion
         except Exception as exc:
-            raise translate(exc, f"list {self.kind} in {self.scope}") from exc
+            raise translate(exc, what) from exc
         return items, rv
+
+    def _selectors(self) -> dict[str, Any]:
+        from lightkube.core.selector import build_selector
+
+        return {
+            "labelSelector": build_selector(self._labels) if self._labels else None,
+            "fieldSelector": (
+                build_selector(self._fields, for_fields=True) if self._fields else None
+            ),
+        }
 
     async def watch(self, resource_version: str) -> AsyncIterator[tuple[str, Obj]]:
         """Events after ``resource_version`` (ADDED/MODIFIED/DELETED/BOOKMARK), forever.
@@ -306,21 +324,21 @@ class ListWatcher:
         A stream the server ends cleanly is resumed inside the client from the
         last version seen; errors end the iteration with KubeError/Gone.
         """
-        from lightkube.core.selector import build_selector
-
         generic = self._client._client  # lightkube's request builder and watch loop
         params: dict[str, Any] = {
             "timeoutSeconds": self._timeout,
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
-            "labelSelector": build_selector(self._labels) if self._labels else None,
-            "fieldSelector": (
-                build_selector(self._fields, for_fields=True) if self._fields else None
-            ),
+            **self._selectors(),
         }
         request = generic.prepare_request(
             "list", res=self._res, namespace=self._ns, watch=True, params=params
         )
+        lean = http11.for_client(self._client)
+        if lean is not None:
+            async for event in self._lean_watch(lean, "/" + request.url, request.params):
+                yield event
+            return
         stream = generic.watch(request, on_error=on_error_raise).__aiter__()
         try:
             while True:
@@ -338,6 +356,33 @@ class ListWatcher:
                 yield event, plain(obj)
         finally:
             await stream.aclose()
+
+
+    async def _lean_watch(self, lean: http11.Http11Pool, path: str,
+                          params: Mapping[str, Any]) -> AsyncIterator[tuple[str, Obj]]:
+        stream = lean_listwatch.watch(lean, path, params, self._idle)
+        what = f"watch {self.kind} in {self.scope}"
+        try:
+            while True:
+                try:
+                    event = await stream.__anext__()
+                except StopAsyncIteration:
+                    return
+                except TimeoutError as exc:
+                    raise KubeError(f"{what}: silent for {self._idle:.0f} s") from exc
+                except Exception as exc:
+                    raise _from_lean(exc, what) from exc
+                yield event
+        finally:
+            await stream.aclose()
+
+
+def _from_lean(exc: BaseException, what: str) -> KubeError:
+    """Our error for a failure on the lean path (as ``translate`` is for lightkube's)."""
+    if not isinstance(exc, lean_listwatch.LeanError):
+        return translate(exc, what)
+    cls = Gone if exc.status == 410 else AlreadyExists if exc.status == 409 else KubeError
+    return cls(f"{what}: {exc}", exc.status, exc.api_status)
 
 
 def _status_message(resp: Any) -> tuple[str, Obj | None]:
@@ -386,7 +431,7 @@ async def api_call(
     lean = http11.for_client(client)
     try:
         if lean is not None:
-            resp: _Response = await _lean_call(lean, transport, method, path, data,
+            resp: http11.Response = await _lean_call(lean, transport, method, path, data,
                                                params, headers, timeout)
         else:
             resp = await transport.request(
@@ -409,37 +454,9 @@ async def api_call(
     return out if isinstance(out, dict) else {}
 
 
-class _Response(Protocol):
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def text(self) -> str: ...
-
-    def json(self) -> Any: ...
-
-
-@dataclass(frozen=True)
-class _LeanResponse:
-    """An ``http11.Answer`` as api_call reads a response."""
-
-    status_code: int
-    content: bytes
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", "replace")
-
-    def json(self) -> Any:
-        try:
-            return msgspec.json.decode(self.content)
-        except msgspec.DecodeError as exc:
-            raise ValueError(str(exc)) from exc
-
-
 async def _lean_call(lean: http11.Http11Pool, transport: Any, method: str, path: str,
                      data: bytes | None, params: Mapping[str, str] | None,
-                     headers: Mapping[str, str], timeout: float | None) -> _LeanResponse:
+                     headers: Mapping[str, str], timeout: float | None) -> http11.LeanResponse:
     """``http11``'s request, counted as the full stack's ``_CountingTransport`` counts."""
     counter = getattr(transport, "_transport", None)
     count = counter._count if isinstance(counter, _CountingTransport) else None
@@ -455,4 +472,4 @@ async def _lean_call(lean: http11.Http11Pool, transport: Any, method: str, path:
         raise
     if count is not None:
         count(verb, resource, str(answer.status))
-    return _LeanResponse(answer.status, answer.body)
+    return http11.LeanResponse(answer.status, answer.body)

@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import ssl
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import quote, urlencode
+
+import msgspec
 
 #: connections kept open per client (the reconciler runs ``settings.workers`` = 8)
 MAX_CONNECTIONS: Final = 16
@@ -32,6 +34,15 @@ MAX_HEADER_BYTES: Final = 64 * 1024
 
 class ProtocolError(OSError):
     """The server's answer is not HTTP/1.1 this module can read."""
+
+
+class StatusError(Exception):
+    """A stream (``lines``) was answered with an error status instead of a stream."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
+        self.status = status
+        self.body = body
 
 
 @dataclass(frozen=True)
@@ -92,15 +103,7 @@ class Http11Pool:
 
     async def _exchange(self, method: str, target: str, body: bytes | None,
                         headers: Mapping[str, str] | None, auth: str | None) -> Answer:
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}",
-                 f"User-Agent: {self.user_agent}", "Accept-Encoding: identity"]
-        if auth:
-            lines.append(f"Authorization: {auth}")
-        for name, value in (headers or {}).items():
-            lines.append(f"{name}: {value}")
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        head = self._head(method, target, body, headers, auth)
         # A kept-alive connection may have been closed by the server while idle: such a
         # failure before any byte of the answer is retried once on a new connection, as
         # Go's transport does. Not for a POST, which a server that read it may have acted
@@ -125,17 +128,63 @@ class Http11Pool:
                 conn.close()
             return answer
 
+    async def lines(self, path: str, params: Mapping[str, str], *,
+                    connect_timeout: float | None = None) -> AsyncGenerator[bytes, None]:
+        """The body of a streamed GET (a watch), line by line, on a connection of its own.
+
+        A non-200 answer raises ``StatusError`` with its body; a 401 re-reads the token
+        once. The caller bounds the silence between lines; the stream ends when the
+        server ends it.
+        """
+        target = quote(self._prefix + path, safe="/:@-._~!$&'()*+,;=") + "?" + urlencode(params)
+        for again in (False, True):
+            auth = self._bearer(again)
+            if again and auth is None:
+                break
+            conn = await self._open()
+            try:
+                async with asyncio.timeout(connect_timeout or self.timeout):
+                    conn.writer.write(self._head("GET", target, None, None, auth))
+                    await conn.writer.drain()
+                    status, headers = await _read_head(conn.reader)
+                    if status != 200:
+                        body = await _read_body(conn.reader, "GET", status, headers)
+                if status == 401 and not again:
+                    continue
+                if status != 200:
+                    raise StatusError(status, body)
+                async for line in _body_lines(conn.reader, headers):
+                    yield line
+                return
+            finally:
+                conn.close()
+
+    def _head(self, method: str, target: str, body: bytes | None,
+              headers: Mapping[str, str] | None, auth: str | None) -> bytes:
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}",
+                 f"User-Agent: {self.user_agent}", "Accept-Encoding: identity"]
+        if auth:
+            lines.append(f"Authorization: {auth}")
+        for name, value in (headers or {}).items():
+            lines.append(f"{name}: {value}")
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    async def _open(self) -> _Conn:
+        reader, writer = await asyncio.open_connection(
+            self._host, self._port, ssl=self._ssl,
+            server_hostname=self._host if self._ssl is not None else None,
+            limit=MAX_HEADER_BYTES)
+        return _Conn(reader, writer)
+
     async def _checkout(self) -> tuple[_Conn, bool]:
         while self._idle:
             conn = self._idle.pop()
             if not conn.reader.at_eof() and not conn.writer.is_closing():
                 return conn, True
             conn.close()
-        reader, writer = await asyncio.open_connection(
-            self._host, self._port, ssl=self._ssl,
-            server_hostname=self._host if self._ssl is not None else None,
-            limit=MAX_HEADER_BYTES)
-        return _Conn(reader, writer), False
+        return await self._open(), False
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
@@ -149,6 +198,17 @@ def _nothing_read(exc: BaseException) -> bool:
 
 async def _read_answer(reader: asyncio.StreamReader, method: str) -> tuple[Answer, bool]:
     """The status, headers and body of one response; and whether the connection stays."""
+    status, headers = await _read_head(reader)
+    keep = headers.get(":version") == "HTTP/1.1" and \
+        headers.get("connection", "").lower() != "close"
+    if not _framed(method, status, headers):
+        keep = False
+    body = await _read_body(reader, method, status, headers)
+    return Answer(status, headers, body), keep
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    """The status and the lower-cased headers (the version under ``:version``)."""
     try:
         block = await reader.readuntil(b"\r\n\r\n")
     except asyncio.LimitOverrunError as exc:
@@ -157,30 +217,68 @@ async def _read_answer(reader: asyncio.StreamReader, method: str) -> tuple[Answe
     parts = status_line.split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise ProtocolError(f"not an HTTP/1.1 status line: {status_line[:80]!r}")
-    status = int(parts[1])
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = {":version": parts[0]}
     for line in header_lines:
         name, sep, value = line.partition(":")
         if not sep:
             raise ProtocolError(f"malformed response header: {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
-    keep = parts[0] == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
-        return Answer(status, headers, b""), keep
+    return int(parts[1]), headers
+
+
+def _no_body(method: str, status: int) -> bool:
+    return method == "HEAD" or status in (204, 304) or 100 <= status < 200
+
+
+def _framed(method: str, status: int, headers: Mapping[str, str]) -> bool:
+    """The body's end is known without closing the connection."""
+    return _no_body(method, status) or "content-length" in headers or \
+        "chunked" in headers.get("transfer-encoding", "").lower()
+
+
+async def _read_body(reader: asyncio.StreamReader, method: str, status: int,
+                     headers: Mapping[str, str]) -> bytes:
+    if _no_body(method, status):
+        return b""
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = await _read_chunked(reader)
-    elif "content-length" in headers:
+        return await _read_chunked(reader)
+    if "content-length" in headers:
         length = headers["content-length"]
         if not length.isdigit():
             raise ProtocolError(f"bad Content-Length {length[:40]!r}")
-        body = await reader.readexactly(int(length))
-    else:
-        body, keep = await reader.read(), False
-    return Answer(status, headers, body), keep
+        return await reader.readexactly(int(length))
+    return await reader.read()
+
+
+async def _body_lines(reader: asyncio.StreamReader, headers: Mapping[str, str]
+                      ) -> AsyncIterator[bytes]:
+    """A streamed body's lines (without the newline), as the chunks arrive."""
+    if "chunked" not in headers.get("transfer-encoding", "").lower():
+        body = await _read_body(reader, "GET", 200, headers)
+        for line in body.split(b"\n"):
+            if line:
+                yield line
+        return
+    pending = b""
+    async for chunk in _chunks(reader):
+        pending += chunk
+        if b"\n" in pending:
+            *complete, pending = pending.split(b"\n")
+            for line in complete:
+                yield line
+    if pending:
+        yield pending
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
     out = bytearray()
+    async for chunk in _chunks(reader):
+        out += chunk
+    return bytes(out)
+
+
+async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """The data of each chunk of a chunked body, up to and including its end."""
     while True:
         size_line = (await reader.readuntil(b"\r\n"))[:-2].split(b";", 1)[0].strip()
         try:
@@ -190,10 +288,40 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
         if size == 0:
             while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, then the end
                 pass
-            return bytes(out)
-        out += await reader.readexactly(size)
+            return
+        yield await reader.readexactly(size)
         if await reader.readexactly(2) != b"\r\n":
             raise ProtocolError("a chunk does not end with CRLF")
+
+
+class Response(Protocol):
+    """What api_call reads of a response (httpx's, or ``LeanResponse``)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class LeanResponse:
+    """An ``Answer`` as api_call reads a response."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        try:
+            return msgspec.json.decode(self.content)
+        except msgspec.DecodeError as exc:
+            raise ValueError(str(exc)) from exc
 
 
 _POOLS: weakref.WeakKeyDictionary[Any, Http11Pool | None] = weakref.WeakKeyDictionary()

@@ -9,13 +9,15 @@ then checks that api_call really takes this path, with auth, and counts it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
 
-from host_agent.kube import http11
+from host_agent.kube import http11, lean_listwatch
 from host_agent.kube.client import KubeError, api_call, count_requests
 from host_agent.kube.writers import SliceWriter
 from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401
@@ -222,3 +224,61 @@ def test_a_proxy_or_an_exec_plugin_keeps_the_full_stack(tmp_path: Path,
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "x"})
     assert http11.for_client(AsyncClient(exec_config)) is None
+
+
+async def test_a_watch_stream_is_split_into_events_across_chunks_and_410_is_gone() -> None:
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    events = (b'{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"7"}}}\n'
+              b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}\n'
+              b'{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired",'
+              b'"message":"too old resource version: 5 (9)"}}\n')
+    cut = [0, 30, 31, 100, 170, len(events)]  # boundaries inside lines and at a newline
+    body = b"".join(chunk(events[a:b]) for a, b in itertools.pairwise(cut)) + b"0\r\n\r\n"
+    srv = Scripted(lambda n, head: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   + body)
+    got: list[tuple[str, dict[str, Any]]] = []
+    async with srv as pool:
+        with pytest.raises(lean_listwatch.LeanError) as err:
+            async for event in lean_listwatch.watch(pool, "/api/v1/services",
+                                                    {"watch": "true", "resourceVersion": "5"},
+                                                    idle=5.0):
+                got.append(event)
+        await pool.aclose()
+    assert [(t, o["metadata"]["resourceVersion"]) for t, o in got] == [("ADDED", "7"),
+                                                                     ("BOOKMARK", "9")]
+    assert err.value.status == 410
+    assert err.value.api_status is not None and err.value.api_status["reason"] == "Expired"
+    assert b"watch=true&resourceVersion=5" in srv.heads[0]
+
+
+async def test_a_watch_the_server_ends_is_resumed_from_the_last_version_seen() -> None:
+    def script(n: int, head: bytes) -> bytes:
+        if b"resourceVersion=5" in head:  # the first stream: one event, then a clean end
+            line = b'{"type":"ADDED","object":{"metadata":{"resourceVersion":"8"}}}\n'
+            return (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+                    % len(line)) + line
+        return b"HTTP/1.1 403 Forbidden\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+
+    srv = Scripted(script)
+    async with srv as pool:
+        with pytest.raises(lean_listwatch.LeanError) as err:
+            async for _ in lean_listwatch.watch(pool, "/api/v1/services",
+                                                {"resourceVersion": "5"}, idle=5.0):
+                pass
+    assert err.value.status == 403
+    assert b"resourceVersion=8" in srv.heads[1], "the resume starts after the event seen"
+
+
+async def test_a_list_is_paged_with_continue_against_the_double(client: AsyncClient) -> None:
+    for i in range(5):
+        await api_call(client, "POST", "/api/v1/namespaces/default/configmaps",
+                       body={"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": f"cm{i}", "namespace": "default"}})
+    lean = http11.for_client(client)
+    assert lean is not None
+    items, rv = await lean_listwatch.list_all(lean, "/api/v1/namespaces/default/configmaps",
+                                              {}, 2, lambda o: o)
+    assert sorted(o["metadata"]["name"] for o in items) == [f"cm{i}" for i in range(5)]
+    assert rv.isdigit()
