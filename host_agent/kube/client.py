@@ -357,7 +357,6 @@ class ListWatcher:
         finally:
             await stream.aclose()
 
-
     async def _lean_watch(self, lean: http11.Http11Pool, path: str,
                           params: Mapping[str, Any]) -> AsyncIterator[tuple[str, Obj]]:
         stream = lean_listwatch.watch(lean, path, params, self._idle)

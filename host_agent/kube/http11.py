@@ -1,17 +1,18 @@
-"""A lean HTTP/1.1 path for the agent's one-shot API calls (writes and single GETs).
+"""A lean HTTP/1.1 path for the agent's API requests: one-shot calls, lists and watches.
 
 Why: at 10,000 VMIs the agent's first sync makes about 2,000 writes and a steady
 update two, and each request through lightkube's HTTP stack (URL model, header
 validation, connection-pool bookkeeping, anyio streams) cost more CPU than the
 rest of the agent's work for it (tests/bench ``host``, docs/benchmarks.md). This
-module speaks the small part of HTTP/1.1 the Kubernetes API needs for a request
-with a JSON answer: keep-alive connections over asyncio streams, a body framed by
-Content-Length or chunked, nothing else.
+module speaks the small part of HTTP/1.1 the Kubernetes API needs: keep-alive
+connections over asyncio streams for one-shot calls (``request``), a connection of
+its own for a streamed watch (``lines``), bodies framed by Content-Length, chunked
+or the connection's close.
 
 It reuses what lightkube already built from the configuration: the base URL, the
 TLS context (CA, client certificate) and the bearer token. ``for_client`` returns
 None when the configuration needs more (an exec or auth-provider plugin, basic
-auth, a proxy): those clients keep the full stack. Lists and watches always do.
+auth, a proxy): those clients keep the full stack for every request.
 """
 
 from __future__ import annotations
@@ -75,9 +76,8 @@ class Http11Pool:
                  user_agent: str, timeout: float) -> None:
         self._host, self._port = host, port
         self._ssl = ssl_context if scheme == "https" else None
-        self._host_header = host if port in (80, 443) else f"{host}:{port}"
-        if ":" in host and not host.startswith("["):
-            self._host_header = f"[{host}]:{port}"
+        literal = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        self._host_header = f"{literal}:{port}"
         self._prefix = prefix.rstrip("/")
         self._bearer = bearer
         self.user_agent = user_agent
@@ -90,9 +90,7 @@ class Http11Pool:
                       headers: Mapping[str, str] | None = None,
                       timeout: float | None = None) -> Answer:
         """Send one request and read its whole answer; a 401 re-reads the token once."""
-        target = quote(self._prefix + path, safe="/:@-._~!$&'()*+,;=")
-        if params:
-            target += "?" + urlencode(params)
+        target = self._target(path, params)
         async with self._slots, asyncio.timeout(timeout or self.timeout):
             answer = await self._exchange(method, target, body, headers, self._bearer(False))
             if answer.status == 401:
@@ -136,7 +134,7 @@ class Http11Pool:
         once. The caller bounds the silence between lines; the stream ends when the
         server ends it.
         """
-        target = quote(self._prefix + path, safe="/:@-._~!$&'()*+,;=") + "?" + urlencode(params)
+        target = self._target(path, params)
         for again in (False, True):
             auth = self._bearer(again)
             if again and auth is None:
@@ -158,6 +156,11 @@ class Http11Pool:
                 return
             finally:
                 conn.close()
+
+    def _target(self, path: str, params: Mapping[str, str] | None) -> str:
+        """The request target: the server's path prefix, the path, the query."""
+        target = quote(self._prefix + path, safe="/:@-._~!$&'()*+,;=")
+        return f"{target}?{urlencode(params)}" if params else target
 
     def _head(self, method: str, target: str, body: bytes | None,
               headers: Mapping[str, str] | None, auth: str | None) -> bytes:
