@@ -8,8 +8,11 @@ Writing is level-triggered and idempotent: each call renders the whole
 desired content from the current files and the pins, and the safe writer
 skips unchanged files. So the file watcher can call ``assert_files`` on every
 inotify event, our own writes included, and only a foreign change costs a
-write (a "re-assert"). The nodes file is written before the hosts file so a
-daemon started after both sees a consistent pair.
+write (a "re-assert"). The hosts file is shared with admins and cloud-init, so it is
+merged through a ``SharedFile``, which keeps a line another process adds while we
+merge.
+The nodes file is written before the hosts file so a daemon started after both sees a
+consistent pair.
 
 Everything here is synchronous and fast (two small files); the agent calls
 it from the event loop without awaiting, so two writers never interleave.
@@ -23,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from guest_agent.config import Settings
-from guest_agent.files.safewrite import FileWriteError, read_bytes, write_file
+from guest_agent.files.safewrite import FileWriteError, SharedFile, read_bytes, write_file
 from imex_shared.hostsfile import merge_hosts, read_block
 from imex_shared.model import EnsembleId
 from imex_shared.render import render_nodes_config
@@ -63,6 +66,7 @@ class Applier:
         self.last: ApplyResult | None = None
         #: what we last left in each file, to tell a foreign write from our own
         self._left: dict[str, bytes] = {}
+        self._hosts = SharedFile(settings.hosts_file)
 
     def nodes_bytes(self, pins: Mapping[int, str]) -> bytes:
         s = self.settings
@@ -109,10 +113,12 @@ class Applier:
             foreign |= self._foreign(s.nodes_config, old_nodes, nodes)
             nodes_written = write_file(s.nodes_config, nodes)
             self._left[s.nodes_config] = nodes
-            existing = read_bytes(s.hosts_file)
-            hosts = merge_hosts(existing or b"", self.ens, s.max_members, hosts_pins)
-            foreign |= self._foreign(s.hosts_file, existing, hosts)
-            hosts_written = write_file(s.hosts_file, hosts)
+            merged = self._hosts.merge(
+                lambda existing: merge_hosts(existing or b"", self.ens, s.max_members,
+                                             hosts_pins),
+            )
+            hosts, hosts_written = merged.data, merged.written
+            foreign |= self._foreign(s.hosts_file, merged.base, hosts)
             self._left[s.hosts_file] = hosts
         except (FileWriteError, OSError) as exc:
             raise ApplyError(str(exc)) from exc

@@ -15,6 +15,12 @@ Order of preference:
    old entries remains. A single ``pwrite`` within one 4 KiB page is not split
    by a signal, so files up to a page are all-or-nothing against SIGKILL.
 
+``SharedFile`` is the read-merge-write for a file others write too (``/etc/hosts``):
+it keeps a line another process adds while we merge. It merges from one read, checks
+the file is still that content right before replacing it, and keeps the replaced
+inode open, so an append that lands there after our check (``echo >> /etc/hosts``
+opened before our rename) is carried into the next merge.
+
 A symlink is followed: its target is written and the link kept. A target
 that is a mount point (listed in /proc/self/mountinfo) goes straight to the
 in-place path instead of paying for a temp file and a failed rename on every
@@ -30,12 +36,17 @@ import os
 import stat
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 _IN_PLACE_ERRNOS = frozenset({errno.EBUSY, errno.EXDEV, errno.EROFS, errno.EACCES, errno.EPERM})
 PAD_BYTE = b"\n"
 TMP_SUFFIX = ".imex-tmp"
 STALE_TMP_AGE_S = 60.0
+#: merges ``SharedFile.merge`` makes before it settles for its last write: each retry means
+#: another process wrote the file during the one before
+MERGE_ATTEMPTS = 5
 
 
 class FileWriteError(OSError):
@@ -160,6 +171,22 @@ def replace_file(path: str | os.PathLike[str], data: bytes, *, mode: int) -> Non
         raise FileWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
 
 
+def _put(
+    path: str | os.PathLike[str], target: str, data: bytes, st: os.stat_result | None,
+    default_mode: int,
+) -> None:
+    """Steps 2-3 of the module docstring for content known to differ from the file's."""
+    if st is not None and is_mount_point(target):
+        _in_place(path, target, data)
+        return
+    try:
+        _replace(target, data, st, default_mode)
+    except OSError as exc:
+        if st is None or exc.errno not in _IN_PLACE_ERRNOS:
+            raise FileWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
+        _in_place(path, target, data)
+
+
 def write_file(path: str | os.PathLike[str], data: bytes, *, default_mode: int = 0o644) -> bool:
     """Make ``path`` hold exactly ``data``; True when something was written.
 
@@ -172,12 +199,134 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, default_mode: int =
         st = None
     if st is not None and st.st_size == len(data) and read_bytes(target) == data:
         return False
-    if st is not None and is_mount_point(target):
-        return _in_place(path, target, data)
-    try:
-        _replace(target, data, st, default_mode)
-    except OSError as exc:
-        if st is None or exc.errno not in _IN_PLACE_ERRNOS:
-            raise FileWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
-        return _in_place(path, target, data)
+    _put(path, target, data, st, default_mode)
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """What ``SharedFile.merge`` did: the content it left, the content it merged from."""
+
+    data: bytes
+    base: bytes | None
+    written: bool
+    #: merges made; more than one means another process wrote the file meanwhile
+    attempts: int
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 65536, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _open_existing(target: str) -> int | None:
+    try:
+        return os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+
+
+def _same_inode(fd: int, target: str) -> bool:
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_ino, st.st_dev) == (held.st_ino, held.st_dev)
+
+
+def _unchanged(fd: int | None, target: str, content: bytes | None) -> bool:
+    """Whether ``target`` is still the inode behind ``fd`` and holds ``content``."""
+    if fd is None:
+        return not os.path.lexists(target)
+    return _same_inode(fd, target) and _read_fd(fd) == content
+
+
+@dataclass(slots=True)
+class _Replaced:
+    """The inode our last rename replaced, held open: a writer that opened it before
+    the rename (``echo >> /etc/hosts`` blocked behind our fsync) still writes there."""
+
+    fd: int
+    #: what it held when we read it, and what we renamed over it
+    known: bytes
+    put: bytes
+
+
+class SharedFile:
+    """A file other processes write too (``/etc/hosts``), merged without losing their lines.
+
+    Each ``merge`` reads once, merges, checks the file is still what it read right
+    before replacing it (and merges again when not), and keeps the replaced inode open
+    until the next ``merge``. What was written to that inode after our read (an append
+    racing our rename) is carried into the next merge, which the agent's file watcher
+    runs right after our own write. One instance per path; not thread-safe.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, default_mode: int = 0o644) -> None:
+        self.path = path
+        self.default_mode = default_mode
+        self._replaced: _Replaced | None = None
+
+    def close(self) -> None:
+        if self._replaced is not None:
+            os.close(self._replaced.fd)
+            self._replaced = None
+
+    def _carried(self, current: bytes | None) -> tuple[bytes | None, bytes | None]:
+        """(``current`` plus what was written to the inode we replaced since we read it,
+        what that inode holds now); nothing is marked carried until the merge lands."""
+        old = self._replaced
+        if old is None:
+            return current, None
+        later = _read_fd(old.fd)
+        if later == old.known:
+            return current, None
+        if current is not None and later.startswith(old.known):
+            return current + later[len(old.known) :], later  # an append: add it
+        if current == old.put:
+            return later, later  # rewritten, and ours untouched since: theirs is newer
+        return current, later  # both rewritten since: the file on disk wins
+
+    def merge(self, merge: Callable[[bytes | None], bytes]) -> Merged:
+        """Make the file hold ``merge(its content)``; ``merge`` must be pure.
+
+        It is called again on the newer content whenever the file changed while we
+        merged; after ``MERGE_ATTEMPTS`` such races in a row the last merge is written
+        anyway (the managed part must land) and the race is left to the next call.
+        Raises FileWriteError naming the file.
+        """
+        path, target = self.path, os.path.realpath(self.path)
+        data, base = b"", None
+        for attempt in range(1, MERGE_ATTEMPTS + 1):
+            try:
+                fd = _open_existing(target)
+            except OSError as exc:
+                raise FileWriteError(exc.errno, f"cannot read {path}: {exc.strerror}") from exc
+            try:
+                current = _read_fd(fd) if fd is not None else None
+                base, carried = self._carried(current)
+                data = merge(base)
+                if data == current:
+                    if carried is not None and self._replaced is not None:
+                        self._replaced.known = carried
+                    return Merged(data, base, False, attempt)
+                if attempt < MERGE_ATTEMPTS and not _unchanged(fd, target, current):
+                    continue  # changed while we merged: merge again from the news
+                _put(path, target, data, os.fstat(fd) if fd is not None else None,
+                     self.default_mode)
+                if fd is not None and current is not None and not _same_inode(fd, target):
+                    self.close()
+                    self._replaced, fd = _Replaced(fd, current, data), None
+                return Merged(data, base, True, attempt)
+            except OSError as exc:
+                if isinstance(exc, FileWriteError):
+                    raise
+                raise FileWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        raise AssertionError("the last attempt always returns")
