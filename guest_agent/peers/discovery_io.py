@@ -15,9 +15,10 @@ Which source wins:
   it is in charge, every ``dns_standby_interval`` while the registry is (a pass every
   2 s was the largest part of an idle guest's CPU). Its views are published only while
   the registry is not healthy: the last registry request failed, or no answer came for
-  ``poll_interval + longpoll_timeout``. A registry failure wakes the DNS loop at once,
-  and a standby sleep never outlasts the moment the registry would be overdue, so
-  failover takes one DNS pass either way.
+  ``poll_interval + longpoll_timeout`` after it went out (counted from the request, not
+  the answer before it, so a slow pass in between is not the registry's delay). A
+  registry failure wakes the DNS loop at once, and a standby sleep never outlasts the
+  moment the registry would be overdue, so failover takes one DNS pass either way.
   DNS views assert only what DNS said authoritatively; slots it knows nothing about are
   neither pinned nor absent and the daemon keeps what it had for them.
 * A DNS view is published only from a pass that learned something: when both the
@@ -95,6 +96,9 @@ class Discovery:
             RegistryClient(settings, ens, token=token) if settings.registry_url else None
         )
         self._registry_ok_at: float | None = None
+        #: when the request now in flight went out: the server holds it from then, so a
+        #: slow pass between an answer and the next request does not count against it
+        self._registry_asked_at: float | None = None
         self._started_at: float | None = None
         self._registry_failing = False
         self._registry_failures = 0
@@ -135,6 +139,8 @@ class Discovery:
         ref = self._registry_ok_at if self._registry_ok_at is not None else self._started_at
         if ref is None:
             return None
+        if self._registry_asked_at is not None:
+            ref = max(ref, self._registry_asked_at)
         return ref + self.settings.poll_interval + self.settings.longpoll_timeout
 
     @property
@@ -263,6 +269,7 @@ class Discovery:
         window = self.settings.poll_interval / 2
         while True:
             started = time.monotonic()  # an attempt begun inside the window may end after it
+            self._registry_asked_at = started
             try:
                 snap = await self.registry.fetch(wait)
             except RegistryDropped as exc:

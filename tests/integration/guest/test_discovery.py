@@ -312,6 +312,42 @@ async def test_stalled_registry_hands_over_after_poll_plus_longpoll(
             < 2 * POLL + 0.5
 
 
+class SlowViews(Views):
+    """A daemon slow to take a registry view in (a loaded TCG guest writing its files):
+    the next long-poll goes out ``delay`` after the answer came."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def __call__(self, view: View) -> None:
+        await super().__call__(view)
+        if view.source == "registry":
+            await asyncio.sleep(self.delay)
+
+
+async def test_a_slow_daemon_between_long_polls_does_not_send_the_guest_to_dns(
+    dns: DnsServer, registry: FakeRegistry
+) -> None:
+    """The overdue clock runs from when the long-poll went out, not from the answer
+    before it. Counted from the answer, a guest that took 2 x POLL to write its files
+    judged the next (held) long-poll overdue and published DNS views until it came back;
+    a vmtest guest did that for 1.7 s, with its /etc/hosts being written meanwhile."""
+    registry.set({0: "10.0.0.1"})
+    dns_publish(dns, {0: "10.0.0.9"})  # a DNS view would show
+    views = SlowViews(delay=2 * POLL)
+    disc = Discovery(settings(dns, registry), ENS)
+    async with running(disc, views):
+        await views.until(lambda v: v.source == "registry")
+        for pins in ({0: "10.0.0.1", 1: "10.0.0.2"}, {0: "10.0.0.1", 1: "10.0.0.3"}):
+            t0 = time.monotonic()
+            registry.set(pins)  # answered at once, then a slow publish, then a held poll
+            await views.until(lambda v, p=pins: v.pins == p)  # type: ignore[misc]
+            await asyncio.sleep(2 * POLL + LONGPOLL + 2 * POLL)  # past the held poll's end
+            assert [v.source for v in views.since(t0)] == ["registry"]
+        assert registry_healthy(disc)
+
+
 async def test_dns_stands_by_while_the_registry_answers(
     dns: DnsServer, registry: FakeRegistry
 ) -> None:
