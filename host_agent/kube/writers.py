@@ -11,7 +11,6 @@ from typing import Any, cast
 
 import msgspec
 from lightkube import AsyncClient
-from lightkube.core.resource import NamespacedResource
 from lightkube.resources.core_v1 import Secret, Service
 from lightkube.types import PatchType
 
@@ -20,7 +19,6 @@ from host_agent.crd.imexensemble import KIND as CRD_KIND
 from host_agent.crd.imexensemble import VERSION as CRD_VERSION
 from host_agent.kube.client import (
     EndpointSlice,
-    Event,
     ImexEnsemble,
     KubeError,
     api_call,
@@ -30,6 +28,8 @@ from host_agent.kube.client import (
 )
 from host_agent.kube.leadership import WriteGate
 from host_agent.kube.objects import Obj
+
+EVENTS_PATH = "/apis/events.k8s.io/v1"
 
 
 class SliceWriter:
@@ -204,22 +204,22 @@ class EventWriter:
         self._field_manager = field_manager
         self._gate = gate
 
+    # Raw calls (the lean path): through lightkube's typed stack an Event cost ~7x a
+    # lean request, a tenth of the agent's CPU in the steady-update benchmark.
     async def create_event(self, body: Obj) -> Obj:
         meta = body["metadata"]
         self._gate.ensure()
-        try:
-            obj = cast(NamespacedResource, Event.from_dict(body))
-            result = await self._client.create(obj, field_manager=self._field_manager)
-        except Exception as exc:
-            raise translate(exc, f"create Event {meta['namespace']}/{meta['name']}") from exc
-        return plain(result)
+        out = await api_call(
+            self._client, "POST", f"{EVENTS_PATH}/namespaces/{meta['namespace']}/events",
+            body=body, params={"fieldManager": self._field_manager},
+            what=f"create Event {meta['namespace']}/{meta['name']}")
+        return out or {}
 
     async def patch_event(self, namespace: str, name: str, patch: Obj) -> Obj:
         self._gate.ensure()
-        try:
-            result = await self._client.patch(
-                Event, name, patch, namespace=namespace, patch_type=PatchType.MERGE,
-                field_manager=self._field_manager)
-        except Exception as exc:
-            raise translate(exc, f"patch Event {namespace}/{name}") from exc
-        return plain(result)
+        out = await api_call(
+            self._client, "PATCH", f"{EVENTS_PATH}/namespaces/{namespace}/events/{name}",
+            body=patch, params={"fieldManager": self._field_manager},
+            content_type="application/merge-patch+json",
+            what=f"patch Event {namespace}/{name}")
+        return out or {}

@@ -1,6 +1,6 @@
 """Profile the host agent's first sync alone: 10,000 VMIs in 1,000 ensembles.
 
-``python -m tests.bench.sync_profile [--plain] [--out PATH]``
+``python -m tests.bench.sync_profile [--plain] [--steady] [--out PATH]``
 
 The ``host`` benchmark's ``--profile cpu`` covers its whole run (sync, 20,000
 updates, restarts), in which the sync is a small part. This starts the same API
@@ -8,19 +8,26 @@ double and agent, stops at the moment the last slice holds its members, and
 writes the top lines by own and by cumulative CPU time (cProfile with a CPU-time
 clock, ``cpu_profile``). ``--plain`` runs the agent without the profiler and
 prints only the sync's wall and CPU seconds, which the profiler would inflate.
+
+``--steady`` profiles the phase after the sync instead: the ``host`` benchmark's
+10,000 steady updates (the profile is cleared with SIGUSR2 once the sync is done),
+and prints the CPU per update and the writes per update.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import pstats
+import signal
 import tempfile
 import time
 from pathlib import Path
 
+from tests.bench import host_writes
 from tests.bench.common import PY, REPO_ROOT, cpu_seconds, free_port, spawn, stop
-from tests.bench.host_scale import api_double, expected_pins
+from tests.bench.host_scale import ApiTarget, _send, _updates, api_double, expected_pins
 from tests.bench.kube_proc import NAMESPACE, member_ip
 from tests.bench.slicewatch import SliceWatch
 
@@ -30,8 +37,13 @@ ENSEMBLES, PER = 1000, 10
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--plain", action="store_true", help="no profiler: wall and CPU only")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "bench-profile-sync.txt")
+    p.add_argument("--steady", action="store_true",
+                   help="profile the steady updates after the sync, not the sync")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default: bench-profile-sync.txt (bench-profile-steady.txt)")
     args = p.parse_args(argv)
+    out = args.out or REPO_ROOT / ("bench-profile-steady.txt" if args.steady
+                                   else "bench-profile-sync.txt")
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
         work = Path(tmp)
         with api_double(work, ENSEMBLES, PER, work / "api.log") as target:
@@ -49,20 +61,46 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     wall = watch.wait(f"{ENSEMBLES} slices", timeout=600) - started
                     cpu = cpu_seconds(agent.pid)
+                    if args.steady:
+                        what = _steady(work, target, watch, agent.pid, ips, args.plain)
                 finally:
                     stop(agent, timeout=60)
             finally:
                 watch.close()
         print(f"sync of {ENSEMBLES * PER} VMIs: {wall:.2f} s wall, {cpu:.2f} s agent CPU"
               + ("" if args.plain else " (under cProfile)"))
+        if args.steady:
+            print(what)
         if not args.plain:
             text = io.StringIO()
             stats = pstats.Stats(str(pstats_path), stream=text)
             stats.sort_stats("tottime").print_stats(25)
             stats.sort_stats("cumulative").print_stats(40)
-            args.out.write_text(text.getvalue())
-            print(f"profile written to {args.out}")
+            out.write_text(text.getvalue())
+            print(f"profile written to {out}")
     return 0
+
+
+def _steady(work: Path, target: ApiTarget, watch: SliceWatch, pid: int,
+            ips: dict[tuple[int, int], str], plain: bool) -> str:
+    """The ``host`` benchmark's steady phase, with the profile restarted at its start."""
+    if not plain:
+        os.kill(pid, signal.SIGUSR2)
+    before = host_writes.writes_by_resource(host_writes.counters(target.url, target.token))
+    cpu0 = cpu_seconds(pid)
+    sent = _send(work, target, _updates(ENSEMBLES, PER, 10_000, 0), 30.0, ips,
+                 work / "load.log")
+    watch.expect(expected_pins(ENSEMBLES, PER, ips))
+    done = watch.wait("slices after updates", timeout=600)
+    n = sent["sent"]
+    made = host_writes.diff(
+        host_writes.writes_by_resource(host_writes.counters(target.url, target.token)), before)
+    agent_writes, _ = host_writes.split(
+        {k: v for k, v in made.items() if not k.startswith("virtualmachineinstances")})
+    return (f"steady: {n} updates, {(cpu_seconds(pid) - cpu0) / n * 1000:.2f} ms agent CPU "
+            f"per update, {agent_writes / n:.2f} writes per update, last slice "
+            f"{done - sent['last']:.1f} s after the last update"
+            + ("" if plain else " (under cProfile)"))
 
 
 if __name__ == "__main__":
