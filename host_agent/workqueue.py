@@ -89,6 +89,10 @@ class WorkQueue(Generic[K]):
 
     # -- state -----------------------------------------------------------------
 
+    def backlog(self) -> int:
+        """Keys waiting, held or on a timer: how far behind the workers are."""
+        return len(self._queued) + len(self._active) + len(self._timers)
+
     def is_active(self, key: K) -> bool:
         return key in self._active
 

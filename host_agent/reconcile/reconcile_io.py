@@ -7,7 +7,10 @@ different ensembles run in parallel on ``settings.workers`` workers, and a
 burst of events for one ensemble (18 VMIs booting, a relist) collapses into
 one pass and at most one write per slice. The first event of a burst waits
 ``settings.settle_seconds`` before the ensemble is queued, so the rest of the
-burst joins it.
+burst joins it. Behind a backlog (``BUSY_BACKLOG_PER_WORKER`` keys per worker
+waiting, held or settling) a new key settles ``BUSY_SETTLE_SECONDS`` instead: a pass
+whose I/O is cheap keeps up with events one by one, and every change then costs its
+two writes; waiting longer when behind lets a storm's changes share a pass.
 
 Level-triggered: a pass reads only the caches, computes the whole member list
 (``state.set`` replaces it) and the whole desired slices, and the applier
@@ -58,6 +61,11 @@ from host_agent.state.snapshot import CaPublished, EnsembleSnapshot, EnsembleSpe
 from host_agent.state.store import State
 from host_agent.workqueue import WorkQueue
 from imex_shared.model import EnsembleId, ModelError
+
+#: Behind (this many keys per worker waiting, held or settling), a new key settles for
+#: BUSY_SETTLE_SECONDS instead: under a storm of changes more of them join one pass
+BUSY_BACKLOG_PER_WORKER = 2
+BUSY_SETTLE_SECONDS = 1.0
 
 log = logging.getLogger("imex.host.reconcile")
 
@@ -222,6 +230,9 @@ class Reconciler:
             self._held.add(key)  # held until the informers have synced
             return
         wait = self._settings.settle_seconds if delay is None else delay
+        if delay is None and q.backlog() >= BUSY_BACKLOG_PER_WORKER * max(
+                1, self._settings.workers):
+            wait = max(wait, BUSY_SETTLE_SECONDS)
         if wait <= 0:
             q.add(key)
         else:

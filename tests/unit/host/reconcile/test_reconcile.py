@@ -15,7 +15,11 @@ from prometheus_client import CollectorRegistry
 from host_agent.ensembles.slices_io import SliceApplier
 from host_agent.metrics import HostMetrics
 from host_agent.reconcile.reconcile import new_stores
-from host_agent.reconcile.reconcile_io import Reconciler
+from host_agent.reconcile.reconcile_io import (
+    BUSY_BACKLOG_PER_WORKER,
+    BUSY_SETTLE_SECONDS,
+    Reconciler,
+)
 from host_agent.settings import HostSettings
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId
@@ -368,3 +372,35 @@ def test_member_changes_name_each_slot_that_joined_left_or_moved() -> None:
         "slot 3 (gb200-3) joined at 10.0.0.4",
     ]
     assert member_changes(after, after) == []
+
+
+async def test_behind_a_backlog_a_new_change_settles_longer_so_more_of_a_storm_joins_it() -> None:
+    """Quiet: a change waits ``settle_seconds``. Behind (BUSY_BACKLOG_PER_WORKER keys per
+    worker waiting or held): BUSY_SETTLE_SECONDS, so changes to one ensemble arriving
+    through a storm share a pass instead of paying two writes each."""
+    settings = replace(SETTINGS, settle_seconds=0.01, workers=2)
+    rec, _state, (vmis, services, _slices), client, _ = make(settings)
+    busy_at = BUSY_BACKLOG_PER_WORKER * settings.workers
+    for e in range(busy_at + 2):
+        put(services, rec, service(f"e{e}", uid=f"6f0f1d5e-0000-4000-8000-{e:012d}"), "service")
+    ready = asyncio.Event()
+    ready.set()
+    task = await run_until_idle(rec, [ready])
+    loop = asyncio.get_running_loop()
+
+    def settle_of(e: int) -> float:
+        return rec._queue._timers[("rack1", f"e{e}")].when() - loop.time()
+
+    put(vmis, rec, vmi("q-0", ensemble="e0", ip="10.0.0.1"), "vmi")
+    assert settle_of(0) <= settings.settle_seconds  # quiet: the usual settle
+    client.gate = asyncio.Event()  # every pass now blocks in its write
+    for e in range(1, busy_at + 1):
+        put(vmis, rec, vmi(f"q-{e}", ensemble=f"e{e}", ip=f"10.0.1.{e}"), "vmi")
+    assert rec._queue.backlog() >= busy_at
+    put(vmis, rec, vmi(f"q-{busy_at + 1}", ensemble=f"e{busy_at + 1}", ip="10.0.2.1"), "vmi")
+    assert settings.settle_seconds < settle_of(busy_at + 1) <= BUSY_SETTLE_SECONDS
+    assert settle_of(busy_at + 1) > BUSY_SETTLE_SECONDS - 0.1
+    client.gate.set()
+    await asyncio.wait_for(_idle(rec), 10)
+    assert rec._queue.backlog() == 0
+    await cancel(task)
