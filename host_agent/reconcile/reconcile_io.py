@@ -7,10 +7,8 @@ different ensembles run in parallel on ``settings.workers`` workers, and a
 burst of events for one ensemble (18 VMIs booting, a relist) collapses into
 one pass and at most one write per slice. The first event of a burst waits
 ``settings.settle_seconds`` before the ensemble is queued, so the rest of the
-burst joins it. Behind a backlog (``BUSY_BACKLOG_PER_WORKER`` keys per worker
-waiting, held or settling) a new key settles ``BUSY_SETTLE_SECONDS`` instead: a pass
-whose I/O is cheap keeps up with events one by one, and every change then costs its
-two writes; waiting longer when behind lets a storm's changes share a pass.
+burst joins it; behind a backlog it waits ``BUSY_SETTLE_SECONDS``, so a storm's
+changes share a pass and its two writes rather than each paying them.
 
 Level-triggered: a pass reads only the caches, computes the whole member list
 (``state.set`` replaces it) and the whole desired slices, and the applier
@@ -62,8 +60,7 @@ from host_agent.state.store import State
 from host_agent.workqueue import WorkQueue
 from imex_shared.model import EnsembleId, ModelError
 
-#: Behind (this many keys per worker waiting, held or settling), a new key settles for
-#: BUSY_SETTLE_SECONDS instead: under a storm of changes more of them join one pass
+#: Behind by this many keys per worker (waiting, held or settling), a key settles longer
 BUSY_BACKLOG_PER_WORKER = 2
 BUSY_SETTLE_SECONDS = 1.0
 
@@ -215,10 +212,9 @@ class Reconciler:
                 self.enqueue(key)
 
     def enqueue(self, key: Key, delay: float | None = None) -> None:
-        """Queue ``key`` (once) after ``delay`` (default: the settle time).
-
-        A key that already waits (queued, or on a timer: a backoff after an error) keeps
-        its place; one being reconciled is marked dirty and passed again afterwards."""
+        """Queue ``key`` (once) after ``delay`` (default: the settle time, longer when
+        behind). A key that already waits (queued, or on a timer: a backoff after an
+        error) keeps its place; one being reconciled is marked dirty and passed again."""
         self.idle.clear()
         q = self._queue
         if q.is_active(key):
@@ -230,8 +226,7 @@ class Reconciler:
             self._held.add(key)  # held until the informers have synced
             return
         wait = self._settings.settle_seconds if delay is None else delay
-        if delay is None and q.backlog() >= BUSY_BACKLOG_PER_WORKER * max(
-                1, self._settings.workers):
+        if delay is None and q.backlog() >= BUSY_BACKLOG_PER_WORKER * self._settings.workers:
             wait = max(wait, BUSY_SETTLE_SECONDS)
         if wait <= 0:
             q.add(key)
@@ -418,11 +413,9 @@ class Reconciler:
 
     async def _reconcile_ca(self, key: Key, spec: EnsembleSpec
                             ) -> tuple[list[str], CaPublished | None]:
-        """authEncryption: the CA's Secret made right (leader) and its fingerprints.
-
-        A pass also comes back on its own: when the rotation overlap ends, and every
-        ``RECHECK_SECONDS`` (the Secret is not watched: RBAC grants no list/watch).
-        """
+        """authEncryption: the CA's Secret made right (leader) and its fingerprints. A
+        pass comes back by itself when the rotation overlap ends, and every
+        ``RECHECK_SECONDS`` (the Secret is not watched: RBAC grants no list/watch)."""
         if not spec.auth_encryption:
             return [], None
         if self._cas is None:
