@@ -10,9 +10,8 @@ skips unchanged files. So the file watcher can call ``assert_files`` on every
 inotify event, our own writes included, and only a foreign change costs a
 write (a "re-assert"). The hosts file is shared with admins and cloud-init, so it is
 merged through a ``SharedFile``, which keeps a line another process adds while we
-merge.
-The nodes file is written before the hosts file so a daemon started after both sees a
-consistent pair.
+merge. The nodes file is written before the hosts file so a daemon started after both
+sees a consistent pair.
 
 Everything here is synchronous and fast (two small files); the agent calls
 it from the event loop without awaiting, so two writers never interleave.

@@ -251,8 +251,8 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
                              f"ensembles wrote: {host_writes.breakdown(made)}")
 
             # Steady: updates as fast as the API accepts them.
-            writes_before = (host_writes.writes_by_resource(
-                host_writes.counters(target.url, target.token)) if api == "double" else {})
+            writes_before = (host_writes.writes_now(target.url, target.token)
+                             if api == "double" else {})
             cpu_before = cpu_seconds(agent.pid)
             sent = _send(work, target, _updates(ensembles, per, n_updates, 0), send_s, ips, log)
             n = sent["sent"]
@@ -266,11 +266,9 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
             put("host_updates_lag_ms", (done - sent["last"]) * 1000)
             put("host_updates_sent", n)
             if api == "double":  # writes the agent made per update: how much it coalesced
-                made = host_writes.diff(host_writes.writes_by_resource(
-                    host_writes.counters(target.url, target.token)), writes_before)
-                other, _ = host_writes.split(
-                    {k: v for k, v in made.items() if not k.startswith("virtualmachineinstances")})
-                put("host_update_writes_per_update", other / n)
+                made = host_writes.diff(host_writes.writes_now(target.url, target.token),
+                                        writes_before)
+                put("host_update_writes_per_update", host_writes.split(made)[0] / n)
                 results.note("host_update_writes", f"steady updates: {n} sent; writes "
                              f"{host_writes.breakdown(made)}")
 

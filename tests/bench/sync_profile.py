@@ -86,17 +86,15 @@ def _steady(work: Path, target: ApiTarget, watch: SliceWatch, pid: int,
     """The ``host`` benchmark's steady phase, with the profile restarted at its start."""
     if not plain:
         os.kill(pid, signal.SIGUSR2)
-    before = host_writes.writes_by_resource(host_writes.counters(target.url, target.token))
+    before = host_writes.writes_now(target.url, target.token)
     cpu0 = cpu_seconds(pid)
     sent = _send(work, target, _updates(ENSEMBLES, PER, 10_000, 0), 30.0, ips,
                  work / "load.log")
     watch.expect(expected_pins(ENSEMBLES, PER, ips))
     done = watch.wait("slices after updates", timeout=600)
     n = sent["sent"]
-    made = host_writes.diff(
-        host_writes.writes_by_resource(host_writes.counters(target.url, target.token)), before)
     agent_writes, _ = host_writes.split(
-        {k: v for k, v in made.items() if not k.startswith("virtualmachineinstances")})
+        host_writes.diff(host_writes.writes_now(target.url, target.token), before))
     return (f"steady: {n} updates, {(cpu_seconds(pid) - cpu0) / n * 1000:.2f} ms agent CPU "
             f"per update, {agent_writes / n:.2f} writes per update, last slice "
             f"{done - sent['last']:.1f} s after the last update"
