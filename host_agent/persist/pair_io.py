@@ -100,6 +100,10 @@ class ServiceAnnotationSource:
         #: our last write per Service: (rv observed before, rv returned, the pair it left;
         #: None: the annotation removed)
         self._last: dict[Key, tuple[str, str, PersistedView | None]] = {}
+        #: the annotation text last decoded per Service, and what it decoded to: a pass
+        #: over an unchanged ensemble (and the echo of our own write) compares strings
+        #: instead of parsing JSON again
+        self._decoded: dict[Key, tuple[str, PersistedView | None]] = {}
         self.writes = 0
 
     def _rv(self, key: Key) -> str | None:
@@ -113,7 +117,19 @@ class ServiceAnnotationSource:
         last = self._last.get(key)
         if last is not None and rv == last[0]:
             return last[2]  # our write is accepted, its echo not yet seen
-        pair, _ = from_service(self._services(*key))
+        return self._decode(key, self._services(*key))
+
+    def _decode(self, key: Key, service: Mapping[str, Any] | None) -> PersistedView | None:
+        meta = service.get("metadata") if service is not None else None
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        text = annotations.get(MEMBERSHIP_ANNOTATION) if isinstance(annotations, Mapping) else None
+        if not isinstance(text, str):
+            return None
+        memo = self._decoded.get(key)
+        if memo is not None and memo[0] == text:
+            return memo[1]
+        pair, _ = from_service(service)
+        self._decoded[key] = (text, pair)
         return pair
 
     def is_echo(self, key: Key, service: Mapping[str, Any] | None) -> bool:
@@ -128,8 +144,10 @@ class ServiceAnnotationSource:
 
     async def write(self, key: Key, pair: PersistedView,
                     preview: EnsembleSnapshot | None = None) -> PersistedView:
-        written = await self._patch(key, {MEMBERSHIP_ANNOTATION: encode(pair)})
-        pair_back, _ = from_service(written)
+        text = encode(pair)
+        self._decoded[key] = (text, pair)  # its echo (and the answer) need no parsing
+        written = await self._patch(key, {MEMBERSHIP_ANNOTATION: text})
+        pair_back = self._decode(key, written)
         return pair_back if pair_back is not None else pair
 
     def holds(self, key: Key) -> bool:
@@ -164,13 +182,14 @@ class ServiceAnnotationSource:
         )
         self.writes += 1
         new_rv = ((out or {}).get("metadata") or {}).get("resourceVersion")
-        written, _ = from_service(out)
+        written = self._decode(key, out)
         if isinstance(new_rv, str):
             self._last[key] = (informer_rv or rv, new_rv, written)
         return out
 
     def forget(self, key: Key) -> None:
         self._last.pop(key, None)
+        self._decoded.pop(key, None)
 
 
 class StatusPairWriter(Protocol):
