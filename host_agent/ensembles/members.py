@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from host_agent.ensembles.service_spec import INDEX_LABEL
@@ -76,6 +76,9 @@ class Candidate:
     reason: str | None = None
     phase: str = ""
     deleting: bool = False
+    #: a member's every usable address (``vmi_addresses``), kept with the rest so that
+    #: a pass over an unchanged VMI (``ExamineMemo``) does not parse them again
+    addresses: frozenset[str] = frozenset()
 
 
 #: Reasons a VMI of the ensemble holds no published slot (ImexEnsemble status, Events).
@@ -94,6 +97,8 @@ class Derivation:
     members: list[Member]
     problems: list[str]
     absent: tuple[Absent, ...] = ()
+    #: member index -> every usable address its VMI reports (``vmi_addresses``)
+    addresses: Mapping[int, frozenset[str]] = field(default_factory=dict)
 
 
 def _mapping(value: object) -> Mapping[str, object]:
@@ -308,7 +313,8 @@ def examine_vmi(vmi: Mapping[str, object], spec: EnsembleSpec) -> Candidate:
         phase=phase,
         ready=_ready(status),
     )
-    return Candidate(name, index, True, member, None, None, phase)
+    return Candidate(name, index, True, member, None, None, phase,
+                     addresses=vmi_addresses(vmi))
 
 
 def vmi_addresses(vmi: Mapping[str, object]) -> frozenset[str]:
@@ -402,6 +408,7 @@ def derive(
         if c.live and c.index is not None:
             holders.setdefault(c.index, []).append(c)
     members: list[Member] = []
+    addresses: dict[int, frozenset[str]] = {}
     duplicated: set[str] = set()
     for index, group in holders.items():
         if len(group) > 1:
@@ -415,6 +422,7 @@ def derive(
         member = group[0].member
         if member is not None:
             members.append(member)
+            addresses[index] = group[0].addresses
     members.sort(key=lambda m: m.index)
     absent = tuple(sorted(
         (Absent(c.vmi, c.index, c.phase,
@@ -422,4 +430,4 @@ def derive(
          for c in candidates if (c.member is None or c.vmi in duplicated) and not c.deleting),
         key=lambda a: a.vmi,
     ))
-    return Derivation(members, sorted(problems), absent)
+    return Derivation(members, sorted(problems), absent, addresses)

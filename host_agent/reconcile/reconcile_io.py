@@ -39,7 +39,7 @@ from host_agent.ensembles.cr_spec import (
     Declaration,
     spec_changed,
 )
-from host_agent.ensembles.members import ExamineMemo, derive, vmi_addresses, vmi_name
+from host_agent.ensembles.members import ExamineMemo, derive
 from host_agent.ensembles.owned_service_io import ServiceApplier
 from host_agent.ensembles.service_spec import ENSEMBLE_LABEL
 from host_agent.ensembles.slices import (
@@ -363,8 +363,7 @@ class Reconciler:
         derived = derive(spec, vmis, self._examine)
         members = derived.members
         all_problems = [*problems, *ca_problems, *derived.problems]
-        by_name = {vmi_name(v): v for v in vmis}
-        addresses = {m.index: vmi_addresses(by_name[m.vmi]) for m in members if m.vmi in by_name}
+        addresses = derived.addresses
         before = self._state.get(spec.ens)
         if self._pairs is not None:
             pair = await self._pairs.settle(key, spec, members, addresses, ca, all_problems,

@@ -471,6 +471,23 @@ def test_vmi_addresses_collects_every_usable_address_of_every_interface() -> Non
     assert vmi_addresses({"metadata": {"name": "x"}}) == frozenset()
 
 
+def test_derive_gives_each_published_member_every_address_its_vmi_reports() -> None:
+    """The registry accepts a member's report from any of its addresses; the pass takes
+    them from the derivation (examined once per VMI version), and a VMI that is not
+    published (a shared slot, no address) has none there."""
+    from host_agent.ensembles.members import derive
+
+    two = vmi("gb200-2", interfaces=[
+        {"name": "default", "ipAddress": "10.0.0.2", "ipAddresses": ["10.0.0.2"]},
+        {"name": "imex", "ipAddress": "192.168.50.2"}])
+    derived = derive(SPEC, [vmi("gb200-1", ip="10.0.0.1"), two,
+                            vmi("gb200-3", ip="10.0.0.3"),
+                            vmi("other-3", index="3", ip="10.0.0.33"),
+                            vmi("gb200-4", ip=None)])
+    assert [m.index for m in derived.members] == [1, 2]
+    assert derived.addresses == {1: {"10.0.0.1"}, 2: {"10.0.0.2", "192.168.50.2"}}
+
+
 def test_examine_memo_reuses_a_verdict_only_for_the_same_object_and_spec() -> None:
     from dataclasses import replace as dc_replace
 
