@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             stats = pstats.Stats(str(pstats_path), stream=text)
             stats.sort_stats("tottime").print_stats(25)
             stats.sort_stats("cumulative").print_stats(40)
+            # who calls the builtins at the top of the own-time list (isinstance, dict.get)
+            stats.sort_stats("tottime").print_callers(4)
             out.write_text(text.getvalue())
             print(f"profile written to {out}")
     return 0
