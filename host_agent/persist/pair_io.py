@@ -43,6 +43,7 @@ annotation below what guests hold.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -100,10 +101,10 @@ class ServiceAnnotationSource:
         #: our last write per Service: (rv observed before, rv returned, the pair it left;
         #: None: the annotation removed)
         self._last: dict[Key, tuple[str, str, PersistedView | None]] = {}
-        #: the annotation text last decoded per Service, and what it decoded to: a pass
-        #: over an unchanged ensemble (and the echo of our own write) compares strings
-        #: instead of parsing JSON again
-        self._decoded: dict[Key, tuple[str, PersistedView | None]] = {}
+        #: a digest of the annotation text last decoded per Service, and what it decoded
+        #: to: a pass over an unchanged ensemble (and the echo of our own write) compares
+        #: digests instead of parsing JSON again, and no second copy of a text is kept
+        self._decoded: dict[Key, tuple[bytes, PersistedView | None]] = {}
         self.writes = 0
 
     def _rv(self, key: Key) -> str | None:
@@ -125,11 +126,12 @@ class ServiceAnnotationSource:
         text = annotations.get(MEMBERSHIP_ANNOTATION) if isinstance(annotations, Mapping) else None
         if not isinstance(text, str):
             return None
+        digest = _digest(text)
         memo = self._decoded.get(key)
-        if memo is not None and memo[0] == text:
+        if memo is not None and memo[0] == digest:
             return memo[1]
         pair, _ = from_service(service)
-        self._decoded[key] = (text, pair)
+        self._decoded[key] = (digest, pair)
         return pair
 
     def is_echo(self, key: Key, service: Mapping[str, Any] | None) -> bool:
@@ -145,7 +147,7 @@ class ServiceAnnotationSource:
     async def write(self, key: Key, pair: PersistedView,
                     preview: EnsembleSnapshot | None = None) -> PersistedView:
         text = encode(pair)
-        self._decoded[key] = (text, pair)  # its echo (and the answer) need no parsing
+        self._decoded[key] = (_digest(text), pair)  # its echo and the answer: no parsing
         written = await self._patch(key, {MEMBERSHIP_ANNOTATION: text})
         pair_back = self._decode(key, written)
         return pair_back if pair_back is not None else pair
@@ -190,6 +192,10 @@ class ServiceAnnotationSource:
     def forget(self, key: Key) -> None:
         self._last.pop(key, None)
         self._decoded.pop(key, None)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 class StatusPairWriter(Protocol):

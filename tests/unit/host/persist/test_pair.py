@@ -174,7 +174,7 @@ def test_a_cr_serves_the_larger_of_its_status_and_an_adopted_annotation() -> Non
 
 
 def test_the_annotation_is_parsed_again_only_when_its_text_changes() -> None:
-    """A pass over an unchanged ensemble compares the text with the one it decoded last
+    """A pass over an unchanged ensemble compares a digest of the text with the last one
     (the steady phase's profile had decode as a tenth of the agent's CPU); a new text, a
     removed annotation or an unreadable one is read as it is now."""
     svc: dict[str, Any] = {"metadata": {"name": "gb200", "namespace": "rack1",
