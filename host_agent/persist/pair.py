@@ -145,14 +145,18 @@ def decode(text: str) -> PersistedView:
     return PersistedView(generation, view_from_json(doc.get("view")), tuple(since))
 
 
-def from_service(service: Mapping[str, Any] | None) -> tuple[PersistedView | None, str | None]:
-    """The pair on a Service, and a problem when the annotation is unreadable."""
-    if service is None:
-        return None, None
-    meta = service.get("metadata")
+def annotation_text(service: Mapping[str, Any] | None) -> str | None:
+    """The membership annotation's text on a Service (None: absent or not a string)."""
+    meta = service.get("metadata") if service is not None else None
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     text = annotations.get(MEMBERSHIP_ANNOTATION) if isinstance(annotations, Mapping) else None
-    if not isinstance(text, str):
+    return text if isinstance(text, str) else None
+
+
+def from_service(service: Mapping[str, Any] | None) -> tuple[PersistedView | None, str | None]:
+    """The pair on a Service, and a problem when the annotation is unreadable."""
+    text = annotation_text(service)
+    if text is None:
         return None, None
     try:
         return decode(text), None

@@ -56,8 +56,9 @@ from host_agent.persist.pair import (
     MEMBERSHIP_ANNOTATION,
     MembershipError,
     PersistedView,
+    annotation_text,
+    decode,
     encode,
-    from_service,
     next_pair,
     pair_from_status,
     wall_ms,
@@ -121,16 +122,18 @@ class ServiceAnnotationSource:
         return self._decode(key, self._services(*key))
 
     def _decode(self, key: Key, service: Mapping[str, Any] | None) -> PersistedView | None:
-        meta = service.get("metadata") if service is not None else None
-        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-        text = annotations.get(MEMBERSHIP_ANNOTATION) if isinstance(annotations, Mapping) else None
-        if not isinstance(text, str):
+        text = annotation_text(service)
+        if text is None:
             return None
         digest = _digest(text)
         memo = self._decoded.get(key)
         if memo is not None and memo[0] == digest:
             return memo[1]
-        pair, _ = from_service(service)
+        pair: PersistedView | None
+        try:
+            pair = decode(text)
+        except MembershipError:
+            pair = None  # unreadable: as if absent; the leader writes a new generation
         self._decoded[key] = (digest, pair)
         return pair
 
@@ -149,8 +152,7 @@ class ServiceAnnotationSource:
         text = encode(pair)
         self._decoded[key] = (_digest(text), pair)  # its echo and the answer: no parsing
         written = await self._patch(key, {MEMBERSHIP_ANNOTATION: text})
-        pair_back = self._decode(key, written)
-        return pair_back if pair_back is not None else pair
+        return written if written is not None else pair
 
     def holds(self, key: Key) -> bool:
         """The Service (as last observed, or as our last write left it) carries the
@@ -169,7 +171,8 @@ class ServiceAnnotationSource:
         await self._patch(key, {MEMBERSHIP_ANNOTATION: None})
 
     async def _patch(self, key: Key, annotations: Mapping[str, str | None]
-                     ) -> Mapping[str, Any] | None:
+                     ) -> PersistedView | None:
+        """The preconditioned merge patch; returns the pair the answer holds (None: none)."""
         informer_rv = rv = self._rv(key)
         last = self._last.get(key)
         if last is not None and rv == last[0]:
@@ -187,7 +190,7 @@ class ServiceAnnotationSource:
         written = self._decode(key, out)
         if isinstance(new_rv, str):
             self._last[key] = (informer_rv or rv, new_rv, written)
-        return out
+        return written
 
     def forget(self, key: Key) -> None:
         self._last.pop(key, None)

@@ -109,7 +109,7 @@ async def send_reports(port: int, reports: list[tuple[float, int, int, str, int]
     harness). The client is loadgen's few lines of asyncio streams, not httpx: at 360
     reports httpx spent 3.3 CPU-s sending them, five times the agent's CPU for
     answering, so on 2 cores the answer times were mostly the harness's own queue
-    (docs/benchmarks.md "The boot storm's answers")."""
+    (docs/benchmarks.md "The boot storm, without the harness's own cost")."""
     t0 = time.monotonic()
     ok = 0
     streams: dict[tuple[int, int], tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
