@@ -9,7 +9,8 @@ Delayed requests are one timer per key, kept here and cancelled by ``close``, so
 nothing fires after the controller has stopped. Which of two timers of one key wins
 is the caller's policy (``earliest``): the reconciler keeps the first (a key backing
 off after an error is not retried sooner because a new event came), the status writer
-the earliest (a report due now is not held behind a staleness check due later).
+the earliest (a report due now is not held behind a staleness check due later), or,
+inside a burst, the last request's (``cancel_timer`` first: served once it is quiet).
 
 Everything runs on the event loop thread; nothing here blocks or raises.
 """
