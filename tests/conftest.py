@@ -10,6 +10,14 @@ from pathlib import Path
 
 import pytest
 
+# make test's two xdist workers: root and e2e tests on one of them (tests/parallel.py)
+from tests.parallel import (  # noqa: F401
+    pytest_configure,
+    pytest_unconfigure,
+    pytest_xdist_make_scheduler,
+    write_system_ids,
+)
+
 # the skip policy's hooks (tests/skips.py), for every tier
 from tests.skips import pytest_sessionfinish, pytest_terminal_summary  # noqa: F401
 
@@ -17,6 +25,7 @@ RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    write_system_ids(config, items)
     if os.geteuid() == 0:
         return
     skip = pytest.mark.skip(reason="needs root: creates network namespaces and bind mounts")

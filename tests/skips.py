@@ -100,6 +100,8 @@ def _skip_reason(report: pytest.TestReport) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under CI=true, fail the run on any skip or xfail the allowlist does not allow."""
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller has every report
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None or getattr(session.config.option, "collectonly", False):
         return
@@ -110,7 +112,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[_REFUSED_KEY] = refused
     counts = {key: len([r for r in stats.get(key, []) if isinstance(r, pytest.TestReport)])
               for key in ("passed", "failed", "skipped", "xfailed", "xpassed", "error")}
-    counts["deselected"] = len(stats.get("deselected", []))
+    if not getattr(session.config.option, "numprocesses", None):
+        counts["deselected"] = len(stats.get("deselected", []))  # xdist's workers deselect
     # which tests failed, and in which phase (an error is a setup or teardown failure):
     # CI's log may be cut, and its last lines must still name them
     failures: list[tuple[str, str]] = [

@@ -43,9 +43,10 @@ class Tier:
 _ELSEWHERE = ("vm", "chroot", "realk8s", "realnode", "bench", "soak")
 
 TIERS: dict[str, Tier] = {
-    # the 30 slowest tests and fixtures printed at the end: where CI's time goes
+    # the 30 slowest tests and fixtures printed at the end: where CI's time goes; two
+    # xdist workers, every root and e2e test on one of them (tests/parallel.py)
     "test": Tier("make test", " and ".join(f"not {m}" for m in _ELSEWHERE), ("tests",),
-                 options=("-q", "--durations=30")),
+                 options=("-q", "--durations=30", "-n", "2")),
     "realk8s": Tier("make realk8s", "realk8s", ("tests/realk8s",),
                     options=("-q", "--durations=30")),
     # issue 29: the docs' shell blocks on the realk8s control plane (tests/docs/blocks.py)
