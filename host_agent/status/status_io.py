@@ -233,6 +233,12 @@ class StatusWriter:
     async def _worker(self) -> None:
         while True:
             key = await self._queue.get()
+            if key not in self._pairs and self._too_soon(key):
+                # its timer was set before the last write (it waited in the queue while
+                # that write went out): the budget holds when a key is served, too
+                self._queue.done(key)
+                self.request(key)
+                continue
             try:
                 pair = self._pairs.pop(key, None)
                 if pair is not None:
@@ -255,6 +261,11 @@ class StatusWriter:
             finally:
                 if self._queue.done(key):
                     self.request(key)
+
+    def _too_soon(self, key: Key) -> bool:
+        last = self._last_write.get(key)
+        return last is not None and \
+            asyncio.get_running_loop().time() < last + self._min_interval - self._settle
 
     def _observed(self, key: Key, cr: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """The CR's status as the API holds it: the informer's, or our newer write."""

@@ -177,6 +177,37 @@ async def test_a_storm_answered_in_batches_over_more_than_a_second_costs_two_wri
         assert w.last()["imexReady"] == 18  # nothing reported is left out
 
 
+async def test_a_key_served_from_a_timer_set_before_the_last_write_waits_for_the_budget(
+        ) -> None:
+    """With 20 ensembles in a storm, a key waits in the queue for a worker while a new
+    request sets its timer; the worker then writes, and the timer fires right after."""
+    async with World(min_interval=0.5) as w:
+        w.publish(2)
+        await w.quiet()
+        await asyncio.sleep(0.5)  # the interval since the publishing write has passed
+        loop = asyncio.get_running_loop()
+        times: list[float] = []
+        original = w.api.apply_status
+
+        async def timed(ns: str, name: str, status: dict[str, Any],
+                        rv: str | None = None) -> dict[str, Any]:
+            times.append(loop.time())
+            return await original(ns, name, status, rv)
+
+        w.api.apply_status = timed  # type: ignore[method-assign]
+        w.report(0)
+        async with asyncio.timeout(5):
+            while not times or w.writer._queue.is_active(KEY):  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+        w.report(1)  # a change, and the old timer of the key firing now
+        w.writer._queue.cancel_timer(KEY)
+        w.writer._queue.add(KEY)
+        await w.quiet()
+        assert len(times) == 2, times
+        assert times[1] - times[0] >= 0.45, times  # not at once: the budget held
+        assert w.last()["imexReady"] == 2
+
+
 async def test_a_burst_that_never_goes_quiet_is_still_written_within_max_wait() -> None:
     async with World(min_interval=0.2, quiet=0.3, max_wait=0.5) as w:
         w.publish(3)
