@@ -24,8 +24,10 @@ batches over a little more than a second, count as one burst. So 18 guests
 reporting within a second cost at most two writes: the first report's, and
 one with everything else when the storm is over (issue 27: with the interval
 alone, the last batch came just after the second write about a quarter of the
-time, and cost a third). An evaluation that finds the status already right
-writes nothing.
+time, and cost a third). The budget is checked again when a worker takes the
+key: a timer set before the last write (the key waited in the queue while that
+write went out) puts it back under the budget instead of writing at once. An
+evaluation that finds the status already right writes nothing.
 While an ensemble is being evaluated, new requests mark it dirty and it is
 evaluated again afterwards: one ensemble is never written twice at once (the
 work queue's rules, host_agent/workqueue.py).

@@ -115,22 +115,37 @@ async def send_reports(port: int, reports: list[tuple[float, int, int, str, int]
     streams: dict[tuple[int, int], tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
     locks: dict[tuple[int, int], asyncio.Lock] = {}
 
+    async def exchange(e: int, i: int, request: bytes) -> int:
+        kept = (e, i) in streams
+        if not kept:
+            streams[(e, i)] = await asyncio.open_connection("127.0.0.1", port)
+        r, w = streams[(e, i)]
+        try:
+            w.write(request)
+            status, _ = await asyncio.wait_for(read_response(r), 30)
+            return status
+        except (asyncio.IncompleteReadError, ConnectionError):
+            # the server closes a connection idle past its keep-alive timeout (uvicorn:
+            # 5 s, as the churn's pauses are): a kept one is opened again, as a guest's
+            # HTTP client does, and the report sent on it
+            del streams[(e, i)]
+            w.close()
+            if not kept:
+                raise
+            return await exchange(e, i, request)
+
     async def one(at: float, e: int, i: int, state: str, gen: int) -> None:
         nonlocal ok
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
         async with locks.setdefault((e, i), asyncio.Lock()):
             sent = time.monotonic()
-            if (e, i) not in streams:
-                streams[(e, i)] = await asyncio.open_connection("127.0.0.1", port)
-            r, w = streams[(e, i)]
             body = json.dumps({"imex_state": state, "generation_applied": gen}).encode()
-            w.write(request_bytes(
+            status = await exchange(e, i, request_bytes(
                 "PUT", "127.0.0.1", port,
                 f"/v1/ensembles/{NAMESPACE}/e{e}/members/{i}/status", body=body,
                 headers={"Authorization": f"Bearer {BENCH_TOKEN}",
                          "X-Forwarded-For": member_ip(e, i),
                          "Content-Type": "application/json"}))
-            status, _ = await asyncio.wait_for(read_response(r), 30)
             ok += status == 200
             if answers is not None:
                 answers.append(time.monotonic() - sent)

@@ -12,7 +12,8 @@ from tests.bench.kube_proc import BENCH_TOKEN, NAMESPACE, member_ip
 from tests.bench.status_writes import send_reports
 
 
-async def serve_and_send(reports: list[tuple[float, int, int, str, int]]
+async def serve_and_send(reports: list[tuple[float, int, int, str, int]],
+                         answers_per_connection: int = 1_000,
                          ) -> tuple[int, list[dict[str, object]], int, list[float]]:
     seen: list[dict[str, object]] = []
     connections = 0
@@ -21,7 +22,7 @@ async def serve_and_send(reports: list[tuple[float, int, int, str, int]]
         nonlocal connections
         connections += 1
         try:
-            while True:
+            for _ in range(answers_per_connection):
                 head = (await r.readuntil(b"\r\n\r\n")).decode()
                 line, *fields = head.split("\r\n")
                 headers = {k.lower(): v.strip() for k, _, v in
@@ -66,3 +67,17 @@ def test_each_report_arrives_as_the_registry_expects_and_only_200s_count() -> No
          '{"generation_applied": 7, "imex_state": "WAITING_FOR_PEERS"}'),
     ])
     assert {s["auth"] for s in seen} == {f"Bearer {BENCH_TOKEN}"}
+
+
+def test_a_kept_connection_the_server_closed_is_opened_again() -> None:
+    """uvicorn closes a connection idle past its keep-alive timeout; the churn's guests
+    pause longer than that between reports."""
+    reports = [(0.0, 0, 0, "READY", 3), (0.1, 0, 0, "UNAVAILABLE", 3),
+               (0.2, 0, 0, "READY", 4)]
+    ok, seen, connections, _ = asyncio.run(serve_and_send(reports, answers_per_connection=1))
+    assert ok == 3  # every report answered, none lost on a closed connection
+    assert connections == 3
+    assert [s["body"] for s in seen] == [
+        {"imex_state": "READY", "generation_applied": 3},
+        {"imex_state": "UNAVAILABLE", "generation_applied": 3},
+        {"imex_state": "READY", "generation_applied": 4}]
