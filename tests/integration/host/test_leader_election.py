@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any
 
@@ -246,12 +247,17 @@ async def test_reports_land_on_any_replica_show_everywhere_and_survive_restarts(
             assert time.monotonic() - t0 < 2.0, "the leader must show it within 2 s"
             await asyncio.sleep(0.05)
         measured("host.report.shown_by_leader", time.monotonic() - t0)
-        # a boot storm of 18 reports within a second to one replica: at most 2 writes
+        # a boot storm of 18 reports to one replica: the first written at once, the rest
+        # together, at most one write per 0.5 s (persist/reports.py). Two writes when the
+        # 18 come within 0.5 s; a loaded machine may stretch them: one more per 0.5 s
         before = api.writes("configmaps", served_only=True)
+        t_storm = time.monotonic()
         answers = await asyncio.gather(*(put_report(client, leader, i, "WAITING_FOR_PEERS")
                                          for i in range(18)))
+        span = measured("host.report.storm_span", time.monotonic() - t_storm)
         assert {a.status_code for a in answers} == {200}
-        assert api.writes("configmaps", served_only=True) - before <= 2
+        writes = api.writes("configmaps", served_only=True) - before
+        assert 1 <= writes <= 2 + math.floor(span / 0.5), (writes, span)
         t0 = time.monotonic()  # shown everywhere within 2.5 s: measured max 1 ms (16 runs)
         for a in agents:
             await eventually(lambda a=a: a.agent.state.get(ENS) is not None and all(
