@@ -124,6 +124,20 @@ class World:
                     (due := queue.next_timer()) is not None and due < loop.time() + horizon):
                 await asyncio.sleep(0.01)
 
+    def write_times(self) -> list[float]:
+        """The loop time of every status write from now on."""
+        times: list[float] = []
+        original = self.api.apply_status
+        loop = asyncio.get_running_loop()
+
+        async def timed(ns: str, name: str, status: dict[str, Any],
+                        rv: str | None = None) -> dict[str, Any]:
+            times.append(loop.time())
+            return await original(ns, name, status, rv)
+
+        self.api.apply_status = timed  # type: ignore[method-assign]
+        return times
+
     def last(self) -> dict[str, Any]:
         return self.api.calls[-1]
 
@@ -185,16 +199,7 @@ async def test_a_key_served_from_a_timer_set_before_the_last_write_waits_for_the
         w.publish(2)
         await w.quiet()
         await asyncio.sleep(0.5)  # the interval since the publishing write has passed
-        loop = asyncio.get_running_loop()
-        times: list[float] = []
-        original = w.api.apply_status
-
-        async def timed(ns: str, name: str, status: dict[str, Any],
-                        rv: str | None = None) -> dict[str, Any]:
-            times.append(loop.time())
-            return await original(ns, name, status, rv)
-
-        w.api.apply_status = timed  # type: ignore[method-assign]
+        times = w.write_times()
         w.report(0)
         async with asyncio.timeout(5):
             while not times or w.writer._queue.is_active(KEY):  # noqa: ASYNC110
@@ -213,15 +218,7 @@ async def test_a_burst_that_never_goes_quiet_is_still_written_within_max_wait() 
         w.publish(3)
         await w.quiet()
         loop = asyncio.get_running_loop()
-        times: list[float] = []
-        original = w.api.apply_status
-
-        async def timed(ns: str, name: str, status: dict[str, Any],
-                        rv: str | None = None) -> dict[str, Any]:
-            times.append(loop.time())
-            return await original(ns, name, status, rv)
-
-        w.api.apply_status = timed  # type: ignore[method-assign]
+        times = w.write_times()
         states = ["STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "READY"]
         t0 = loop.time()
         step = 0
@@ -259,15 +256,7 @@ async def test_never_more_than_one_write_per_interval() -> None:
         w.publish(3)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        times: list[float] = []
-        original = w.api.apply_status
-
-        async def timed(ns: str, name: str, status: dict[str, Any],
-                        rv: str | None = None) -> dict[str, Any]:
-            times.append(loop.time())
-            return await original(ns, name, status, rv)
-
-        w.api.apply_status = timed  # type: ignore[method-assign]
+        times = w.write_times()
         states = ["STARTING_AUTH_SERVER", "WAITING_FOR_PEERS", "READY"]
         while loop.time() - t0 < 1.0:  # something changes every 20 ms
             w.report(0, states[int((loop.time() - t0) * 50) % 3])
