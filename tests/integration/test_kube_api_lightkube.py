@@ -12,13 +12,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Namespace, Service
 from lightkube.resources.discovery_v1 import EndpointSlice
 from lightkube.types import PatchType
 
-from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401
+from tests.sandbox.kube_api.fixtures import (  # noqa: F401
+    KubeApiHandle,
+    kube_api_fixture,
+    lightkube_client_fixture,
+)
 
 VMI = create_namespaced_resource(
     "kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances")
@@ -28,15 +32,6 @@ pytestmark = pytest.mark.timeout(30)
 # A label value may not contain "/": DESIGN.md's "imex-ensemble.io/host-agent" is refused by a
 # real apiserver (and by the double, see test_kube_api_validation.py); this form is valid.
 MANAGED_BY = "host-agent.imex-ensemble.io"
-
-
-@pytest.fixture
-async def client(kube_api: KubeApiHandle) -> AsyncIterator[AsyncClient]:
-    c = AsyncClient(KubeConfig.from_file(kube_api.kubeconfig_path))
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 # Typed classes are named explicitly: lightkube's codecs.from_dict looks the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,11 @@ from lightkube import AsyncClient, KubeConfig
 from host_agent.kube import http11, lean_listwatch
 from host_agent.kube.client import KubeError, api_call, count_requests
 from host_agent.kube.writers import SliceWriter
-from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401
+from tests.sandbox.kube_api.fixtures import (  # noqa: F401
+    KubeApiHandle,
+    kube_api_fixture,
+    lightkube_client_fixture,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -172,15 +176,6 @@ async def test_an_answer_that_never_comes_times_out() -> None:
     finally:
         await pool.aclose()
         server.close()
-
-
-@pytest.fixture
-async def client(kube_api: KubeApiHandle) -> AsyncIterator[AsyncClient]:
-    c = AsyncClient(KubeConfig.from_file(kube_api.kubeconfig_path))
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_api_call_takes_the_lean_path_against_the_double_and_is_counted(

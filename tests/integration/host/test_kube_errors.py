@@ -10,25 +10,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from lightkube import AsyncClient, KubeConfig
+from lightkube import AsyncClient
 
 from host_agent.kube.client import AlreadyExists, KubeError, api_call, translate
 from host_agent.kube.writers import SecretWriter
-from tests.sandbox.kube_api.fixtures import KubeApiHandle, kube_api_fixture  # noqa: F401
+from tests.sandbox.kube_api.fixtures import (  # noqa: F401
+    kube_api_fixture,
+    lightkube_client_fixture,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
 SECRET = {"apiVersion": "v1", "kind": "Secret",
           "metadata": {"name": "s1", "namespace": "default"}, "data": {"k": "dg=="}}
-
-
-@pytest.fixture
-async def client(kube_api: KubeApiHandle) -> AsyncIterator[AsyncClient]:
-    c = AsyncClient(KubeConfig.from_file(kube_api.kubeconfig_path))
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_a_create_over_an_existing_object_keeps_reason_and_details(

@@ -3,7 +3,7 @@
 Use from a test module or a conftest.py:
 
     from tests.sandbox.kube_api.fixtures import kube_api_fixture  # noqa: F401
-    (likewise kube_api_factory_fixture, kube_api_async_fixture)
+    (likewise kube_api_factory_fixture, kube_api_async_fixture, lightkube_client_fixture)
 
 (the functions are named `*_fixture` and registered under the fixture names
 `kube_api` / `kube_api_factory` / `kube_api_async`, so the import does not
@@ -32,6 +32,9 @@ port, so code under test may block or run in the test's loop freely.
 `kube_api_factory(crds=())` is a cluster without the ImexEnsemble CRD (every
 double has it installed otherwise, from manifests/base).
 
+`client` (import `lightkube_client_fixture`) yields a lightkube `AsyncClient` on
+`kube_api`'s kubeconfig, closed at teardown.
+
 `kube_api_async` yields a `KubeApiServer` on the test's own event loop
 (async tests only; its `outage`/`recover`/`restart` are coroutines).
 """
@@ -45,6 +48,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from lightkube import AsyncClient, KubeConfig
 
 from .server import KubeApiServer, ThreadedKubeApi
 
@@ -87,6 +91,15 @@ def kube_api_factory_fixture(tmp_path: Path) -> Iterator[KubeApiFactory]:
     finally:
         for api in started:
             api.stop()
+
+
+@pytest_asyncio.fixture(name="client")
+async def lightkube_client_fixture(kube_api: KubeApiHandle) -> AsyncIterator[AsyncClient]:
+    c = AsyncClient(KubeConfig.from_file(kube_api.kubeconfig_path))
+    try:
+        yield c
+    finally:
+        await c.close()
 
 
 @pytest_asyncio.fixture(name="kube_api_async")
