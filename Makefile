@@ -1,5 +1,9 @@
 # Every target bootstraps .venv on first use (Python 3.11+, pip).
-PY ?= python3
+# Debian's python3 when it is 3.11+ with venv support: the interpreter the host agent image
+# and the guests run, built with PGO and LTO. This machine kind's python3 on PATH is a pyenv
+# build without them, which costs the tests and benchmarks ~30 % more CPU (docs/benchmarks.md).
+PY ?= $(shell /usr/bin/python3 -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 11))' \
+	2>/dev/null && echo /usr/bin/python3 || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -9,7 +13,7 @@ STAMP := $(VENV)/.installed
 
 # constraints.txt pins every test and lint dependency (bumped in commits of their own)
 $(STAMP): pyproject.toml constraints.txt
-	@echo "make: setting up $(VENV) (once; pip install -c constraints.txt -e '.[test]')"
+	@echo "make: setting up $(VENV) with $(PY) (once; pip install -c constraints.txt -e '.[test]')"
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt --upgrade pip
 	@$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
