@@ -9,7 +9,9 @@ tier it is (the hook is in tests/conftest.py). Outside CI the same skips are lis
 not failed: a developer without root gets the "needs root" skips.
 
 Each run also writes its counts (``test-artifacts/tiers/<tier>.json``), which .ci/run
-prints at the end, one line per tier.
+prints at the end, one line per tier; a tier CI runs more than once (the arm64 and the
+trixie smoke are both ``vmtest-matrix``) names each run with ``IMEX_TIER_LABEL``, so that
+one run's file never replaces another's (``<tier>-<label>.json``, tier "<tier> <label>").
 """
 
 from __future__ import annotations
@@ -73,9 +75,10 @@ def write_summary(tier: str, counts: dict[str, int], skips: list[tuple[str, str]
                   refused: list[tuple[str, str]], failures: list[tuple[str, str]]) -> Path:
     out = Path(os.environ.get("IMEX_TIER_SUMMARY_DIR", SUMMARY_DIR))
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{tier}.json"
+    label = os.environ.get("IMEX_TIER_LABEL", "")
+    path = out / (f"{tier}-{label}.json" if label else f"{tier}.json")
     path.write_text(json.dumps({
-        "tier": tier, "counts": counts,
+        "tier": f"{tier} {label}" if label else tier, "counts": counts,
         "skips": [{"test": n, "reason": r} for n, r in skips],
         "refused": [{"test": n, "reason": r} for n, r in refused],
         "failures": [{"test": n, "when": w} for n, w in failures],

@@ -42,6 +42,7 @@ def run(tmp_path: Path, allowlist: str, ci: bool,
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # no hypothesis, schemathesis: seconds each
            "IMEX_ALLOWED_SKIPS": str(allowed), "IMEX_TIER_SUMMARY_DIR": str(tmp_path / "out")}
     env.pop("CI", None)
+    env.pop("IMEX_TIER_LABEL", None)  # the summary is read from scratch.json below
     if ci:
         env["CI"] = "true"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -101,6 +102,21 @@ def test_the_summary_names_each_failure_and_its_phase(tmp_path: Path) -> None:
     assert sorted((f["test"].split("::")[1], f["when"])
                   for f in summary["failures"]) == [  # type: ignore[attr-defined]
         ("test_fails", "call"), ("test_passes_but_its_teardown_fails", "teardown")]
+
+
+def test_two_runs_of_one_tier_with_labels_keep_both_counts(tmp_path: Path) -> None:
+    """CI runs vmtest-matrix twice at once (the arm64 and the trixie smoke): each run's
+    counts land in a file of its own, named by its label."""
+    out = tmp_path / "out"
+    for label, counts in (("arm64", {"passed": 1}), ("trixie", {"passed": 2})):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("IMEX_TIER_SUMMARY_DIR", str(out))
+            mp.setenv("IMEX_TIER_LABEL", label)
+            skips.write_summary("vmtest-matrix", counts, [], [], [])
+    docs = {p.name: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert {name: (d["tier"], d["counts"]) for name, d in docs.items()} == {
+        "vmtest-matrix-arm64.json": ("vmtest-matrix arm64", {"passed": 1}),
+        "vmtest-matrix-trixie.json": ("vmtest-matrix trixie", {"passed": 2})}
 
 
 def test_in_ci_allowed_skips_pass_and_outside_ci_nothing_fails(tmp_path: Path) -> None:
