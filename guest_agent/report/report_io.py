@@ -28,7 +28,8 @@ Concurrency and failure rules:
 - ``imex_domain`` (~25 KB for 18 nodes, ~1 ms of the registry's CPU to check) goes
   only when the registry needs it (``guest_agent.report.report.send_domain``); the
   registry's answer says whether it was accepted (a replica that is shutting down
-  does not count).
+  does not count), and an answer with ``"domain_needed": true`` to a report that left
+  the view out sends the same report again at once, with the view.
 """
 
 from __future__ import annotations
@@ -96,6 +97,16 @@ def not_published_yet(exc: BaseException) -> bool:
             and b"has no published member" in exc.body)
 
 
+def asks_for_domain(resp: http.Response) -> bool:
+    """The registry's ``"domain_needed": true`` (older registries never send it): it has
+    no link row that a report leaving the view out could keep."""
+    try:
+        doc = resp.json()
+    except http.HttpJsonError:
+        return False
+    return isinstance(doc, dict) and doc.get("domain_needed") is True
+
+
 def _transient(exc: BaseException) -> bool:
     if isinstance(exc, http.HttpStatusError):
         return exc.status in RETRY_STATUSES
@@ -141,6 +152,9 @@ class Reporter:
         self.domain_accepted: DomainAccepted | None = None
         self.domain_sent = 0
         self.domain_left_out = 0
+        #: answers that asked for a view the report had left out (``domain_needed``)
+        self.domain_asked = 0
+        self._resend = False
         self._latest: Report | None = None
         self._sent: Report | None = None
         self._news = asyncio.Event()
@@ -279,6 +293,12 @@ class Reporter:
             self.domain_accepted = None  # another replica answers next: tell it again
         elif key is not None:
             self.domain_accepted = DomainAccepted(key, sent_at)
+        elif "imex_domain" in report.body and asks_for_domain(resp):
+            # left out as unchanged, but the registry holds no row from this VM (it moved,
+            # or this replica never saw the view): send it now, not at the minute's refresh
+            self.domain_accepted = None
+            self.domain_asked += 1
+            self._resend = True
 
     async def _deliver(self, report: Report) -> None:
         retrying = AsyncRetrying(
@@ -329,6 +349,10 @@ class Reporter:
                 continue
             self._sent = report
             self.delivered += 1
+            if self._resend:  # at most once per answer that asked: the resend carries it
+                self._resend = False
+                self._sent = None
+                self._news.set()
             log.debug("status report delivered", extra={"index": report.index})
             if self.host is None and self.clock() - self._host_asked_at >= 60.0:
                 # after a delivered report, never before one: a slow /version must not

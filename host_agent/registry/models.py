@@ -138,6 +138,10 @@ class ListOut(BaseModel):
 class StatusAccepted(BaseModel):
     generation: int = Field(description="the ensemble's current generation")
     received_at: str
+    domain_needed: bool = Field(
+        False, description="the report left imex_domain out and this replica holds no link "
+        "row from the VM now in the slot (it moved, or this replica never saw the view): "
+        "send the view with the next report")
 
 
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -161,10 +161,22 @@ def add_report_routes(app: FastAPI, reads: EnsembleReads,
                      f"({type(exc).__name__}: {exc}); send it again"}, status_code=503)
         metrics.reports.labels(ens.namespace, ens.name).inc()
         current_snap = state.get(ens) or snap
+        answer: dict[str, Any] = {"generation": current_snap.generation,
+                                  "received_at": views.rfc3339(received)}
+        if domain_needed(report, guest):
+            answer["domain_needed"] = True
         return JSONResponse(
-            {"generation": current_snap.generation, "received_at": views.rfc3339(received)},
+            answer,
             headers=headers(current_snap),  # a closing replica: the guest resends its view
         )
+
+
+def domain_needed(report: StatusReport, kept: GuestReport) -> bool:
+    """Whether the answer asks for the view: the report left ``imex_domain`` out
+    ("unchanged") but there is no row it could leave unchanged here (the slot's VM moved
+    since the row came, or this replica never saw it). Without this, the member's links
+    read unknown until the guest's next full report, up to a minute later."""
+    return "imex_domain" not in report.model_fields_set and kept.links is None
 
 
 def guest_report(

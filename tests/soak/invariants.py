@@ -365,7 +365,10 @@ def quiesced(rack: SoakRack) -> list[Finding]:
         try:
             dom = _get(f"{rack.sbx.registry_url}/v1/ensembles/{spec.key}/domain")
             if dom.get("status") != "UP":
-                out.append(Finding(8, f"{key}: domain view {dom.get('status')}"))
+                # the registry's own reasons, so a failed run says which member and why
+                why = "; ".join(str(x) for x in dom.get("problems") or ())
+                out.append(Finding(8, f"{key}: domain view {dom.get('status')}"
+                                      + (f" ({why})" if why else "")))
         except Exception as e:
             out.append(Finding(8, f"{key}: no domain view: {e}"))
     return out

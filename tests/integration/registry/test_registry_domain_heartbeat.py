@@ -5,6 +5,8 @@ arrives with the very next report, and failures or a minute make it send the vie
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import ipaddress
 from pathlib import Path
@@ -147,15 +149,81 @@ async def test_a_heartbeat_without_the_view_keeps_no_row_from_the_slots_previous
         r = await c.put(f"{BASE}/members/1/status", json={"imex_state": "READY"},
                         headers={**headers, "X-Forwarded-For": "10.213.0.99"})
         assert r.status_code == 200, r.text
+        assert r.json()["domain_needed"] is True  # and the answer asks for the view
         snap = state.get(ENS)
         assert snap is not None and snap.reports[1].links is None
         assert (await domain(c))["status"] != "UP"
         # the same VM's next heartbeat after a full report keeps its own row
         r = await c.put(f"{BASE}/members/1/status", json=body(view(2)),
                         headers={**headers, "X-Forwarded-For": "10.213.0.99"})
+        assert "domain_needed" not in r.json()  # it came with the view
         r = await c.put(f"{BASE}/members/1/status", json={"imex_state": "READY"},
                         headers={**headers, "X-Forwarded-For": "10.213.0.99"})
         assert r.status_code == 200, r.text
+        assert "domain_needed" not in r.json()  # a row to keep: nothing asked
+        assert (await domain(c))["status"] == "UP"
+        # "no view" (null) is an answer, not an omission: nothing is asked for
+        r = await c.put(f"{BASE}/members/1/status", json=body(None),
+                        headers={**headers, "X-Forwarded-For": "10.213.0.99"})
+        assert r.status_code == 200 and "domain_needed" not in r.json(), r.text
+
+
+class Recording(Reporter):
+    """A Reporter that queues the body of each PUT once its answer is taken in."""
+
+    def __init__(self, settings: Settings, **kw: Any) -> None:
+        super().__init__(settings, **kw)
+        self.sent: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._body: dict[str, Any] = {}
+
+    def wire_body(self, report: Report) -> tuple[dict[str, Any], str | None]:
+        self._body, key = super().wire_body(report)
+        return self._body, key
+
+    async def send(self, report: Report) -> None:
+        await super().send(report)
+        self.sent.put_nowait(self._body)
+
+
+async def test_a_migrated_guest_resends_its_unchanged_view_when_the_answer_asks(
+    token_file: str,
+) -> None:
+    """Soak seed 0xd2975029: after a migration the view was unchanged, so the guest's
+    heartbeats left it out, and the registry kept no row from before the move: the
+    domain read UNKNOWN until the guest's once-a-minute refresh. Now the answer asks,
+    and the reporter sends the same report again at once with the view."""
+    state = state_of()
+    async with serve(state, TRUSTED) as reg, httpx.AsyncClient(base_url=reg.url) as c:
+        r = await c.put(f"{BASE}/members/1/status", json=body(view(1)), headers={
+            "Authorization": f"Bearer {TOKEN}", "X-Forwarded-For": IPS[1]})
+        assert r.status_code == 200, r.text
+        settings = Settings(ensemble="hb", namespace="gpu", max_members=2,
+                            registry_url=reg.url, token_file=token_file)
+        reporter = Recording(settings, clock=lambda: 100.0)  # the minute never passes
+        await reporter.send(Report(0, body(view(1))))
+        reporter.sent.get_nowait()
+        assert (await domain(c))["status"] == "UP"
+        # slot 0 gets a new address and then its own back (the reporter can only call
+        # from 127.0.0.1): to the registry, the row now predates the slot's VM
+        snap = state.get(ENS)
+        assert snap is not None
+        state.set(snap.spec, [Member(0, "10.213.0.50"), Member(1, IPS[1])], [])
+        state.set(snap.spec, [Member(0, IPS[0]), Member(1, IPS[1])], [])
+        assert (await domain(c))["status"] == "UNKNOWN"
+
+        task = asyncio.create_task(reporter.run())
+        try:
+            reporter.submit(0, body(view(2)), force=True)  # a heartbeat, view unchanged
+            async with asyncio.timeout(10):  # the heartbeat, then the resend
+                bodies = [await reporter.sent.get() for _ in range(2)]
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        # left out once, asked for, sent again with it: and not a third time
+        assert ["imex_domain" in b for b in bodies] == [False, True]
+        assert (reporter.domain_left_out, reporter.domain_asked, reporter.domain_sent) == \
+            (1, 1, 2)
         assert (await domain(c))["status"] == "UP"
 
 
