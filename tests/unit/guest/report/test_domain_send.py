@@ -6,6 +6,7 @@ import copy
 import itertools
 
 from guest_agent.config import Settings
+from guest_agent.http import Response
 from guest_agent.report.report import (
     DOMAIN_REFRESH,
     DomainAccepted,
@@ -14,7 +15,7 @@ from guest_agent.report.report import (
     domain_refresh,
     send_domain,
 )
-from guest_agent.report.report_io import Reporter
+from guest_agent.report.report_io import Reporter, asks_for_domain
 from tests.unit.shared.test_imex_domain import domain_doc
 
 
@@ -83,3 +84,18 @@ def test_wire_body_leaves_out_only_an_unchanged_accepted_view() -> None:
     assert wire == {**ready, "imex_domain": None} and key == domain_key(None)
     wire, key = reporter.wire_body(Report(0, {"imex_state": "READY"}))  # nothing collected
     assert wire == ready and key is None
+
+
+def test_only_a_json_true_domain_needed_asks_for_the_view() -> None:
+    """The answer's ``domain_needed``: a registry that does not send it, or an answer
+    that is not what the registry sends (a proxy's page, a string), asks for nothing
+    and never raises."""
+    def answer(body: bytes) -> Response:
+        return Response(200, "OK", {}, body)
+
+    assert asks_for_domain(answer(b'{"generation": 3, "received_at": "x", '
+                                  b'"domain_needed": true}'))
+    for body in (b'{"generation": 3, "received_at": "x"}',  # an older registry
+                 b'{"domain_needed": false}', b'{"domain_needed": "true"}',
+                 b'{"domain_needed": 1}', b'[true]', b'<html>', b'', b'\xff\xfe'):
+        assert not asks_for_domain(answer(body)), body
