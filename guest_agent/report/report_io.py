@@ -107,6 +107,15 @@ def asks_for_domain(resp: http.Response) -> bool:
     return isinstance(doc, dict) and doc.get("domain_needed") is True
 
 
+def lists_itself(report: Report) -> bool:
+    """Whether the report's view has this member's own entry, the only part of it the
+    registry keeps: resending a view without it cannot give the registry a row, so an
+    answer asking for one is not followed (else every heartbeat would be sent twice)."""
+    doc = report.body.get("imex_domain")
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    return isinstance(nodes, dict) and isinstance(nodes.get(str(report.index)), dict)
+
+
 def _transient(exc: BaseException) -> bool:
     if isinstance(exc, http.HttpStatusError):
         return exc.status in RETRY_STATUSES
@@ -293,7 +302,7 @@ class Reporter:
             self.domain_accepted = None  # another replica answers next: tell it again
         elif key is not None:
             self.domain_accepted = DomainAccepted(key, sent_at)
-        elif "imex_domain" in report.body and asks_for_domain(resp):
+        elif lists_itself(report) and asks_for_domain(resp):
             # left out as unchanged, but the registry holds no row from this VM (it moved,
             # or this replica never saw the view): send it now, not at the minute's refresh
             self.domain_accepted = None

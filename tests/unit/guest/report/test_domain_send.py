@@ -15,7 +15,7 @@ from guest_agent.report.report import (
     domain_refresh,
     send_domain,
 )
-from guest_agent.report.report_io import Reporter, asks_for_domain
+from guest_agent.report.report_io import Reporter, asks_for_domain, lists_itself
 from tests.unit.shared.test_imex_domain import domain_doc
 
 
@@ -99,3 +99,17 @@ def test_only_a_json_true_domain_needed_asks_for_the_view() -> None:
                  b'{"domain_needed": false}', b'{"domain_needed": "true"}',
                  b'{"domain_needed": 1}', b'[true]', b'<html>', b'', b'\xff\xfe'):
         assert not asks_for_domain(answer(body)), body
+
+
+def test_a_view_is_resent_on_request_only_when_it_lists_the_member_itself() -> None:
+    """The registry keeps only the member's own entry of a view: a view without it
+    cannot answer a request for a row, so it is not resent for one."""
+    doc = domain_doc(3)
+    assert lists_itself(Report(1, {"imex_domain": doc}))
+    assert not lists_itself(Report(7, {"imex_domain": doc}))  # not among its nodes
+    assert not lists_itself(Report(1, {"imex_state": "READY"}))  # no view in the report
+    assert not lists_itself(Report(1, {"imex_domain": None}))  # "no view"
+    odd = copy.deepcopy(doc)
+    odd["nodes"]["1"] = "CONNECTED"
+    assert not lists_itself(Report(1, {"imex_domain": odd}))
+    assert not lists_itself(Report(1, {"imex_domain": {"nodes": ["1"]}}))
