@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 
 from tests.bench.common import REPO_ROOT, Results, commit, loadavg, machine, table
+from tests.machine_speed import loop_seconds
 
 #: name -> (module, what it measures). Order: cheapest / least disruptive first.
 BENCHMARKS: dict[str, tuple[str, str]] = {
@@ -84,11 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     loads: dict[str, list[float]] = {}
     started = datetime.datetime.now(datetime.UTC)
     tree = commit()
+    speed = loop_seconds()  # the figures mean little without it (tests/machine_speed.py)
 
     def save() -> None:
         meta = {"date": started.isoformat(timespec="seconds"), "quick": args.quick,
                 "commit": tree,
-                "benchmarks": names, "machine": machine(), "loadavg_1min": loads,
+                "benchmarks": names, "machine": machine(), "machine_speed_s": speed,
+                "loadavg_1min": loads,
                 "errors": errors}
         args.out.write_text(json.dumps(results.as_json(meta), indent=2) + "\n")
 

@@ -41,11 +41,14 @@ def _source(name: str, doc: Mapping[str, Any] | None) -> str:
     else:
         load = "not recorded"
     what = "quick run (smoke sizes: no goal is judged on it)" if meta.get("quick") else "full run"
+    speed = meta.get("machine_speed_s")
+    speed_text = (f"; machine speed {speed:.2f} s (`tests/machine_speed.py`: lower is faster)"
+                  if isinstance(speed, int | float) else "")
     return (f"- `{name}`: {what}, commit `{meta.get('commit') or 'not recorded'}`, "
             f"{meta.get('date', 'no date')}; {m.get('cpus', '?')} CPUs "
             f"({m.get('cpu_model') or 'model unknown'}), {m.get('mem_gb', '?')} GB, Linux "
             f"{m.get('kernel', '?')}, Python {m.get('python', '?')}; 1-minute load average "
-            f"{load}")
+            f"{load}{speed_text}")
 
 
 def render(results: Mapping[str, Any] | None, peers: Mapping[str, Any] | None) -> str:

@@ -35,6 +35,7 @@ from tests.bench.peers.cluster import Cluster
 from tests.bench.peers.fleet import Fleet, FloorSide, OursSide, RecipeSide, Side
 from tests.bench.peers.report import REQUIRED_KEYS, goal_figures, missing_required, render
 from tests.bench.peers.resolved import ResolvedError, ensure_resolved
+from tests.machine_speed import loop_seconds
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 log = logging.getLogger("bench.peers")
@@ -80,6 +81,7 @@ class Run:
         self.started = datetime.datetime.now(datetime.UTC)
         self.commit = commit()
         self.load_start = loadavg()[0]
+        self.speed = loop_seconds()  # tests/machine_speed.py
         self.guest_python = ""
 
     def save(self) -> None:
@@ -91,6 +93,7 @@ class Run:
                 reasons[k] = "the phase that measures it did not run or failed (see errors)"
         meta = {"date": self.started.isoformat(timespec="seconds"), "quick": self.args.quick,
                 "commit": self.commit, "loadavg_1min_start": self.load_start,
+                "machine_speed_s": self.speed,
                 "params": self.p.__dict__, "machine": machine(), "phases": self.phases,
                 "assumptions": list(ASSUMPTIONS), "clock": CLOCK, "notes": self.rec.notes,
                 "samples": self.rec.samples, "null_reasons": reasons, "errors": self.errors,

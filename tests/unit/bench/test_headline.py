@@ -13,6 +13,7 @@ from tests.bench.headline import BEGIN, END, main, render, splice
 RESULTS = {"host_sync_10k_s": 4.2, "host_update_cpu_ms": 0.7, "host_restart_writes": 0,
            "_meta": {"commit": "abc123def456", "date": "2026-12-03T01:00:00+00:00",
                      "quick": False, "loadavg_1min": {"host": [0.4, 1.2]},
+                     "machine_speed_s": 0.153,
                      "machine": {"cpus": 2, "cpu_model": "Xeon", "mem_gb": 23.5,
                                  "kernel": "6.18", "python": "3.11.7"}}}
 PEERS = {"peers_replace_speedup_p50": 12.5, "peers_hosts_vs_floor_p50": 3.4,
@@ -33,6 +34,8 @@ def test_every_goal_is_a_row_and_every_verdict_comes_from_its_goal() -> None:
     assert row["host_rss_mb"].endswith("| n/a |")  # not measured
     assert "commit `abc123def456`" in text and "host 0.4 -> 1.2" in text
     assert "0.3 at the start" in text
+    # the machine's speed beside the results that recorded it, and only there
+    assert text.count("machine speed") == 1 and "machine speed 0.15 s" in text
 
 
 def test_quick_figures_never_pose_as_the_real_ones() -> None:
