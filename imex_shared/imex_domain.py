@@ -210,10 +210,18 @@ def encode_compact(doc: object) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def own_entry(doc: object, index: int) -> Mapping[str, Any] | None:
+    """Node ``index``'s own entry in a ``-N -j`` document (None: no such entry, or not a
+    document): the only part of a member's view the registry keeps."""
+    nodes = doc.get("nodes") if isinstance(doc, Mapping) else None
+    node = nodes.get(str(index)) if isinstance(nodes, Mapping) else None
+    return node if isinstance(node, Mapping) else None
+
+
 def own_row(doc: Mapping[str, Any], index: int) -> dict[int, str] | None:
     """Peer index -> link state word from node ``index``'s own entry (None if absent)."""
-    node = doc.get("nodes", {}).get(str(index))
-    if not isinstance(node, dict):
+    node = own_entry(doc, index)
+    if node is None:
         return None
     conns = node.get("connections", {})
     return {int(k): str(v["status"]) for k, v in conns.items()}

@@ -64,6 +64,7 @@ from guest_agent.report.report import (
     send_domain,
     status_url,
 )
+from imex_shared.imex_domain import own_entry
 from imex_shared.version import BAD, GUEST_TOO_OLD, OLDER_HOST, TOO_OLD, host_verdict
 
 log = logging.getLogger("guest_agent.reporter")  # logger name pinned
@@ -111,9 +112,7 @@ def lists_itself(report: Report) -> bool:
     """Whether the report's view has this member's own entry, the only part of it the
     registry keeps: resending a view without it cannot give the registry a row, so an
     answer asking for one is not followed (else every heartbeat would be sent twice)."""
-    doc = report.body.get("imex_domain")
-    nodes = doc.get("nodes") if isinstance(doc, dict) else None
-    return isinstance(nodes, dict) and isinstance(nodes.get(str(report.index)), dict)
+    return own_entry(report.body.get("imex_domain"), report.index) is not None
 
 
 def _transient(exc: BaseException) -> bool:
