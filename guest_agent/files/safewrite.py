@@ -100,7 +100,8 @@ def _remove_stale_temps(directory: str, base: str) -> None:
                 os.unlink(path)
 
 
-def _replace(target: str, data: bytes, st: os.stat_result | None, default_mode: int) -> None:
+def _replace(target: str, data: bytes, st: os.stat_result | None, default_mode: int,
+             durable: bool = True) -> None:
     directory = os.path.dirname(target) or "."
     base = os.path.basename(target)
     _remove_stale_temps(directory, base)
@@ -115,7 +116,8 @@ def _replace(target: str, data: bytes, st: os.stat_result | None, default_mode: 
                 os.fchown(fd, st.st_uid, st.st_gid)
         else:
             os.fchmod(fd, default_mode)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         os.close(fd)
         fd = -1
         os.rename(tmp, target)
@@ -125,7 +127,8 @@ def _replace(target: str, data: bytes, st: os.stat_result | None, default_mode: 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(directory)
+    if durable:
+        _fsync_dir(directory)
 
 
 def _pwrite_all(fd: int, data: bytes) -> None:
@@ -173,22 +176,27 @@ def replace_file(path: str | os.PathLike[str], data: bytes, *, mode: int) -> Non
 
 def _put(
     path: str | os.PathLike[str], target: str, data: bytes, st: os.stat_result | None,
-    default_mode: int,
+    default_mode: int, durable: bool = True,
 ) -> None:
     """Steps 2-3 of the module docstring for content known to differ from the file's."""
     if st is not None and is_mount_point(target):
         _in_place(path, target, data)
         return
     try:
-        _replace(target, data, st, default_mode)
+        _replace(target, data, st, default_mode, durable)
     except OSError as exc:
         if st is None or exc.errno not in _IN_PLACE_ERRNOS:
             raise FileWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
         _in_place(path, target, data)
 
 
-def write_file(path: str | os.PathLike[str], data: bytes, *, default_mode: int = 0o644) -> bool:
+def write_file(path: str | os.PathLike[str], data: bytes, *, default_mode: int = 0o644,
+               durable: bool = True) -> bool:
     """Make ``path`` hold exactly ``data``; True when something was written.
+
+    ``durable=False`` leaves out both fsyncs: still all-or-nothing for readers (the
+    rename), but not across a power loss. For runtime state under ``/run`` (a tmpfs,
+    emptied at every boot), where an fsync buys nothing and costs the CPU of a write.
 
     Raises FileWriteError (chained to the OSError) naming the file.
     """
@@ -199,7 +207,7 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, default_mode: int =
         st = None
     if st is not None and st.st_size == len(data) and read_bytes(target) == data:
         return False
-    _put(path, target, data, st, default_mode)
+    _put(path, target, data, st, default_mode, durable)
     return True
 
 

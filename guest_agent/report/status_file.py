@@ -13,7 +13,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from guest_agent.files.safewrite import FileWriteError, write_file
@@ -85,7 +85,9 @@ class Status:
     schema: int = SCHEMA
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict whose values are shared, not copied: every field holds
+        JSON data already, and ``asdict``'s deep copy was most of a write's CPU."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def encode(status: Status) -> bytes:
@@ -94,10 +96,15 @@ def encode(status: Status) -> bytes:
 
 
 def write_status(path: str, status: Status) -> bool:
-    """Atomically write ``status``; True when the file changed."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    """Atomically write ``status``; True when the file changed.
+
+    Not fsynced: the file is runtime state under ``/run`` (a tmpfs), rewritten after
+    every change and worth nothing after a reboot; readers still never see it torn."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
     try:
-        return write_file(path, encode(status))
+        return write_file(path, encode(status), durable=False)
     except FileWriteError as exc:
         raise StatusError(str(exc)) from exc
 

@@ -39,6 +39,25 @@ def test_write_is_atomic_and_skips_unchanged(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["status.json"]  # no temp left
 
 
+def test_the_status_file_is_runtime_state_and_never_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/run is a tmpfs: an fsync there buys nothing, and it was a third of a status
+    write's CPU. The managed files (hosts, nodes) keep both of theirs."""
+    from guest_agent.files.safewrite import write_file
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    path = str(tmp_path / "run" / "status.json")
+    for signals in range(3):
+        assert write_status(path, _status(signals=signals))
+    assert load_status(path)["signals"] == 2 and synced == []
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["status.json"]
+    assert write_file(str(tmp_path / "nodes_config.cfg"), b"a\nb\n")
+    assert len(synced) == 2  # the file, then its directory
+
+
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(StatusError, match="no status file"):
         load_status(str(tmp_path / "missing.json"))
