@@ -2,8 +2,9 @@
 
 TEST STAND-IN support for the version-skew tests (docs/install.md "Upgrades"). The
 previous release is 0.1.0, commit :data:`PREVIOUS_COMMIT`. :func:`previous_release`
-builds it once and caches it under ``~/.cache/imex-ensemble/releases/<commit>-<venv>/``
-(``<venv>``: a hash of this venv's path, whose dependencies it borrows):
+builds it once and caches it under
+``${XDG_CACHE_HOME:-~/.cache}/imex-ensemble/releases/<commit>-<venv>/`` (``<venv>``: a
+hash of this venv's path, whose dependencies it borrows):
 
 1. its source, ``git archive`` of the commit out of this repository (no worktree is
    registered, so deleting the cache leaves nothing behind in ``.git``);
@@ -37,8 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PREVIOUS_VERSION = "0.1.0"
 PREVIOUS_COMMIT = "85031694b59c42fd4e2b557a51d8c6fc98ac4885"
-CACHE = Path(os.environ.get("IMEX_RELEASE_CACHE",
-                            Path.home() / ".cache" / "imex-ensemble" / "releases"))
+CACHE = Path(os.environ.get("IMEX_RELEASE_CACHE") or Path(
+    os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "imex-ensemble" / "releases")
 
 
 @dataclass(frozen=True)
