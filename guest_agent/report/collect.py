@@ -5,7 +5,7 @@ each applied change (``kick``). Each pass:
 
 - runs ``nvidia-imex-ctl -N -j`` with a deadline; on timeout (or the agent stopping) the
   child is killed and reaped, as for ``-q``; output over 1 MiB is cut off and the child
-  killed. The output is parsed and rebuilt by :func:`imex_shared.imex_domain.parse_imex_domain`;
+  killed. The output is parsed and rebuilt by :class:`imex_shared.imex_domain.DomainParser`;
   anything it refuses is dropped, counted (``errors``) and named (``last_error``);
 - runs ``nvidia-smi -q`` at most once a minute: a GPU's fabric identity does not change
   while the VM runs. A missing ``nvidia-smi`` means no fabric (``null``), not an error; a
@@ -34,8 +34,8 @@ from guest_agent.report.report import Collected
 from imex_shared.imex_domain import (
     OUTPUT_MAX_BYTES,
     DomainError,
+    DomainParser,
     parse_fabric,
-    parse_imex_domain,
 )
 
 log = logging.getLogger("guest_agent.collect")  # logger name pinned
@@ -132,6 +132,7 @@ class DomainCollector:
         self.clock = clock
         self.result = Collected()
         self._kick = asyncio.Event()
+        self._parser = DomainParser(settings.max_members)
 
     def kick(self) -> None:
         """Collect now (an applied change), not at the end of the interval."""
@@ -146,7 +147,7 @@ class DomainCollector:
         argv = [*self.settings.imex_ctl, "-N", "-j"]
         try:
             out = await run_bounded(argv, self.ctl_timeout)
-            return parse_imex_domain(out, self.settings.max_members)
+            return self._parser.parse(out)
         except FileNotFoundError:
             log.debug("%s is not installed", argv[0])
         except CommandFailed as exc:  # IMEX down or slow: no view this time, not garbage

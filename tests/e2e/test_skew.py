@@ -22,6 +22,7 @@ import pytest
 
 from imex_shared.version import package_version
 from tests.e2e.conftest import running
+from tests.e2e.domain_support import wait_domain
 from tests.e2e.skew_support import SkewRack, reports_in
 from tests.sandbox.ensemble import Sandbox, SandboxSettings
 from tests.sandbox.releases import previous_release
@@ -65,6 +66,10 @@ def test_new_guests_converge_and_report_to_the_0_1_host_agent(old_host: SkewRack
         for name in refused:
             assert log.count(f"refuses report field {name!r}") == 1, log[-2000:]
         assert "status report not delivered" not in log
+    # the guests send only their own entry of the -N -j view (imex_shared own_view), the
+    # only part 0.1.0 keeps too: its domain view has every member's row
+    doc, _ = wait_domain(rack.sbx, rack.spec, lambda d: d.get("status") == "UP", 60)
+    assert doc["missing_links"] == [], doc
 
 
 def test_crash_and_rejoin_under_the_0_1_host_agent(old_host: SkewRack) -> None:

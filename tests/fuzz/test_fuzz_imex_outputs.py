@@ -13,7 +13,9 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import example, given
@@ -22,7 +24,13 @@ from hypothesis import strategies as st
 from guest_agent.imex.control import query_state
 from host_agent.registry.domain_models import FabricIn, ImexDomainIn
 from host_agent.registry.models import StatusReport
-from imex_shared.imex_domain import DomainError, own_row, parse_fabric, parse_imex_domain
+from imex_shared.imex_domain import (
+    DomainError,
+    DomainParser,
+    own_row,
+    parse_fabric,
+    parse_imex_domain,
+)
 from tests.fuzz.budget import count, fuzz
 
 N = 4
@@ -73,6 +81,29 @@ def test_imex_ctl_domain_output(output: bytes) -> None:
     for key in doc["nodes"]:
         row = own_row(doc, int(key))
         assert row is not None and all(0 <= i < N for i in row)
+
+
+def _outcome(parse: Callable[[bytes], Any], output: bytes) -> object:
+    try:
+        return parse(output)
+    except DomainError as exc:
+        return str(exc)
+
+
+@fuzz
+@given(st.lists(st.tuples(_doc, st.one_of(st.none(), _json)), min_size=1, max_size=4))
+def test_the_collectors_parser_agrees_with_a_fresh_parse(prints: list[Any]) -> None:
+    """Every print through one DomainParser (the guest's collector) gives what
+    parse_imex_domain gives it, whatever came before; each print is sent twice, the
+    second time with another ``timestamp``, which the parser answers from its kept
+    clean of the nodes."""
+    count("imex_ctl_N_j_parser")
+    parser = DomainParser(N)
+    for doc, stamp in prints:
+        for version in (doc, {**doc, "timestamp": stamp}):
+            output = json.dumps(version).encode()
+            assert _outcome(parser.parse, output) == _outcome(
+                lambda o: parse_imex_domain(o, N), output)
 
 
 _fabric_line = st.one_of(

@@ -11,6 +11,7 @@ import pytest
 from imex_shared.imex_domain import (
     IMEX_DOMAIN_MAX_BYTES,
     DomainError,
+    DomainParser,
     Fabric,
     check_fabric,
     clean_imex_domain,
@@ -18,6 +19,7 @@ from imex_shared.imex_domain import (
     letter,
     matrix_lines,
     own_row,
+    own_view,
     parse_fabric,
     parse_imex_domain,
 )
@@ -56,6 +58,44 @@ def test_an_18_node_view_is_kept_whole_and_fits() -> None:
     assert own_row(cleaned, 3) == {j: ("DISCONNECTED" if j == 5 else "CONNECTED")
                                    for j in range(18) if j != 3}
     assert own_row(cleaned, 40) is None
+
+
+def test_the_parser_cleans_the_nodes_again_only_when_they_changed() -> None:
+    """IMEX stamps every print; the collector's parser keeps the last clean of the nodes
+    and gives the same documents parse_imex_domain gives, through an error too."""
+    parser = DomainParser(18)
+    doc = domain_doc(18)
+    first = parser.parse(json.dumps(doc).encode())
+    doc["timestamp"] += 5
+    second = parser.parse(json.dumps(doc).encode())
+    assert second == parse_imex_domain(json.dumps(doc).encode(), 18)
+    assert second["timestamp"] == 1795974005 and first["timestamp"] == 1795974000
+    assert second["nodes"] is first["nodes"]  # the nodes were not cleaned again
+    moved = domain_doc(18, down=frozenset({5}))
+    third = parser.parse(json.dumps(moved).encode())
+    assert third == moved and third["nodes"] is not first["nodes"]
+    bad = domain_doc(18, down=frozenset({5}))
+    bad["nodes"]["2"]["connections"]["2"] = {"status": "CONNECTED"}
+    with pytest.raises(DomainError, match=r"nodes\['2'\]\.connections\['2'\]: a node's "):
+        parser.parse(json.dumps(bad).encode())
+    # the same nodes as the last good print are still accepted, and a stale top-level
+    # field of the kept print never leaks into the next one
+    moved.pop("status")
+    assert parser.parse(json.dumps(moved).encode()) == moved
+    with pytest.raises(DomainError, match="not JSON"):
+        parser.parse(b"{")
+
+
+def test_the_reported_view_is_the_own_entry_and_the_top_level_fields() -> None:
+    doc = domain_doc(18, down=frozenset({5}))
+    view = own_view(doc, 3)
+    assert view == {"nodes": {"3": doc["nodes"]["3"]}, "timestamp": 1795974000,
+                    "status": "DEGRADED"}
+    assert own_row(view, 3) == own_row(doc, 3)  # what a registry keeps is all there
+    assert len(encode_compact(view)) * 15 < len(encode_compact(doc))
+    assert own_view(doc, 40) == {"nodes": {}, "timestamp": 1795974000, "status": "DEGRADED"}
+    assert own_view({"nodes": {}}, None) == {"nodes": {}}
+    assert len(doc["nodes"]) == 18  # the collected view is left whole
 
 
 def test_unknown_fields_are_left_out_and_optional_ones_may_be_missing() -> None:

@@ -111,7 +111,13 @@ def test_status_body_in_wire_order_with_and_without_a_collection_pass() -> None:
     doc = domain_doc(2)
     body = status_body(s, Collected(imex_domain=doc, fabric_known=True), with_cert=False)
     assert list(body) == [*base, "imex_domain", "fabric", "imex_channels", "imex_channel0"]
-    assert body["imex_domain"] is doc and body["fabric"] is None
+    assert body["imex_domain"] == {"nodes": {}, "timestamp": 1795974000, "status": "UP"}
+    assert body["fabric"] is None  # before the own slot is known: no entry of its own
+    s.own_index = 1  # then only its own entry goes, which is all a registry keeps
+    body = status_body(s, Collected(imex_domain=doc, fabric_known=True), with_cert=False)
+    assert body["imex_domain"] == {"nodes": {"1": doc["nodes"]["1"]},
+                                   "timestamp": 1795974000, "status": "UP"}
+    assert doc["nodes"].keys() == {"0", "1"}  # the collected view is left whole
     body = status_body(s, Collected(fabric=Fabric(UUID, 4), fabric_known=True), False)
     assert body["fabric"] == {"cluster_uuid": UUID, "clique_id": 4}
 
