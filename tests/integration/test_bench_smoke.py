@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.bench.common import GOAL_KEYS, REPO_ROOT, child_env
 
 
@@ -36,3 +38,21 @@ def test_unknown_benchmark_is_refused() -> None:
                           env=child_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "unknown benchmark(s) nosuch" in proc.stderr
+
+
+@pytest.mark.root
+def test_the_guest_change_tool_counts_the_guests_cpu_over_its_changes(tmp_path: Path) -> None:
+    """``python -m tests.bench.guest_changes --quick``: 6 VMs, 2 spaced changes."""
+    out = tmp_path / "changes.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.bench.guest_changes", "--quick", "--changes", "2",
+         "--out", str(out)],
+        cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert (doc["changes"], doc["vms"]) == (2, 6)
+    user, system = doc["guest_ticks_user_system"]
+    assert user > 0 and system >= 0  # six agents applied two changes: never zero
+    figures = doc["figures"]
+    assert figures["guest_churn_cpu_pct"] > 0 and figures["guest_change_cpu_ms"] >= 0
+    assert "guest_churn_cpu_pct" in proc.stdout and str(out) in proc.stdout
