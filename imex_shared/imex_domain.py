@@ -242,7 +242,6 @@ class DomainParser:
         if kept is not None and kept[0] == raw:
             nodes = kept[1]
         else:
-            self._kept = None
             nodes = _clean_nodes(raw, self.max_members)
             self._kept = (raw, nodes)
         return _finish(nodes, top)
