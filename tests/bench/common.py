@@ -223,11 +223,16 @@ def rss_mb(pid: int) -> float:
     return pages * PAGE / 2**20
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds ``pid`` has used (children not included)."""
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """(user, system) clock ticks ``pid`` has used (children not included)."""
     raw = Path(f"/proc/{pid}/stat").read_text()
     fields = raw[raw.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]), int(fields[12])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used (children not included)."""
+    return sum(cpu_ticks(pid)) / CLK_TCK
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -286,10 +291,12 @@ def read_line(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> str
     raise BenchError(f"{proc.args!r} printed no {prefix!r} line in {timeout} s")
 
 
-def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``; always reaps."""
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0,
+         sig: int = signal.SIGTERM) -> None:
+    """``sig`` (SIGTERM; py-spy writes its samples on SIGINT), then SIGKILL after
+    ``timeout``; always reaps."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -25,6 +25,7 @@ while it holds the GIL (after a fork, or a signal that wakes a stand-in) still c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import subprocess
@@ -32,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import REPO_ROOT, Results, commit, loadavg
+from tests.bench.common import REPO_ROOT, Results, commit, cpu_ticks, loadavg, stop
 from tests.bench.sandbox_bench import Bench
 
 SHOWN = ("guest_change_cpu_ms", "guest_ctl_cpu_ms_per_change", "standin_cpu_ms_per_change",
@@ -54,16 +55,13 @@ class ChangeBench(Bench):
         """(user, system) clock ticks of every running guest agent, summed."""
         user = system = 0
         for pid in self.guest_pids().values():
-            try:
-                raw = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                continue
-            fields = raw[raw.rindex(")") + 2:].split()
-            user, system = user + int(fields[11]), system + int(fields[12])
+            with contextlib.suppress(OSError):
+                u, s = cpu_ticks(pid)
+                user, system = user + u, system + s
         return user, system
 
     def registry_changes(self, spaced: bool) -> tuple[list[float], float, float]:
-        spies = []
+        spies: list[subprocess.Popen[bytes]] = []
         if self.spy is not None:
             for n, pid in enumerate(list(self.guest_pids().values())[:2]):
                 raw = self.out.with_name(f"{self.out.stem}-spy{n}.txt")
@@ -78,12 +76,7 @@ class ChangeBench(Bench):
             after = self.guest_ticks()
             self.ticks = (after[0] - before[0], after[1] - before[1])
             for spy in spies:
-                spy.send_signal(signal.SIGINT)
-                try:
-                    spy.wait(30)
-                except subprocess.TimeoutExpired:
-                    spy.kill()
-                    spy.wait()
+                stop(spy, 30, sig=signal.SIGINT)
 
 
 def main(argv: list[str] | None = None) -> int:
