@@ -33,9 +33,27 @@ from typing import Any, Generic, TypeVar, cast
 T = TypeVar("T")
 
 
+def _wait_children_by_pidfd() -> None:
+    """On Python 3.11, wait for child processes through pidfds, as 3.12 does by default.
+
+    3.11's default child watcher starts a thread for every child (each ``nvidia-imex-ctl``
+    query, every IMEX start) to block in ``waitpid``; a pidfd is one more reader on the
+    loop. Only from the main thread (where 3.11's policy attaches the watcher to the loop
+    that ``set_event_loop`` installs) and only when the kernel has ``pidfd_open`` (5.3+).
+    """
+    if sys.version_info >= (3, 12) or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return
+    asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(coro)``, minus the wait for the default executor's threads."""
     loop = asyncio.new_event_loop()
+    _wait_children_by_pidfd()
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(coro)

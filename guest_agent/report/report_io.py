@@ -9,6 +9,8 @@ Concurrency and failure rules:
   backoff and jitter (tenacity). A newer report cuts the retry short: the
   stale one is dropped and the newer one sent at once, so at most one
   request is in flight and the registry always ends with the latest state.
+  News waits ``REPORT_SETTLE`` (50 ms) before it is sent, so a change and the
+  IMEX signal it sets off go in one PUT.
 - 401/403/404/422 are not retried (a wrong token or address will not fix
   itself by repetition); each distinct refusal is logged once (then at debug level)
   and recorded as ``last_error``. The next report tries again.
@@ -70,6 +72,12 @@ from imex_shared.version import BAD, GUEST_TOO_OLD, OLDER_HOST, TOO_OLD, host_ve
 log = logging.getLogger("guest_agent.reporter")  # logger name pinned
 
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+#: How long the reporter lets news settle before it sends (s): an applied change and
+#: the SIGUSR1 it sets off come a few milliseconds apart, each with a new report, and
+#: the registry answers a report only once it is stored (about half a second), so
+#: sending at the first news cost a second PUT per change.
+REPORT_SETTLE = 0.05
 
 #: The status PUT answer header of a replica that is shutting down.
 CLOSING_HEADER = "x-imex-registry"
@@ -138,8 +146,10 @@ class Reporter:
         clock: Callable[[], float] = time.monotonic,
         on_registry: Callable[[dict[str, Any]], None] | None = None,
         agent_version: str = "0+unknown",
+        settle: float = REPORT_SETTLE,
     ) -> None:
         self.settings = settings
+        self.settle = settle
         self.on_error = on_error
         self.on_registry = on_registry
         self.agent_version = agent_version
@@ -335,6 +345,8 @@ class Reporter:
             await asyncio.Event().wait()
         while True:
             await self._news.wait()
+            if self.settle > 0:
+                await asyncio.sleep(self.settle)  # one PUT for a change and what it set off
             self._news.clear()
             report = self._latest
             if report is None or report == self._sent:

@@ -91,8 +91,12 @@ class Status:
 
 
 def encode(status: Status) -> bytes:
-    """Stable bytes (sorted keys, indented) of ``status``."""
-    return (json.dumps(status.to_json(), indent=2, sort_keys=True) + "\n").encode()
+    """Stable bytes (sorted keys, one line) of ``status``.
+
+    Not indented: ``json`` encodes an indented document in pure Python, five times the
+    CPU of its C encoder, and the file is rewritten up to three times per change.
+    ``imex-guest-agent status`` prints it as a table, and ``jq .`` indents it."""
+    return (json.dumps(status.to_json(), sort_keys=True) + "\n").encode()
 
 
 def write_status(path: str, status: Status) -> bool:

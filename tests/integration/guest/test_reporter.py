@@ -111,6 +111,23 @@ async def test_put_url_token_and_body(tmp_path: Path) -> None:
         assert len(reg.requests) == 1
 
 
+async def test_a_change_and_the_signal_it_sets_off_go_in_one_put(tmp_path: Path) -> None:
+    """The agent submits a report when it applies a change and another when IMEX has
+    been signalled, a few ms later: the settle window sends only the second. Without
+    it (``settle=0``) the first goes at once and the second follows: two PUTs."""
+    signalled = {**BODY, "signals": 2}
+    for settle, puts in ((0.05, [signalled]), (0.0, [BODY, signalled])):
+        async with Registry() as reg, \
+                reporter(tmp_path, f"http://127.0.0.1:{reg.port}", settle=settle) as rep:
+            rep.submit(3, BODY)
+            await asyncio.sleep(0.005)
+            rep.submit(3, signalled)
+            await reg.wait_requests(len(puts))
+            await asyncio.sleep(0.2)  # room for a PUT that should not come
+            assert [r["body"] for r in reg.requests] == [
+                {**b, "registry_ca_sha256": None} for b in puts], settle
+
+
 async def test_transient_failures_are_retried(tmp_path: Path) -> None:
     async with Registry() as reg, reporter(tmp_path, f"http://127.0.0.1:{reg.port}") as rep:
         reg.statuses = [503, 503]

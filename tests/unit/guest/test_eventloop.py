@@ -1,12 +1,16 @@
-"""eventloop.race: the first of several things, with every racer in one TaskGroup."""
+"""eventloop.race: the first of several things, with every racer in one TaskGroup; and
+eventloop.run's child watcher."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+import threading
 
 import pytest
 
+from guest_agent import eventloop
 from guest_agent.eventloop import race
 
 
@@ -74,3 +78,19 @@ async def test_cancelling_the_caller_cancels_the_racers() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await caller
     assert caller.cancelled() and not racers()
+
+
+def test_run_waits_for_a_child_without_a_thread_for_it() -> None:
+    """Python 3.11's default watcher blocks a new thread in waitpid for every child;
+    eventloop.run waits through a pidfd (3.12's default), so a running child adds no
+    thread to the process, and its exit code still arrives."""
+
+    async def child() -> tuple[int, int]:
+        before = threading.active_count()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import time; time.sleep(0.2); raise SystemExit(3)")
+        added = threading.active_count() - before
+        return added, await proc.wait()
+
+    assert threading.current_thread() is threading.main_thread()
+    assert eventloop.run(child()) == (0, 3)

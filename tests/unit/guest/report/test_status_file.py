@@ -37,6 +37,9 @@ def test_write_is_atomic_and_skips_unchanged(tmp_path: Path) -> None:
     data = load_status(path)
     assert data["own_index"] == 2 and data["signals"] == 3
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["status.json"]  # no temp left
+    # one line with sorted keys (json's C encoder; an indented dump is pure Python)
+    lines = Path(path).read_text().splitlines()
+    assert len(lines) == 1 and list(json.loads(lines[0])) == sorted(data)
 
 
 def test_the_status_file_is_runtime_state_and_never_fsynced(
