@@ -24,8 +24,10 @@ opened before our rename) is carried into the next merge.
 A symlink is followed: its target is written and the link kept. A target
 that is a mount point (listed in /proc/self/mountinfo) goes straight to the
 in-place path instead of paying for a temp file and a failed rename on every
-write. Temp files a crash left behind (ours end in ``.imex-tmp``) are removed
-by the next write once they are a minute old.
+write; for ``write_file`` (the agent's own files), a target found not to be one is
+not looked up again (a mount made later fails the rename with EBUSY, and that write
+goes in place). Temp files a crash left behind (ours end in ``.imex-tmp``) are
+removed by the next write once they are a minute old.
 """
 
 from __future__ import annotations
@@ -83,6 +85,22 @@ def is_mount_point(path: str) -> bool:
             )
     except OSError:
         return False
+
+
+#: ``write_file`` targets found not to be mount points, so each write does not read
+#: mountinfo again (the status file is written up to three times per change). A bind
+#: mount made later makes the rename fail with EBUSY, which takes the in-place path and
+#: drops the entry.
+_NOT_MOUNTED: set[str] = set()
+
+
+def _mounted(target: str) -> bool:
+    if target in _NOT_MOUNTED:
+        return False
+    if is_mount_point(target):
+        return True
+    _NOT_MOUNTED.add(target)
+    return False
 
 
 def _remove_stale_temps(directory: str, base: str) -> None:
@@ -177,9 +195,15 @@ def replace_file(path: str | os.PathLike[str], data: bytes, *, mode: int) -> Non
 def _put(
     path: str | os.PathLike[str], target: str, data: bytes, st: os.stat_result | None,
     default_mode: int, durable: bool = True,
+    mount_point: Callable[[str], bool] = is_mount_point,
 ) -> None:
-    """Steps 2-3 of the module docstring for content known to differ from the file's."""
-    if st is not None and is_mount_point(target):
+    """Steps 2-3 of the module docstring for content known to differ from the file's.
+
+    ``mount_point``: ``write_file`` passes ``_mounted`` (the agent's own files). A
+    shared file (``SharedFile``) is looked up on every write, as others mount over it;
+    a faster merge made the open append race of test_safewrite_merge.py likelier
+    (docs/benchmarks.md, 2026-12-05)."""
+    if st is not None and mount_point(target):
         _in_place(path, target, data)
         return
     try:
@@ -187,6 +211,7 @@ def _put(
     except OSError as exc:
         if st is None or exc.errno not in _IN_PLACE_ERRNOS:
             raise FileWriteError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
+        _NOT_MOUNTED.discard(target)
         _in_place(path, target, data)
 
 
@@ -207,7 +232,7 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, default_mode: int =
         st = None
     if st is not None and st.st_size == len(data) and read_bytes(target) == data:
         return False
-    _put(path, target, data, st, default_mode, durable)
+    _put(path, target, data, st, default_mode, durable, mount_point=_mounted)
     return True
 
 

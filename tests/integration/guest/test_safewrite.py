@@ -25,6 +25,9 @@ REPO = Path(__file__).parents[3]
 SHORT = b"".join(b"10.0.0.%d\timex-93a7a316-%d\n" % (i, i) for i in range(6))
 LONG = b"# long\n" + b"".join(b"10.1.0.%d\thost-%d.example\n" % (i, i) for i in range(40))
 KILLS = 200
+#: the tests that bind-mount run in a private mount namespace of their own
+needs_unshare = pytest.mark.skipif(shutil.which("unshare") is None,
+                                   reason="util-linux unshare is not installed")
 
 CHILD = textwrap.dedent(
     """
@@ -87,6 +90,7 @@ def test_sigkill_during_rename_writes_leaves_one_of_two_contents(tmp_path: Path)
 
 
 @pytest.mark.root
+@needs_unshare
 def test_sigkill_during_in_place_writes_never_tears(tmp_path: Path) -> None:
     """Bind-mounted target: rename gets EBUSY, the writer writes in place.
 
@@ -94,8 +98,6 @@ def test_sigkill_during_in_place_writes_never_tears(tmp_path: Path) -> None:
     ftruncate of a shrinking write) the new content followed by blank lines,
     which any hosts parser reads as the new content. Never a mix.
     """
-    if shutil.which("unshare") is None:
-        pytest.skip("util-linux unshare is not installed")
     source = tmp_path / "source"
     source.write_bytes(SHORT)
     mount_dir = tmp_path / "etc"
@@ -117,6 +119,38 @@ def test_sigkill_during_in_place_writes_never_tears(tmp_path: Path) -> None:
         assert s.startswith(SHORT) and set(s[len(SHORT) :]) == set(PAD_BYTE), s[:80]
     assert {SHORT, LONG} <= set(seen)
     assert not list(mount_dir.glob(".hosts.*"))  # rename path was tried and cleaned up
+
+
+@pytest.mark.root
+@needs_unshare
+def test_a_mount_made_after_the_lookup_still_gets_its_write(tmp_path: Path) -> None:
+    """The writer remembers a target that was not a mount point; one bind-mounted over
+    it later makes the rename fail with EBUSY, and that write goes in place (into the
+    mounted file, not beside it), as do the next ones. In a private mount namespace, so
+    the mount dies with the child."""
+    source, target = tmp_path / "source", tmp_path / "hosts"
+    source.write_bytes(SHORT)
+    script = textwrap.dedent(f"""
+        import subprocess, sys
+        sys.path.insert(0, {str(REPO)!r})
+        from guest_agent.files import safewrite
+        target = {str(target)!r}
+        safewrite.write_file(target, b"new\\n")  # created: nothing to look up
+        safewrite.write_file(target, b"before\\n")
+        assert target in safewrite._NOT_MOUNTED
+        subprocess.run(["mount", "--bind", {str(source)!r}, target], check=True)
+        safewrite.write_file(target, bytes.fromhex({LONG.hex()!r}))
+        assert target not in safewrite._NOT_MOUNTED
+        safewrite.write_file(target, bytes.fromhex({SHORT.hex()!r}) + b"# again\\n")
+        print("ok")
+        """)
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-S", "-c", script],
+        capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["ok"], out.stderr
+    assert source.read_bytes() == SHORT + b"# again\n"  # both writes went into the mount
+    assert target.read_bytes() == b"before\n"  # the file under it, as the first write left it
+    assert not list(tmp_path.glob(".hosts.*"))
 
 
 @pytest.mark.root
