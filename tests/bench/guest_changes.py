@@ -5,11 +5,11 @@
 
 The sandbox bench's ``guest`` phase, as ``make bench`` runs it with its ``storm`` part
 (changes spaced one signal window + 1 s apart), without the other phases: 18 VMs boot,
-30 s idle, then ``--changes`` single changes (40 by default, about 5 minutes in all,
+65 s idle, then ``--changes`` single changes (40 by default, about 6 minutes in all,
 where ``make bench`` makes 100 inside its 28-minute sandbox part). For comparing two
 trees, run one after the other on one quiet machine.
 
-Why: ``guest_change_cpu_ms`` subtracts an idle rate measured over 30 s in 10 ms
+Why: ``guest_change_cpu_ms`` subtracts an idle rate measured over 65 s in 10 ms
 ticks, so its run-to-run spread (about +-1 ms) hides a change of the agent's own cost.
 This prints the gross figures beside it, which need no subtraction: the guests' mean
 CPU share over the change phase (``guest_churn_cpu_pct``), their user and system
