@@ -205,7 +205,7 @@ def build_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Ho
 
     hook_socket = args.hook_socket or None
     if hook_socket is not None:
-        from host_agent.sidecar.hook_io import HookSidecarError, check_socket_path
+        from host_agent.sidecar.hook import HookSidecarError, check_socket_path
 
         try:
             check_socket_path(hook_socket)
@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from host_agent.kube.client import KubeConfigError
     from host_agent.logs import setup_logging
     from host_agent.main import run
-    from host_agent.sidecar.hook_io import HookSidecarError
+    from host_agent.sidecar.hook import HookSidecarError
 
     try:
         settings = build_settings(argv, os.environ)

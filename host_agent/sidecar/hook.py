@@ -18,13 +18,41 @@ Decoding follows proto3: unknown fields are skipped, the last occurrence of
 a scalar field wins, a known field with the wrong wire type or a truncated
 message is a ``ProtoError`` naming what is wrong. Encoding omits fields that
 hold their default (empty string or bytes, zero), as proto3 encoders do.
+
+The socket path's syntax rules and ``HookSidecarError`` live here too, not in
+``hook_io``: the CLI checks ``--hook-socket`` and names the error without importing
+grpc, the largest extension the agent would map (docs/benchmarks.md, "The host agent's
+memory"), which an agent that is not a hook sidecar never needs.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
+
+#: The launcher's side: every hook socket is looked for under here.
+HOOKS_DIR: Final = "/var/run/kubevirt-hooks"
+#: Longest path a unix socket address holds (sun_path is 108 bytes with its NUL).
+MAX_SOCKET_PATH: Final = 107
+
+
+class HookSidecarError(Exception):
+    """The hook socket cannot be served (path unusable, or another server is live on it)."""
+
+
+def check_socket_path(path: str) -> None:
+    """Raise HookSidecarError unless ``path`` can name a unix socket (syntax only)."""
+    if not os.path.isabs(path):
+        raise HookSidecarError(f"hook socket {path!r}: must be an absolute path")
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise HookSidecarError(
+            f"hook socket {path!r}: longer than {MAX_SOCKET_PATH} bytes, "
+            "too long for a unix socket")
+    if path.endswith("/"):
+        raise HookSidecarError(f"hook socket {path!r}: names a directory, not a socket file")
+
 
 INFO_SERVICE: Final = "kubevirt.hooks.info.Info"
 CALLBACKS_SERVICE: Final = "kubevirt.hooks.{version}.Callbacks"

@@ -47,22 +47,14 @@ import grpc
 import grpc.aio
 
 from host_agent.sidecar import hook as hp
+from host_agent.sidecar.hook import HOOKS_DIR, HookSidecarError, check_socket_path
 
 log = logging.getLogger("imex.host.hook")
 
 T = TypeVar("T")
 
 HOOK_NAME: Final = "imex-host-agent"
-#: The launcher's side: every hook socket is looked for under here.
-HOOKS_DIR: Final = "/var/run/kubevirt-hooks"
-#: Longest path a unix socket address holds (sun_path is 108 bytes with its NUL).
-MAX_SOCKET_PATH: Final = 107
-
 Handler = Callable[[bytes, grpc.aio.ServicerContext[bytes, bytes]], Awaitable[bytes]]
-
-
-class HookSidecarError(Exception):
-    """The hook socket cannot be served (path unusable, or another server is live on it)."""
 
 
 def info_result() -> hp.InfoResult:
@@ -72,18 +64,6 @@ def info_result() -> hp.InfoResult:
         versions=(hp.V1ALPHA3, hp.V1ALPHA2),
         hook_points=(hp.HookPoint(hp.SHUTDOWN, 0),),
     )
-
-
-def check_socket_path(path: str) -> None:
-    """Raise HookSidecarError unless ``path`` can name a unix socket (syntax only)."""
-    if not os.path.isabs(path):
-        raise HookSidecarError(f"hook socket {path!r}: must be an absolute path")
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise HookSidecarError(
-            f"hook socket {path!r}: longer than {MAX_SOCKET_PATH} bytes, "
-            "too long for a unix socket")
-    if path.endswith("/"):
-        raise HookSidecarError(f"hook socket {path!r}: names a directory, not a socket file")
 
 
 def _prepare_path(path: str) -> None:

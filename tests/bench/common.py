@@ -223,6 +223,23 @@ def rss_mb(pid: int) -> float:
     return pages * PAGE / 2**20
 
 
+def rss_by_mapping(pid: int, top: int = 6) -> list[tuple[str, float]]:
+    """The ``top`` largest parts of ``pid``'s resident memory in MiB, from
+    /proc/<pid>/smaps: each file by path (a library's pages), and ``[anon]``/``[heap]``
+    (the interpreter's objects)."""
+    sizes: dict[str, int] = {}
+    name = "[anon]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head, _, rest = line.partition(" ")
+        if "-" in head and not head.endswith(":"):  # a mapping's first line
+            fields = rest.split()
+            name = fields[4] if len(fields) > 4 else "[anon]"
+        elif head == "Rss:":
+            sizes[name] = sizes.get(name, 0) + int(rest.split()[0])
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])[:top]
+    return [(n, kb / 1024) for n, kb in ranked]
+
+
 def cpu_ticks(pid: int) -> tuple[int, int]:
     """(user, system) clock ticks ``pid`` has used (children not included)."""
     raw = Path(f"/proc/{pid}/stat").read_text()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import tempfile
 import time
@@ -56,6 +57,7 @@ from tests.bench.common import (
     cpu_seconds,
     free_port,
     read_line,
+    rss_by_mapping,
     rss_mb,
     spawn,
     stop,
@@ -242,6 +244,9 @@ def run(results: Results, *, quick: bool = False, profile: str | None = None,
             put("host_sync_cpu_s", cpu_synced)
             ready_at = wait_for("registry /readyz", lambda: _ready(port), timeout=60)
             put("host_rss_after_sync_mb", rss_mb(agent.pid))
+            results.note(f"{prefix}rss_mappings", "largest parts of the agent's RSS after "
+                         "sync: " + ", ".join(f"{os.path.basename(n)} {mb:.1f} MB"
+                                              for n, mb in rss_by_mapping(agent.pid)))
             if api == "double":  # what the first sync wrote, counted by the API (issue 27)
                 made = host_writes.quiet_writes(target.url, target.token)
                 other, events = host_writes.split(made)

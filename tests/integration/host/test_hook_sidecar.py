@@ -27,7 +27,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from host_agent.sidecar.hook_io import HookServer, HookSidecarError
+from host_agent.sidecar.hook import HookSidecarError
+from host_agent.sidecar.hook_io import HookServer
 from tests.host_support.hook_oracle import message
 from tests.host_support.kubevirt import service, vmi
 from tests.integration.host.conftest import NS, AgentFactory, eventually

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-from tests.bench.common import GOAL_KEYS, GOALS, Goal, Results, percentile, table
+from tests.bench.common import (
+    GOAL_KEYS,
+    GOALS,
+    Goal,
+    Results,
+    percentile,
+    rss_by_mapping,
+    rss_mb,
+    table,
+)
 
 
 def test_goal_keys_are_the_issues_thirteen() -> None:
@@ -73,3 +86,20 @@ def test_table_marks_pass_miss_and_unmeasured() -> None:
     assert line["guest_rss_mb"].endswith("n/a")
     assert "extra_figure = 3.00" in text
     assert isinstance(GOALS[0], Goal)
+
+
+def test_rss_by_mapping_finds_a_library_mapped_into_a_real_process() -> None:
+    """A child that fills a 24 MiB buffer (malloc maps it anonymously) and maps this
+    interpreter: the buffer is its largest part, the binary is named by path, and the
+    parts never add up to more than the process's RSS."""
+    code = "import time; b = b'x' * (24 << 20); print('ready', flush=True); time.sleep(30)"
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+            parts = dict(rss_by_mapping(child.pid, top=50))
+            assert max(parts, key=lambda n: parts[n]) == "[anon]"
+            assert parts["[anon]"] >= 24
+            assert any(os.path.realpath(sys.executable) == n for n in parts)
+            assert sum(parts.values()) <= rss_mb(child.pid) + 0.5
+        finally:
+            child.kill()
