@@ -22,7 +22,7 @@ hold their default (empty string or bytes, zero), as proto3 encoders do.
 The socket path's syntax rules and ``HookSidecarError`` live here too, not in
 ``hook_io``: the CLI checks ``--hook-socket`` and names the error without importing
 grpc, the largest extension the agent would map (docs/benchmarks.md, "The host agent's
-memory"), which an agent that is not a hook sidecar never needs.
+memory without grpc"), which an agent that is not a hook sidecar never needs.
 """
 
 from __future__ import annotations
