@@ -47,7 +47,6 @@ import grpc
 import grpc.aio
 
 from host_agent.sidecar import hook as hp
-from host_agent.sidecar.hook import HOOKS_DIR, HookSidecarError, check_socket_path
 
 log = logging.getLogger("imex.host.hook")
 
@@ -69,9 +68,9 @@ def info_result() -> hp.InfoResult:
 def _prepare_path(path: str) -> None:
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
-        raise HookSidecarError(
+        raise hp.HookSidecarError(
             f"hook socket {path!r}: directory {directory!r} does not exist "
-            f"(KubeVirt mounts {HOOKS_DIR} into hook sidecar containers)")
+            f"(KubeVirt mounts {hp.HOOKS_DIR} into hook sidecar containers)")
     _clear_stale_socket(path)
 
 
@@ -94,7 +93,8 @@ def _clear_stale_socket(path: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise HookSidecarError(f"hook socket {path!r}: exists and is not a socket; not touching it")
+        raise hp.HookSidecarError(
+            f"hook socket {path!r}: exists and is not a socket; not touching it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)
@@ -106,14 +106,14 @@ def _clear_stale_socket(path: str) -> None:
         return
     finally:
         probe.close()
-    raise HookSidecarError(f"hook socket {path!r}: another server is listening on it")
+    raise hp.HookSidecarError(f"hook socket {path!r}: another server is listening on it")
 
 
 class HookServer:
     """The Info server on one unix socket; ``start`` then ``stop`` (both idempotent-safe)."""
 
     def __init__(self, path: str, on_shutdown: Callable[[], None] | None = None) -> None:
-        check_socket_path(path)
+        hp.check_socket_path(path)
         self.path = path
         self._on_shutdown = on_shutdown
         self._server: grpc.aio.Server | None = None
@@ -177,9 +177,9 @@ class HookServer:
         try:
             bound = server.add_insecure_port("unix:" + self.path)
         except RuntimeError as exc:
-            raise HookSidecarError(f"hook socket {self.path!r}: cannot bind: {exc}") from exc
+            raise hp.HookSidecarError(f"hook socket {self.path!r}: cannot bind: {exc}") from exc
         if not bound:
-            raise HookSidecarError(f"hook socket {self.path!r}: cannot bind")
+            raise hp.HookSidecarError(f"hook socket {self.path!r}: cannot bind")
         try:
             os.chmod(self.path, 0o666)
             st = os.lstat(self.path)
@@ -187,7 +187,7 @@ class HookServer:
             await server.start()
         except OSError as exc:
             await server.stop(None)
-            raise HookSidecarError(f"hook socket {self.path!r}: {exc}") from exc
+            raise hp.HookSidecarError(f"hook socket {self.path!r}: {exc}") from exc
         self._server = server
         log.info("KubeVirt hook server listening on %s", self.path)
 

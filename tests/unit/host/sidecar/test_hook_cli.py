@@ -41,7 +41,6 @@ def test_refusal_exits_2_before_anything_starts(capsys: pytest.CaptureFixture[st
     assert "--hook-socket" in capsys.readouterr().err
 
 
-
 GRPC_PROBE = """
 import sys
 from host_agent import cli
@@ -64,8 +63,8 @@ print(code, "grpc" in sys.modules)
 def test_grpc_is_loaded_only_to_serve_a_hook_socket(
         tmp_path: Path, args: list[str], loads_grpc: bool) -> None:
     """grpc's extension is the largest library the agent maps (docs/benchmarks.md, "The
-    host agent's memory without grpc"), so the CLI checks and reports hook socket errors without it.
-    A real process, stopped early by a kubeconfig that does not exist (exit 2)."""
+    host agent's memory without grpc"), so the CLI checks and reports hook socket errors
+    without it. A real process, stopped early by a kubeconfig that does not exist (exit 2)."""
     out = subprocess.run(
         [sys.executable, "-c", GRPC_PROBE, *args[:1], "--kubeconfig", str(tmp_path / "none"),
          *args[1:]],
