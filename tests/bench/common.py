@@ -223,6 +223,14 @@ def rss_mb(pid: int) -> float:
     return pages * PAGE / 2**20
 
 
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident set size of ``pid`` in MiB (VmHWM), or its RSS where none is shown."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return rss_mb(pid)
+
+
 def rss_by_mapping(pid: int, top: int = 6) -> list[tuple[str, float]]:
     """The ``top`` largest parts of ``pid``'s resident memory in MiB, from
     /proc/<pid>/smaps: each file by path (a library's pages), and ``[anon]``/``[heap]``

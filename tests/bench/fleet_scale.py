@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.common import PY, Results, cpu_seconds, free_port, spawn, stop
+from tests.bench.common import PY, Results, cpu_seconds, free_port, peak_rss_mb, spawn, stop
 from tests.bench.host_scale import (
     NotBuilt,
     _send,
@@ -29,7 +29,6 @@ from tests.bench.host_scale import (
     api_double,
     api_real,
     expected_pins,
-    peak_rss_mb,
 )
 from tests.bench.kube_proc import NAMESPACE, member_ip
 from tests.bench.loadgen import raise_nofile

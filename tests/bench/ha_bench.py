@@ -43,12 +43,13 @@ from tests.bench.common import (
     REPO_ROOT,
     Results,
     free_port,
+    peak_rss_mb,
     percentile,
     spawn,
     stop,
     wait_for,
 )
-from tests.bench.host_scale import NotBuilt, peak_rss_mb
+from tests.bench.host_scale import NotBuilt
 
 NS = "bench-ha"
 

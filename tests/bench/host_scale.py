@@ -56,6 +56,7 @@ from tests.bench.common import (
     Results,
     cpu_seconds,
     free_port,
+    peak_rss_mb,
     read_line,
     rss_by_mapping,
     rss_mb,
@@ -74,13 +75,6 @@ def expected_pins(ensembles: int, per: int, ips: dict[tuple[int, int], str]) -> 
         ens = EnsembleId(NAMESPACE, f"e{e}")
         out[f"e{e}-imex"] = {ens.slot(i): ips[(e, i)] for i in range(per)}
     return out
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return rss_mb(pid)
 
 
 def _updates(ensembles: int, per: int, count: int, round_: int) -> list[tuple[int, int, str]]:

@@ -56,6 +56,7 @@ from tests.bench.common import (
     BenchError,
     Results,
     cpu_seconds,
+    peak_rss_mb,
     percentile,
     rss_mb,
     tree_pids,
@@ -88,13 +89,6 @@ def _guest_pid(vm: Any) -> int | None:
         if b"guest_agent.cli" in cmd and b"run" in cmd:
             return pid
     return None
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return rss_mb(pid)
 
 
 @contextlib.contextmanager
@@ -158,7 +152,7 @@ class Bench:
     def sample_rss(self) -> None:
         for vm, pid in self.guest_pids().items():
             with contextlib.suppress(OSError):
-                self.peak_rss[vm] = max(self.peak_rss.get(vm, 0.0), _peak_rss_mb(pid))
+                self.peak_rss[vm] = max(self.peak_rss.get(vm, 0.0), peak_rss_mb(pid))
 
     def cpu(self) -> dict[str, float]:
         out = {}
