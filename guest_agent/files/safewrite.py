@@ -17,9 +17,10 @@ Order of preference:
 
 ``SharedFile`` is the read-merge-write for a file others write too (``/etc/hosts``):
 it keeps a line another process adds while we merge. It merges from one read, checks
-the file is still that content right before replacing it, and keeps the replaced
-inode open, so an append that lands there after our check (``echo >> /etc/hosts``
-opened before our rename) is carried into the next merge.
+the file is still that content right before replacing it, and keeps the inodes it
+replaced open (the last ``REPLACED_KEPT``), so an append that lands in one after our
+check (``echo >> /etc/hosts`` opened before one of our renames) is carried into the
+next merge.
 
 A symlink is followed: its target is written and the link kept. A target
 that is a mount point (listed in /proc/self/mountinfo) goes straight to the
@@ -49,6 +50,10 @@ STALE_TMP_AGE_S = 60.0
 #: merges ``SharedFile.merge`` makes before it settles for its last write: each retry means
 #: another process wrote the file during the one before
 MERGE_ATTEMPTS = 5
+#: inodes ``SharedFile`` replaced and still holds open: a writer that opened the file
+#: before our rename and writes only after this many more of our merges loses its line
+#: (held: one file descriptor and one copy of the file's content each)
+REPLACED_KEPT = 4
 
 
 class FileWriteError(OSError):
@@ -294,35 +299,57 @@ class SharedFile:
 
     Each ``merge`` reads once, merges, checks the file is still what it read right
     before replacing it (and merges again when not), and keeps the replaced inode open
-    until the next ``merge``. What was written to that inode after our read (an append
-    racing our rename) is carried into the next merge, which the agent's file watcher
-    runs right after our own write. One instance per path; not thread-safe.
+    for the next ``REPLACED_KEPT`` merges. What was written to such an inode after our
+    read (an append racing our rename, or one from a writer that stalled across several
+    of our merges) is carried into the next merge, which the agent's file watcher runs
+    right after our own write. One instance per path; not thread-safe.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, default_mode: int = 0o644) -> None:
         self.path = path
         self.default_mode = default_mode
-        self._replaced: _Replaced | None = None
+        #: oldest first
+        self._replaced: list[_Replaced] = []
 
     def close(self) -> None:
-        if self._replaced is not None:
-            os.close(self._replaced.fd)
-            self._replaced = None
+        while self._replaced:
+            os.close(self._replaced.pop().fd)
 
-    def _carried(self, current: bytes | None) -> tuple[bytes | None, bytes | None]:
-        """(``current`` plus what was written to the inode we replaced since we read it,
-        what that inode holds now); nothing is marked carried until the merge lands."""
-        old = self._replaced
-        if old is None:
-            return current, None
-        later = _read_fd(old.fd)
-        if later == old.known:
-            return current, None
-        if current is not None and later.startswith(old.known):
-            return current + later[len(old.known) :], later  # an append: add it
-        if current == old.put:
-            return later, later  # rewritten, and ours untouched since: theirs is newer
-        return current, later  # both rewritten since: the file on disk wins
+    def _hold(self, replaced: _Replaced) -> None:
+        self._replaced.append(replaced)
+        while len(self._replaced) > REPLACED_KEPT:
+            os.close(self._replaced.pop(0).fd)
+
+    def _carried(self, current: bytes | None) -> tuple[bytes | None, list[bytes | None]]:
+        """(``current`` plus what was written to the inodes we replaced since we read
+        them, what each of those holds now or None when unchanged); nothing is marked
+        carried until the merge lands.
+
+        The newest of them may also have been rewritten whole (its holder truncated
+        and wrote it); the older ones can only have been appended to by a writer that
+        opened the file before our rename, and an append is all they carry."""
+        base, appended = current, b""
+        news: list[bytes | None] = []
+        for n, old in enumerate(self._replaced):
+            later = _read_fd(old.fd)
+            if later == old.known:
+                news.append(None)
+                continue
+            news.append(later)
+            if later.startswith(old.known):
+                appended += later[len(old.known) :]  # an append: add it
+            elif n == len(self._replaced) - 1 and current == old.put:
+                base = later  # rewritten, and ours untouched since: theirs is newer
+            # else both rewritten since: the file on disk wins
+        if base is None or not appended:
+            return base, news
+        return base + appended, news
+
+    def _landed(self, news: list[bytes | None]) -> None:
+        """Mark what ``_carried`` read as carried, so no merge adds it twice."""
+        for old, later in zip(self._replaced, news, strict=False):
+            if later is not None:
+                old.known = later
 
     def merge(self, merge: Callable[[bytes | None], bytes]) -> Merged:
         """Make the file hold ``merge(its content)``; ``merge`` must be pure.
@@ -344,16 +371,16 @@ class SharedFile:
                 base, carried = self._carried(current)
                 data = merge(base)
                 if data == current:
-                    if carried is not None and self._replaced is not None:
-                        self._replaced.known = carried
+                    self._landed(carried)
                     return Merged(data, base, False, attempt)
                 if attempt < MERGE_ATTEMPTS and not _unchanged(fd, target, current):
                     continue  # changed while we merged: merge again from the news
                 _put(path, target, data, os.fstat(fd) if fd is not None else None,
                      self.default_mode)
+                self._landed(carried)
                 if fd is not None and current is not None and not _same_inode(fd, target):
-                    self.close()
-                    self._replaced, fd = _Replaced(fd, current, data), None
+                    self._hold(_Replaced(fd, current, data))
+                    fd = None
                 return Merged(data, base, True, attempt)
             except OSError as exc:
                 if isinstance(exc, FileWriteError):

@@ -88,6 +88,45 @@ def test_an_append_to_the_replaced_inode_after_our_check_is_carried_by_the_next_
     hosts.close()
 
 
+def test_an_append_to_an_inode_replaced_several_merges_ago_is_still_carried(
+    tmp_path: Path,
+) -> None:
+    """An admin's ``>>`` opened the file, then stalled (a slow disk, a stopped shell)
+    while the agent replaced it twice, and writes only now: the inode it holds is two
+    renames old. The agent keeps the last ``REPLACED_KEPT`` inodes it replaced, so the
+    line still lands, once; an append to one older than that is beyond the bound."""
+    target = tmp_path / "hosts"
+    target.write_bytes(START)
+    hosts = SharedFile(target)
+    stalled = open(target, "ab")  # noqa: SIM115  (held across the merges on purpose)
+    try:
+        hosts.merge(_block({0: "10.0.0.1"}))
+        hosts.merge(_block({0: "10.0.0.2"}))
+        assert os.fstat(stalled.fileno()).st_nlink == 0  # two renames over it
+        stalled.write(ADMIN)
+        stalled.flush()
+        carried = hosts.merge(_block({0: "10.0.0.2"}))
+        text = target.read_bytes()
+        assert carried.written and text.count(ADMIN) == 1
+        assert read_block(text, ENS) == read_block(carried.data, ENS)
+        assert not hosts.merge(_block({0: "10.0.0.2"})).written, "carried once"
+    finally:
+        stalled.close()
+        hosts.close()
+
+
+def test_the_replaced_inodes_held_are_bounded(tmp_path: Path) -> None:
+    target = tmp_path / "hosts"
+    target.write_bytes(START)
+    hosts = SharedFile(target)
+    before = len(os.listdir("/proc/self/fd"))
+    for n in range(safewrite.REPLACED_KEPT + 5):
+        hosts.merge(_block({0: f"10.0.0.{n + 1}"}))
+    assert len(os.listdir("/proc/self/fd")) - before == safewrite.REPLACED_KEPT
+    hosts.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_whole_file_rerender_while_we_merge_wins_over_our_stale_read(tmp_path: Path) -> None:
     target = tmp_path / "hosts"
     target.write_bytes(START + b"10.1.1.1\told-line\n")
