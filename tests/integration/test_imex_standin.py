@@ -317,6 +317,29 @@ def test_three_nodes_reach_each_other_by_name(
 
 
 @pytest.mark.root
+def test_a_frozen_peer_is_dropped_by_the_keepalive_and_taken_back_when_it_thaws(
+    fabric: Fabric, tmp_path: Path, daemons: list[Imex]
+) -> None:
+    """A peer that stops answering (SIGSTOP: its kernel still holds the TCP connection
+    open) is seen only by the keepalive: its link goes DISCONNECTED for silence, and the
+    link comes back once the peer runs again."""
+    a, b = ensemble(fabric, tmp_path, daemons, 2, absent=0)
+    wait_for("connected", lambda: all_connected(a, [0, 1]))
+    connects = a.state()["peers"]["1"]["connects"]
+    frozen = b.pid()
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        lost = wait_for("node 0 to drop the silent link",
+                        lambda: (p := a.state()["peers"]["1"])["status"] == "DISCONNECTED"
+                        and p)
+        assert lost["last_error"] == "TimeoutError" and lost["connects"] == connects
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    wait_for("node 0 to reconnect", lambda: all_connected(a, [0, 1]))
+    assert a.state()["peers"]["1"]["connects"] > connects
+
+
+@pytest.mark.root
 def test_sigusr1_is_acted_on_at_most_once_per_5s(
     fabric: Fabric, tmp_path: Path, daemons: list[Imex]
 ) -> None:
