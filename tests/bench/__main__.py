@@ -41,6 +41,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "registry": ("tests.bench.registry_load", "registry GET/s and 5,000 long-polls"),
     "registry-tls": ("tests.bench.tls_bench", "registry GET/s and long-poll wake-up, HTTP and "
                      "HTTPS side by side in one agent"),
+    "standins": ("tests.bench.standin_cost", "IMEX stand-ins alone, 18 on loopback: idle CPU "
+                 "and CPU per SIGUSR1"),
     "guest": ("tests.bench.sandbox_bench", "guest agent RSS and CPU, idle and under churn"),
     "convergence": ("tests.bench.sandbox_bench", "18-VM sandbox: change -> every /etc/hosts"),
     "storm": ("tests.bench.sandbox_bench", "18-VM sandbox: IMEX signals/restarts per member"),

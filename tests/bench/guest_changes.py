@@ -16,7 +16,9 @@ CPU share over the change phase (``guest_churn_cpu_pct``), their user and system
 ticks, and the idle share it was net of.
 
 ``--py-spy``: a py-spy binary (not a dependency: ``pip install py-spy`` into any
-venv); two guests are sampled at 200 Hz over the change phase with ``--gil`` (only
+venv); two guests and their IMEX stand-ins are sampled at 200 Hz over the change phase
+(``-spyN.txt``, ``-spy-standinN.txt``; a stand-in that restarts ends its sample) with
+``--gil`` (only
 while holding the GIL: Python's own CPU, not waits), raw stacks written beside
 ``--out``. A frame's share is then an upper bound on its CPU: a guest preempted
 while it holds the GIL (after a fork, or a signal that wakes a stand-in) still counts.
@@ -33,8 +35,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import REPO_ROOT, Results, commit, cpu_ticks, loadavg, stop
+from tests.bench.common import REPO_ROOT, Results, commit, cpu_ticks, loadavg, stop, tree_pids
 from tests.bench.sandbox_bench import Bench
+from tests.bench.sandbox_cpu import is_standin
 
 SHOWN = ("guest_change_cpu_ms", "guest_ctl_cpu_ms_per_change", "standin_cpu_ms_per_change",
          "guest_churn_cpu_pct", "guest_idle_cpu_pct_mean", "guest_rss_mb")
@@ -63,8 +66,11 @@ class ChangeBench(Bench):
     def registry_changes(self, spaced: bool) -> tuple[list[float], float, float]:
         spies: list[subprocess.Popen[bytes]] = []
         if self.spy is not None:
-            for n, pid in enumerate(list(self.guest_pids().values())[:2]):
-                raw = self.out.with_name(f"{self.out.stem}-spy{n}.txt")
+            guests = list(self.guest_pids().values())[:2]
+            standins = [pid for g in guests for pid in tree_pids(g)[1:] if is_standin(pid)]
+            for n, pid in enumerate(guests + standins):
+                kind = "spy" if n < len(guests) else "spy-standin"
+                raw = self.out.with_name(f"{self.out.stem}-{kind}{n}.txt")
                 spies.append(subprocess.Popen(
                     [self.spy, "record", "-p", str(pid), "-r", "200", "-f", "raw", "--gil",
                      "--nonblocking", "-o", str(raw)],

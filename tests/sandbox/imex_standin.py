@@ -1014,11 +1014,11 @@ class ImexStandin:
         if not addrs:
             self.attempt_log.attempt(ln, None, "no_address", time.time(), "no address")
             raise IndexError("the resolver returned no address")
-        fam_own = ipaddress.ip_address(self.own_ip).version
+        own_v6 = ":" in self.own_ip  # resolver output and our own address: no parse needed
         last: BaseException | None = None
         for ip in addrs:
             ln.ip = ip
-            local = (self.own_ip, 0) if ipaddress.ip_address(ip).version == fam_own else None
+            local = (self.own_ip, 0) if (":" in ip) == own_v6 else None
             t_try = time.time()
             try:
                 reader, w = await asyncio.wait_for(

@@ -1,0 +1,111 @@
+"""The IMEX stand-ins alone: what a node of 18 costs idle, and per SIGUSR1 (issue 27).
+
+``python -m tests.bench standins`` (no root: the stand-ins listen on 127.0.1.x, which
+is all loopback). 18 stand-ins, one nodes file, every link up; then an idle window,
+then rounds in which every stand-in gets one SIGUSR1 at once and redials its 17 peers,
+as after a change in the sandbox.
+
+Why apart from the sandbox: there, a stand-in's CPU per change is its gross CPU in the
+change's window less its idle rate, which is most of the gross (its keepalive), so the
+net figure moves by half from run to run. Here nothing else runs, so the idle rate
+itself is a figure (``standin_idle_cpu_ms_per_s``: the keepalive, which a C++ daemon
+spends next to nothing on), and so is a round's gross CPU (``standin_usr1_cpu_ms``).
+``standin_reconnects_per_usr1`` says each round did the whole work (17: one redial per
+peer), so a stand-in that does less cannot pass for a cheaper one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.bench.common import Results
+from tests.bench.sandbox_cpu import stat
+from tests.sandbox.imex_standin import StandinProcess, write_standin_files
+
+#: SIGUSR1 acted on at most once per this many seconds (the daemon's 5 s, shortened so
+#: that rounds follow each other quickly; each round waits for the last one's redials)
+USR1_WINDOW_S = 1.0
+
+
+def _connects(procs: list[StandinProcess]) -> tuple[int, int]:
+    """(outgoing connects ever made, links CONNECTED now), summed over ``procs``."""
+    made = up = 0
+    for p in procs:
+        for peer in (p.state().get("peers") or {}).values():
+            made += int(peer.get("connects", 0))
+            up += peer.get("status") == "CONNECTED"
+    return made, up
+
+
+def _cpu_s(pids: list[int]) -> float:
+    return sum(got[0] for pid in pids if (got := stat(pid)) is not None)
+
+
+def _wait(what: str, done: Callable[[], bool], deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while not done():
+        if time.monotonic() > end:
+            raise TimeoutError(f"stand-ins: {what} within {deadline_s:.0f} s")
+        time.sleep(0.1)
+
+
+def run(results: Results, *, quick: bool = False) -> None:
+    n = 4 if quick else 18
+    idle_s = 3.0 if quick else 20.0
+    rounds = 2 if quick else 10
+    links = n * (n - 1)
+    ips = [f"127.0.1.{i + 1}" for i in range(n)]
+    base = Path(tempfile.mkdtemp(prefix="standin-cost-"))
+    procs: list[StandinProcess] = []
+    try:
+        for i, ip in enumerate(ips):
+            cfg = write_standin_files(base / str(i), ips, bind_ip=ip, cmd_ip=ip)
+            procs.append(StandinProcess.start(
+                cfg, args=["--usr1-window", str(USR1_WINDOW_S)]))
+        pids = [p.pid() for p in procs]
+        _wait("every link up", lambda: _connects(procs)[1] == links, 60)
+        time.sleep(1.0)  # the last pongs carrying changed views
+        cpu0, t0 = _cpu_s(pids), time.monotonic()
+        time.sleep(idle_s)
+        idle = (_cpu_s(pids) - cpu0) / (time.monotonic() - t0) / n
+        made0 = _connects(procs)[0]
+        cpu0, t0 = _cpu_s(pids), time.monotonic()
+        for r in range(rounds):
+            made = made0 + (r + 1) * links
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
+            def redialled(made: int = made) -> bool:
+                c = _connects(procs)
+                return c[0] >= made and c[1] == links
+
+            _wait(f"round {r + 1}'s redials", redialled, 60)
+            time.sleep(USR1_WINDOW_S)  # the next signal must be acted on
+        window = (time.monotonic() - t0) / rounds
+        gross = (_cpu_s(pids) - cpu0) / rounds / n
+        reconnects = (_connects(procs)[0] - made0) / (rounds * n)
+    finally:
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.proc.terminate()
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.proc.wait(10)
+        shutil.rmtree(base, ignore_errors=True)
+    results.set("standin_idle_cpu_ms_per_s", idle * 1000)
+    results.set("standin_usr1_cpu_ms", gross * 1000)
+    results.set("standin_usr1_cpu_ms_net", max(0.0, gross - idle * window) * 1000)
+    results.set("standin_reconnects_per_usr1", reconnects)
+    results.note("standins", (
+        f"{n} IMEX stand-ins on loopback: idle {idle * 1000:.1f} CPU-ms/s each (the "
+        f"keepalive: {2 * (n - 1)} pings and pongs a second each way); per SIGUSR1 to "
+        f"every one at once, {gross * 1000:.1f} CPU-ms each over a {window:.2f} s round "
+        f"({max(0.0, gross - idle * window) * 1000:.1f} net of the idle rate), "
+        f"{reconnects:.1f} outgoing reconnects each (peers: {n - 1})"))
