@@ -347,7 +347,7 @@ class SharedFile:
 
     def _landed(self, news: list[bytes | None]) -> None:
         """Mark what ``_carried`` read as carried, so no merge adds it twice."""
-        for old, later in zip(self._replaced, news, strict=False):
+        for old, later in zip(self._replaced, news, strict=True):
             if later is not None:
                 old.known = later
 

@@ -22,10 +22,9 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from tests.bench.common import Results
+from tests.bench.common import Results, wait_for
 from tests.bench.sandbox_cpu import stat
 from tests.sandbox.imex_standin import StandinProcess, write_standin_files
 
@@ -48,14 +47,6 @@ def _cpu_s(pids: list[int]) -> float:
     return sum(got[0] for pid in pids if (got := stat(pid)) is not None)
 
 
-def _wait(what: str, done: Callable[[], bool], deadline_s: float) -> None:
-    end = time.monotonic() + deadline_s
-    while not done():
-        if time.monotonic() > end:
-            raise TimeoutError(f"stand-ins: {what} within {deadline_s:.0f} s")
-        time.sleep(0.1)
-
-
 def run(results: Results, *, quick: bool = False) -> None:
     n = 4 if quick else 18
     idle_s = 3.0 if quick else 20.0
@@ -70,7 +61,7 @@ def run(results: Results, *, quick: bool = False) -> None:
             procs.append(StandinProcess.start(
                 cfg, args=["--usr1-window", str(USR1_WINDOW_S)]))
         pids = [p.pid() for p in procs]
-        _wait("every link up", lambda: _connects(procs)[1] == links, 60)
+        wait_for("every link up", lambda: _connects(procs)[1] == links, 60, interval=0.1)
         time.sleep(1.0)  # the last pongs carrying changed views
         cpu0, t0 = _cpu_s(pids), time.monotonic()
         time.sleep(idle_s)
@@ -86,11 +77,12 @@ def run(results: Results, *, quick: bool = False) -> None:
                 c = _connects(procs)
                 return c[0] >= made and c[1] == links
 
-            _wait(f"round {r + 1}'s redials", redialled, 60)
+            wait_for(f"round {r + 1}'s redials", redialled, 60, interval=0.1)
             time.sleep(USR1_WINDOW_S)  # the next signal must be acted on
         window = (time.monotonic() - t0) / rounds
         gross = (_cpu_s(pids) - cpu0) / rounds / n
         reconnects = (_connects(procs)[0] - made0) / (rounds * n)
+        net = max(0.0, gross - idle * window)
     finally:
         for p in procs:
             with contextlib.suppress(Exception):
@@ -101,11 +93,11 @@ def run(results: Results, *, quick: bool = False) -> None:
         shutil.rmtree(base, ignore_errors=True)
     results.set("standin_idle_cpu_ms_per_s", idle * 1000)
     results.set("standin_usr1_cpu_ms", gross * 1000)
-    results.set("standin_usr1_cpu_ms_net", max(0.0, gross - idle * window) * 1000)
+    results.set("standin_usr1_cpu_ms_net", net * 1000)
     results.set("standin_reconnects_per_usr1", reconnects)
     results.note("standins", (
         f"{n} IMEX stand-ins on loopback: idle {idle * 1000:.1f} CPU-ms/s each (the "
         f"keepalive: {2 * (n - 1)} pings and pongs a second each way); per SIGUSR1 to "
         f"every one at once, {gross * 1000:.1f} CPU-ms each over a {window:.2f} s round "
-        f"({max(0.0, gross - idle * window) * 1000:.1f} net of the idle rate), "
+        f"({net * 1000:.1f} net of the idle rate), "
         f"{reconnects:.1f} outgoing reconnects each (peers: {n - 1})"))
