@@ -63,7 +63,13 @@ from tests.bench.common import (
     wait_for,
 )
 from tests.bench.hostswatch import HostsWatch
-from tests.bench.sandbox_cpu import Ledger, guest_cpu, imex_counts, imex_views
+from tests.bench.sandbox_cpu import (
+    Ledger,
+    ReconnectTally,
+    guest_cpu,
+    imex_counts,
+    imex_views,
+)
 
 PREFIX = "bch"
 NAMESPACE = "bench"
@@ -261,7 +267,7 @@ class Bench:
         cpu0, t0 = self.cpu(), time.monotonic()
         ledger = Ledger(self)
         ledger.sample()
-        imex0 = imex_counts(self)
+        tally = ReconnectTally(imex_counts(self))
         lat = []
         for n in range(self.changes):
             vm = vms[n % len(vms)]
@@ -270,6 +276,7 @@ class Bench:
             self.sample_rss()
             time.sleep(SIGNAL_INTERVAL + 1.0 if spaced else 0.3)
             ledger.sample()
+            tally.sample(imex_counts(self))
             now = self.counters()
             for v, (starts, sigs) in now.items():
                 if v not in prev:
@@ -284,7 +291,7 @@ class Bench:
             prev = now
         self.charge(ledger, time.monotonic() - t0)
         with contextlib.suppress(Exception):
-            self.results.note("imex_standins", imex_views(self, imex0))
+            self.results.note("imex_standins", imex_views(self, tally))
         churn = self.cpu_pct(cpu0, self.cpu(), time.monotonic() - t0)
         self.results.set("guest_churn_cpu_pct", statistics.fmean(churn) if churn else None)
         self.results.set("guest_churn_cpu_pct_max", max(churn) if churn else None)

@@ -159,16 +159,40 @@ def imex_counts(bench: Any) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def imex_views(bench: Any, base: dict[str, tuple[int, int, int]]) -> str:
+@dataclass
+class ReconnectTally:
+    """Outgoing connection attempts per SIGUSR1 acted, per VM, summed over the intervals
+    between two samples (``imex_counts``) in which that VM's daemon did not restart.
+
+    Why per interval: a phase of more changes than VMs restarts every VM's stand-in once
+    (a changed member's guest restarts its own, by design), and a daemon's counters
+    start again at 0; comparing the phase's ends only left no VM to count, and the
+    figure read n/a. A restart's own first dials follow no signal, so an interval with a
+    restart is left out rather than guessed at (pure: fed the samples)."""
+
+    last: dict[str, tuple[int, int, int]]
+    #: vm -> [attempts, signals acted] over its intervals without a restart
+    sums: dict[str, list[int]] = field(default_factory=dict)
+
+    def sample(self, now: dict[str, tuple[int, int, int]]) -> None:
+        for vm, (starts, attempts, acted) in now.items():
+            before = self.last.get(vm)
+            if before is not None and before[0] == starts:
+                got = self.sums.setdefault(vm, [0, 0])
+                got[0] += attempts - before[1]
+                got[1] += acted - before[2]
+        self.last = now
+
+    def per_signal(self) -> list[float]:
+        """Each VM's attempts per signal acted (VMs that acted on none are left out)."""
+        return [a / s for a, s in self.sums.values() if s > 0]
+
+
+def imex_views(bench: Any, tally: ReconnectTally) -> str:
     """What the stand-ins did over the phase, so a cheaper one that does less shows:
-    outgoing connection attempts per SIGUSR1 acted (daemons that did not restart, from
-    ``base``: ``imex_counts`` at the phase's start), and each VM's ``nvidia-imex-ctl -N
-    -j`` at its end."""
-    per_signal: list[float] = []
-    for vm, (starts, attempts, acted) in imex_counts(bench).items():
-        before = base.get(vm)
-        if before is not None and before[0] == starts and acted > before[2]:
-            per_signal.append((attempts - before[1]) / (acted - before[2]))
+    outgoing connection attempts per SIGUSR1 acted (``tally``, sampled over the phase),
+    and each VM's ``nvidia-imex-ctl -N -j`` at its end."""
+    per_signal = tally.per_signal()
     states: dict[str, int] = {}
     connected: list[int] = []
     for vm in bench.sbx.vms_of(bench.spec):
