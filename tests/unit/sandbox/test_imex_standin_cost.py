@@ -1,6 +1,5 @@
 """What a change costs the IMEX stand-in (issue 27): /etc/hosts is parsed once per change,
-not once per peer, and never through a thread; the state file once per loop turn, and
-at most once per interval through a burst."""
+not once per peer, and never through a thread; the state file once per loop turn."""
 
 from __future__ import annotations
 
@@ -10,13 +9,7 @@ import os
 import threading
 from pathlib import Path
 
-from tests.sandbox.imex_standin import (
-    STATE_WRITE_MIN_S,
-    HostsFile,
-    ImexStandin,
-    Options,
-    parse_hosts,
-)
+from tests.sandbox.imex_standin import HostsFile, ImexStandin, Options, parse_hosts
 
 
 def test_parse_hosts_reads_like_the_files_source() -> None:
@@ -43,22 +36,15 @@ def test_hosts_file_is_parsed_again_only_when_it_changed(tmp_path: Path) -> None
     assert hosts.parses == 2
 
 
-def _daemon_writing_to(state: Path) -> tuple[ImexStandin, list[int]]:
-    """A daemon object with only what ``write_state`` uses; its state doc counts writes."""
+def test_the_state_file_is_written_once_per_loop_turn(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
     opts = Options.__new__(Options)
     object.__setattr__(opts, "state_file", state)
     daemon = ImexStandin.__new__(ImexStandin)
     daemon.opts = opts
     daemon._state_due = False
-    daemon._state_written = -STATE_WRITE_MIN_S
-    writes: list[int] = []
+    writes = []
     daemon.state_doc = lambda: (writes.append(1), {"n": len(writes)})[1]  # type: ignore[method-assign]
-    return daemon, writes
-
-
-def test_the_state_file_is_written_once_per_loop_turn(tmp_path: Path) -> None:
-    state = tmp_path / "state.json"
-    daemon, writes = _daemon_writing_to(state)
 
     async def change_many() -> None:
         for _ in range(34):  # 17 links lost and found again
@@ -70,21 +56,3 @@ def test_the_state_file_is_written_once_per_loop_turn(tmp_path: Path) -> None:
     asyncio.run(change_many())
     assert len(writes) == 1 and json.loads(state.read_text()) == {"n": 1}
     assert threading.active_count() == threads
-
-
-def test_a_burst_over_many_turns_is_written_at_its_start_and_once_per_interval(
-        tmp_path: Path) -> None:
-    """A SIGUSR1's redials change links over many turns of the loop: the first change is
-    written at once, the rest together after the interval, and the file ends current."""
-    state = tmp_path / "state.json"
-    daemon, writes = _daemon_writing_to(state)
-
-    async def redials() -> None:
-        for _ in range(17):  # one link found per turn
-            daemon.write_state()
-            await asyncio.sleep(0)
-        assert len(writes) == 1  # the burst's start, on the first turn
-        await asyncio.sleep(STATE_WRITE_MIN_S * 3)
-
-    asyncio.run(redials())
-    assert len(writes) == 2 and json.loads(state.read_text()) == {"n": 2}
