@@ -674,8 +674,6 @@ class PeerLink:
     link: LineLink | None = None
     #: loop time the peer was last heard on this link
     heard: float = 0.0
-    #: the ticker dropped the link for silence: its read ends as a timeout, not a close
-    silent: bool = False
 
     def set_status(self, status: str) -> None:
         if status != self.status:
@@ -1106,12 +1104,13 @@ class ImexStandin:
                 self.write_state()
                 delay = RETRY_FIRST_S
                 logged = False
-                ln.link, ln.heard, ln.silent = link, loop.time(), False
+                ln.link, ln.heard = link, loop.time()
                 link.start(functools.partial(self._pong, ln))
                 link.write(PING_LINE)  # the first ping now; the ticker sends the next ones
                 try:
-                    why = await link.closed  # the pongs are read by _pong meanwhile
-                    raise TimeoutError() if ln.silent else why
+                    # the pongs are read by _pong meanwhile; a silence the keepalive
+                    # caught ends the link with the TimeoutError it failed it with
+                    raise await link.closed
                 except (OSError, ValueError, TimeoutError, ConnectionError) as e:
                     self.attempt_log.lost(ln, str(e) or type(e).__name__)
                     logged = True
@@ -1330,7 +1329,6 @@ class ImexStandin:
                 if link is None:
                     continue
                 if judge and now - ln.heard > PEER_TIMEOUT_S:
-                    ln.silent = True
                     link.fail(TimeoutError())
                 else:
                     link.write(PING_LINE)
