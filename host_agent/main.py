@@ -79,11 +79,13 @@ from host_agent.kube.writers import (
 from host_agent.metrics import HostMetrics
 from host_agent.persist.pair_io import Pairs, ServiceAnnotationSource, StatusPairSource
 from host_agent.persist.reports import (
+    ADOPT,
     REFRESH_FRACTION,
     REPORTS_LABEL,
+    WRITE_BACK,
     PersistedReports,
+    after_api_change,
     report_applies,
-    supersedes,
 )
 from host_agent.persist.reports_io import ReportPersister
 from host_agent.reconcile.reconcile import managed_slice_labels, new_stores
@@ -273,15 +275,23 @@ class HostAgent:
             self.reports.forget(ens)
 
     def _adopt_report(self, ens: EnsembleId, index: int, report: GuestReport) -> None:
-        """A report whose value in the API changed: show it, if it is the member's now."""
+        """A report whose value in the API changed, if it is the member's now: show it,
+        keep a later heartbeat of it, or write a later report back (``after_api_change``)."""
         snap = self.state.get(ens)
         pub = snap.member(index) if snap is not None else None
         if pub is None or not report_applies(report, pub.member.ip, pub.addresses):
             return
         assert snap is not None
-        if not supersedes(report, snap.reports.get(index)):
-            return  # this replica has a later heartbeat of the same (held, not written)
-        self.state.report(ens, index, report)
+        shown = snap.reports.get(index)
+        if shown is not None and not report_applies(shown, pub.member.ip, pub.addresses):
+            shown = None  # from the slot's VM before: the copy from the API replaces it
+        decision = after_api_change(report, shown)
+        if decision == ADOPT:
+            self.state.report(ens, index, report)
+        elif decision == WRITE_BACK and self.reports is not None:
+            assert shown is not None
+            self.reports.write_back(ens, index, shown)
+        # KEEP: this replica has a later heartbeat of the same (held, not written)
 
     def _declared(self, key: tuple[str, str], declaration: Declaration | None) -> None:
         """A reconcile pass's conclusion: to the status writer, the Events' one source."""

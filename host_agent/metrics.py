@@ -124,7 +124,8 @@ class HostMetrics:
         self.report_decisions = Counter(
             _P + "report_decisions",
             "Guest reports this replica received, by what it did: written for news (new, "
-            "changed, counts), refresh (the stored copy was old), held (a heartbeat, not written)",
+            "changed, counts), refresh (the stored copy was old), held (a heartbeat, not written), "
+            "newer (a later report written back over an older copy)",
             ["decision"],
             registry=registry,
         )

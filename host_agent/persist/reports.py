@@ -35,6 +35,12 @@ write of an ensemble also carries the held heartbeats of its other members
 (``riders``: same content as their persisted copy, newer), so an ensemble's members
 refresh together in one write rather than in 18.
 
+A replica judges news against its informer's copy, which may lag: a later report
+can then be held while an older one lands in the API over it. When the informer
+shows such a copy, the replica that holds the later report writes it back
+(``after_api_change``), so the API and every replica end with a member's latest
+report whichever replica received it.
+
 Budget: per ensemble and replica at most one write per ``interval`` (0.5 s): the
 first report is written at once, reports arriving while a write is in flight or
 within the interval wait together and are all answered by the next one. So no
@@ -174,8 +180,9 @@ def riders(held: Mapping[int, GuestReport], persisted: Mapping[int, GuestReport]
            ) -> dict[int, GuestReport]:
     """The held heartbeats that may ride along a write of their ensemble: the same
     content as their persisted copy and newer, so writing one only moves its
-    ``received_at`` on (never an older content over a newer one another replica
-    wrote)."""
+    ``received_at`` on, as far as this replica's informer knows (a copy it has not
+    seen yet may be newer: then the replica holding that one writes it back,
+    ``after_api_change``)."""
     out: dict[int, GuestReport] = {}
     for index, report in held.items():
         before = persisted.get(index)
@@ -185,12 +192,36 @@ def riders(held: Mapping[int, GuestReport], persisted: Mapping[int, GuestReport]
     return out
 
 
-def supersedes(persisted: GuestReport, shown: GuestReport | None) -> bool:
-    """Whether a report that changed in the API replaces the one a replica shows: not
-    when it has the same content and is older (the replica holds a later heartbeat of
-    it, e.g. one that arrived while the write of a rider was in flight)."""
-    return (shown is None or shown.received_at <= persisted.received_at
-            or report_content(shown) != report_content(persisted))
+#: What a replica does when a member's copy in the API changed (``after_api_change``).
+ADOPT: Final = "adopt"
+KEEP: Final = "keep"
+WRITE_BACK: Final = "write back"
+
+
+def after_api_change(persisted: GuestReport, shown: GuestReport | None) -> str:
+    """What a replica does when the member's copy in the API changed to ``persisted``,
+    given the report it shows: ``ADOPT`` it (nothing shown, or the copy is as recent);
+    ``KEEP`` the shown one, a later heartbeat of the same content (held here, not
+    written); or ``WRITE_BACK`` the shown one: it is later and says something else.
+
+    How an older copy lands after a later report: a guest's reports go to whichever
+    replica the Service picks. One replica writes the guest's news (a link down); the
+    next report (the link back) reaches a replica whose informer has not shown that
+    write yet, which judges it a heartbeat of the copy it knows and holds it. The
+    news then lands in its informer, older than the report it holds. A rider (a held
+    heartbeat judged against a lagging copy) can land over a newer report the same
+    way. The later report is the guest's state; the guest leaves an unchanged link
+    row out of its reports for up to a minute, so nothing else would correct it.
+
+    "Later" is by ``received_at``, each receiving replica's wall clock: a guest sends
+    its next report only after the previous one was answered, and at least 50 ms
+    later (``REPORT_SETTLE``), so replica clocks that agree within that order a
+    member's reports as the guest sent them."""
+    if shown is None or shown.received_at <= persisted.received_at:
+        return ADOPT
+    if report_content(shown) == report_content(persisted):
+        return KEEP
+    return WRITE_BACK
 
 
 class PersistedReports:

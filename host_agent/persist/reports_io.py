@@ -86,6 +86,22 @@ class ReportPersister:
             self._held.setdefault(ens, {})[index] = report
             return
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        await asyncio.shield(self._enqueue(ens, index, report))
+
+    def write_back(self, ens: EnsembleId, index: int, report: GuestReport) -> None:
+        """Write ``report``, which this replica shows and which is later than the copy
+        that just landed in the API with other content (``reports.after_api_change``).
+        Nobody waits for it; if the write fails, the member's next report with news
+        (against the older copy, now in the informer) is written as usual."""
+        self._on_decision("newer")
+        self.reasons["newer"] = self.reasons.get("newer", 0) + 1
+        log.info("reports: %s member %d: an older report landed over the one this replica "
+                 "holds; writing it back", ens.key, index)
+        self._enqueue(ens, index, report)
+
+    def _enqueue(self, ens: EnsembleId, index: int, report: GuestReport
+                 ) -> asyncio.Future[None]:
+        """Put ``report`` in the ensemble's next write; the future is that write's."""
         held = self._held.get(ens)
         if held is not None:
             held.pop(index, None)
@@ -95,11 +111,10 @@ class ReportPersister:
             batch = self._pending[ens] = _Batch(done=loop.create_future())
         batch.data[str(index)] = encode_report(report)
         assert batch.done is not None
-        done = batch.done
         if ens not in self._writing:
             self._writing.add(ens)  # one writer task per ensemble at a time
             self._starts.put_nowait(ens)
-        await asyncio.shield(done)
+        return batch.done
 
     async def run(self) -> None:
         """Own every ensemble's writer task (one TaskGroup): ``persist`` hands an ensemble

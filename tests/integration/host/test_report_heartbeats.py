@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from host_agent.persist.reports import configmap_name, decode_report
-from tests.integration.host.conftest import AgentFactory, RunningAgent
+from tests.integration.host.conftest import AgentFactory, RunningAgent, eventually
 from tests.integration.host.test_leader_election import (
     ELECT,
     ENS,
@@ -143,3 +143,51 @@ async def test_a_follower_keeps_a_heartbeating_member_fresh_and_a_silent_one_goe
         assert api.writes("configmaps", served_only=True) == writes  # silence writes nothing
     data = api.get("v1", "ConfigMap", configmap_name(ENS), "imex-system")["data"]
     assert json.loads(data["2"])["fields"]["imex_state"] == "READY"
+
+
+def state_of(agent: RunningAgent, index: int) -> str | None:
+    """The member's IMEX state as this replica shows it (its State, not the API)."""
+    snap = agent.agent.state.get(ENS)
+    report = snap.reports.get(index) if snap is not None else None
+    return None if report is None else str(report.fields.get("imex_state"))
+
+
+async def test_a_later_report_judged_against_a_lagging_copy_wins_when_the_older_one_lands(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    """The CI soak's seed 1 (2026-12-05): a guest's link went down and came back; the
+    down report went to one replica and was written, the report that came back went to
+    the other, whose informer had not yet shown the down copy, so it judged the report a
+    heartbeat of the copy it knew and held it. When the down copy then reached it, it
+    showed that instead, and so did every replica, until the guest's next full view a
+    minute later (a link row is sent only when it changes). The newest report is the
+    guest's state: the replica that holds it writes it back."""
+    first, second = await two(api, start_agent)
+    async with httpx.AsyncClient(timeout=10) as client:
+        assert (await put_report(client, first, 0, "READY")).status_code == 200
+        await eventually(lambda: state_of(second, 0) == "READY", 10, "the copy on both")
+        # the reports' informers lag: their watches end and cannot come back for now
+        api.fail(500, verbs={"list", "watch"}, resources={"configmaps"})
+        api.drop_watches()
+        assert (await put_report(client, first, 0, "DOWN")).status_code == 200
+        assert in_api(api, 0).fields["imex_state"] == "DOWN"
+        reports = second.agent.reports
+        assert reports is not None
+        held = reports.held
+        r = await put_report(client, second, 0, "READY")
+        assert r.status_code == 200, r.text
+        # judged against the copy its informer showed (READY): no news, held, not written
+        assert reports.held == held + 1
+        assert in_api(api, 0).fields["imex_state"] == "DOWN"
+        assert state_of(second, 0) == "READY"
+        api.clear_faults()
+        # the DOWN copy reaches the second replica, older than the READY it holds
+        await eventually(lambda: in_api(api, 0).fields["imex_state"] == "READY", 20,
+                         "the later report written back")
+        assert reports.reasons.get("newer") == 1, reports.reasons
+        for agent in (first, second):
+            await eventually(lambda a=agent: state_of(a, 0) == "READY", 10,
+                             f"{agent.agent.settings.identity} showing the later report")
+        # what was written back is the very report the second replica held
+        snap = second.agent.state.get(ENS)
+        assert snap is not None and in_api(api, 0) == snap.reports[0]

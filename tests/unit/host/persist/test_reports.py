@@ -16,13 +16,16 @@ from typing import Any
 import pytest
 
 from host_agent.persist.reports import (
+    ADOPT,
+    KEEP,
     REFRESH_FRACTION,
+    WRITE_BACK,
+    after_api_change,
     decode_report,
     encode_report,
     persist_reason,
     report_content,
     riders,
-    supersedes,
 )
 from host_agent.persist.reports_io import ReportPersister
 from host_agent.state.snapshot import GuestReport
@@ -97,11 +100,27 @@ def test_riders_are_newer_heartbeats_with_the_persisted_content() -> None:
     assert riders(held, persisted) == {0: held[0]}
 
 
-def test_a_replica_keeps_its_later_heartbeat_over_an_older_copy_from_the_api() -> None:
-    assert supersedes(rep(1000), None)
-    assert supersedes(rep(1010), rep(1000))
-    assert not supersedes(rep(1000), rep(1010))               # held heartbeat: kept
-    assert supersedes(rep(1000, imex_state="DOWN"), rep(1010))  # news from the API wins
+def test_a_copy_from_the_api_is_adopted_unless_this_replica_shows_a_later_report() -> None:
+    assert after_api_change(rep(1000), None) == ADOPT
+    assert after_api_change(rep(1010), rep(1000)) == ADOPT
+    assert after_api_change(rep(1010, imex_state="DOWN"), rep(1010)) == ADOPT  # as recent
+    assert after_api_change(rep(1000), rep(1010)) == KEEP  # a held heartbeat of the same
+    # older news landed over a later report held here (a lagging informer): written back
+    assert after_api_change(rep(1000, imex_state="DOWN"), rep(1010)) == WRITE_BACK
+    assert after_api_change(rep(1000), rep(1010, links=("DOWN", None))) == WRITE_BACK
+
+
+async def test_a_write_back_is_written_with_nobody_waiting() -> None:
+    async with running(Recording()) as p:
+        await p.persist(ENS, 0, rep(1000))
+        p.api[0] = rep(1005, imex_state="DOWN")  # another replica's write, older news
+        p.write_back(ENS, 0, rep(1010))
+        for _ in range(100):
+            if p.api[0].received_at == 1010:
+                break
+            await asyncio.sleep(0.01)
+        assert p.api[0] == rep(1010) and p.writes == 2
+        assert p.reasons == {"new": 1, "newer": 1}
 
 
 class Recording(ReportPersister):
