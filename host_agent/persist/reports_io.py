@@ -80,28 +80,30 @@ class ReportPersister:
         self.reports += 1
         reason = persist_reason(report, self._persisted(ens).get(index), since=since,
                                 refresh_after=self.refresh_after)
-        self._on_decision(reason or "held")
         if reason is None:
+            self._on_decision("held")
             self.held += 1
             self._held.setdefault(ens, {})[index] = report
             return
-        self.reasons[reason] = self.reasons.get(reason, 0) + 1
-        await asyncio.shield(self._enqueue(ens, index, report))
+        await asyncio.shield(self._enqueue(ens, index, report, reason))
 
-    def write_back(self, ens: EnsembleId, index: int, report: GuestReport) -> None:
+    def write_back(self, ens: EnsembleId, index: int, report: GuestReport
+                   ) -> asyncio.Future[None]:
         """Write ``report``, which this replica shows and which is later than the copy
         that just landed in the API with other content (``reports.after_api_change``).
-        Nobody waits for it; if the write fails, the member's next report with news
-        (against the older copy, now in the informer) is written as usual."""
-        self._on_decision("newer")
-        self.reasons["newer"] = self.reasons.get("newer", 0) + 1
+        The agent does not wait for it (the future is the write's); if the write fails,
+        the member's next report with news (against the older copy, now in the
+        informer) is written as usual."""
         log.info("reports: %s member %d: an older report landed over the one this replica "
                  "holds; writing it back", ens.key, index)
-        self._enqueue(ens, index, report)
+        return self._enqueue(ens, index, report, "newer")
 
-    def _enqueue(self, ens: EnsembleId, index: int, report: GuestReport
+    def _enqueue(self, ens: EnsembleId, index: int, report: GuestReport, reason: str
                  ) -> asyncio.Future[None]:
-        """Put ``report`` in the ensemble's next write; the future is that write's."""
+        """Put ``report`` in the ensemble's next write, counted under ``reason``; the
+        future is that write's."""
+        self._on_decision(reason)
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
         held = self._held.get(ens)
         if held is not None:
             held.pop(index, None)
