@@ -21,8 +21,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.sandbox import imex_ctl, imex_standin
-from tests.sandbox.imex_ctl import CtlError, cmd_target
+from tests.sandbox import imex_standin
 from tests.sandbox.imex_standin import (
     NO_MATCH_MESSAGE,
     ConfigFileError,
@@ -194,19 +193,21 @@ def test_garbage_on_its_ports_does_not_stop_the_daemon(
     assert imex.ctl("-q").stdout == "READY\n"
 
 
-def test_standins_run_as_lone_stdlib_scripts(tmp_path: Path) -> None:
-    """Copied alone into a guest image they still work: no third-party or package imports."""
+def test_the_daemon_stand_in_runs_as_a_lone_stdlib_script(tmp_path: Path) -> None:
+    """Copied alone into a guest image it still works: no third-party or package imports.
+
+    The guest images carry it this way, beside the static C ctl (tests/vm/image.py).
+    """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shutil.copy(imex_standin.__file__, bin_dir / "nvidia-imex")
-    shutil.copy(imex_ctl.__file__, bin_dir / "nvidia-imex-ctl")
     cmd_port = free_port()
     cfg = write_setup(tmp_path / "etc", ["127.0.0.1"], port=free_port(), cmd_port=cmd_port)
     py = [sys.executable, "-I", "-S"]  # no site-packages, no PYTHONPATH
     proc = subprocess.Popen([*py, str(bin_dir / "nvidia-imex"), "-c", str(cfg)], cwd=tmp_path)
     try:
         def ask() -> subprocess.CompletedProcess[str]:
-            return subprocess.run([*py, str(bin_dir / "nvidia-imex-ctl"), "-c", str(cfg), "-q"],
+            return subprocess.run([str(BIN / "nvidia-imex-ctl"), "-c", str(cfg), "-q"],
                                   cwd=tmp_path, capture_output=True, text=True, timeout=30,
                                   check=False)
 
@@ -217,12 +218,25 @@ def test_standins_run_as_lone_stdlib_scripts(tmp_path: Path) -> None:
         assert proc.wait(10) == 0
 
 
-def test_ctl_reads_the_command_address_from_config() -> None:
-    assert cmd_target("IMEX_CMD_PORT=50123\nIMEX_CMD_BIND_INTERFACE_IP=10.0.0.5\n") == (
-        "10.0.0.5", 50123)
-    assert cmd_target("# nothing\nIMEX_CMD_BIND_INTERFACE_IP=\n") == ("127.0.0.1", 50005)
-    with pytest.raises(CtlError, match="IMEX_CMD_PORT"):
-        cmd_target("IMEX_CMD_PORT=x")
+def ctl_with_config(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    cfg = tmp_path / "config.cfg"
+    cfg.write_text(text)
+    return subprocess.run([str(BIN / "nvidia-imex-ctl"), "-c", str(cfg), "-q"],
+                          capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_ctl_reads_the_command_address_from_config(tmp_path: Path) -> None:
+    # nothing listens on a free port: the refusal names the address the config gave
+    port = free_port()
+    out = ctl_with_config(tmp_path, f"IMEX_CMD_PORT={port}\nIMEX_CMD_BIND_INTERFACE_IP=127.0.0.3\n")
+    assert (out.returncode, out.stdout) == (1, "")
+    assert f"at 127.0.0.3:{port}:" in out.stderr
+    out = ctl_with_config(tmp_path,
+                          f"# no address\nIMEX_CMD_BIND_INTERFACE_IP=\nIMEX_CMD_PORT={port}\n")
+    assert f"at 127.0.0.1:{port}:" in out.stderr  # an empty address is the default
+    out = ctl_with_config(tmp_path, "IMEX_CMD_PORT=x\n")
+    assert (out.returncode, out.stdout) == (1, "")
+    assert "IMEX_CMD_PORT='x': not a port number" in out.stderr
 
 
 def test_ctl_fails_when_daemon_is_unreachable(tmp_path: Path) -> None:

@@ -7,12 +7,20 @@ costs, not an interpreter's start (imex_ctl.c says more). The binary lives in
 is newer; ``tests/sandbox/bin/nvidia-imex-ctl`` builds it on first use and execs it.
 The sandbox points each guest's ``imex_ctl`` straight at the binary.
 
-``python -m tests.sandbox.ctl_build`` builds it and prints its path.
+The VM images carry the same program, built for the guest's architecture by
+:func:`guest_ctl` (static, so a guest's glibc never has to match the builder's; arm64
+with Debian's ``gcc-aarch64-linux-gnu``). Until they did, they carried the Python copy
+(``imex_ctl.py``), whose interpreter start cost an idle TCG guest most of its CPU
+(tests/vm/README.md, "Where an idle guest's CPU goes").
+
+``python -m tests.sandbox.ctl_build [ARCH...]`` builds it (for the host, or for each
+Debian architecture named) and prints the paths.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -20,6 +28,11 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("imex_ctl.c")
 BINARY = Path(__file__).parent / "bin" / ".build" / "nvidia-imex-ctl"
+#: Debian architecture -> (GNU triplet, package that brings its compiler and static libc)
+CROSS = {"amd64": ("x86_64-linux-gnu", "gcc-x86-64-linux-gnu libc6-dev-amd64-cross"),
+         "arm64": ("aarch64-linux-gnu", "gcc-aarch64-linux-gnu libc6-dev-arm64-cross")}
+#: platform.machine() -> Debian architecture, for the host's own compiler
+HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 class CtlBuildError(RuntimeError):
@@ -47,9 +60,53 @@ def standin_ctl() -> Path:
     raise CtlBuildError(f"building {SOURCE} with {gcc} failed: {errors.strip()[-2000:]}")
 
 
+def _compiler(arch: str) -> list[str]:
+    """The compiler that targets ``arch``: the host's own, or Debian's cross gcc."""
+    if arch not in CROSS:
+        raise CtlBuildError(f"no known compiler for architecture {arch!r} "
+                            f"(known: {', '.join(sorted(CROSS))})")
+    triplet, packages = CROSS[arch]
+    if HOST_ARCH.get(platform.machine()) == arch:
+        names = ["gcc", "cc", f"{triplet}-gcc"]
+    else:
+        names = [f"{triplet}-gcc"]
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return [found]
+    raise CtlBuildError(f"no C compiler for {arch}: the guest image's nvidia-imex-ctl "
+                        f"stand-in needs {names[0]} (Debian: apt-get install {packages})")
+
+
+def guest_ctl(arch: str) -> bytes:
+    """The stand-in as a static ``arch`` binary, built once per source change.
+
+    Static because the guest's glibc may be older than the builder's (a Debian 13 host
+    building for a Debian 12 guest); the program asks only numeric addresses, so the
+    static getaddrinfo never loads the guest's NSS modules.
+    """
+    out = BINARY.with_name(f"nvidia-imex-ctl-{arch}")
+    if out.exists() and out.stat().st_mtime_ns > SOURCE.stat().st_mtime_ns:
+        return out.read_bytes()
+    cc = _compiler(arch)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    done = subprocess.run([*cc, "-O2", "-Wall", "-static", "-o", str(tmp), str(SOURCE)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise CtlBuildError(f"building {SOURCE} for {arch} with {cc[0]} -static failed: "
+                            f"{done.stderr.strip()[-2000:]}")
+    os.replace(tmp, out)
+    return out.read_bytes()
+
+
 if __name__ == "__main__":
     try:
         print(standin_ctl())
+        for a in sys.argv[1:]:
+            guest_ctl(a)
+            print(BINARY.with_name(f"nvidia-imex-ctl-{a}"))
     except CtlBuildError as exc:
         print(f"ctl_build: {exc}", file=sys.stderr)
         sys.exit(1)

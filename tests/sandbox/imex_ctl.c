@@ -1,7 +1,7 @@
 /* Test stand-in for nvidia-imex-ctl, asking the IMEX daemon stand-in
  * (tests/sandbox/imex_standin.py) over its command port: -q, -N [-j], -c CONFIG,
- * -i IP PORT. The behaviour is tests/sandbox/imex_ctl.py's (FACTS.md), which stays the
- * lone-script copy for VM images.
+ * -i IP PORT, as FACTS.md describes the real one. The sandbox runs it on the host, and
+ * the VM images carry it built static for the guest's architecture (ctl_build.py).
  *
  * Why C (issue 27): the guest agent execs nvidia-imex-ctl as a separate program for every
  * query, as it does the real one, which is a small native binary. A Python stand-in cost

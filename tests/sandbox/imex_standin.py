@@ -722,7 +722,7 @@ TABLE_MARKS = {"CONNECTED": "C", "DISCONNECTED": "D", "NEVER_CONNECTED": "N", "I
 
 
 def render_table(domain: JsonDict) -> str:
-    """``nvidia-imex-ctl -N`` as text (what tests/sandbox/imex_ctl.py renders from -N -j)."""
+    """``nvidia-imex-ctl -N`` as text: the ``table`` command, which the C ctl prints."""
     lines = [f"Domain State: {domain.get('status')}"]
     for nid, node in domain.get("nodes", {}).items():
         lines.append(f"Node #{nid} - {node.get('host')} - {node.get('status')} "
@@ -1260,7 +1260,7 @@ class ImexStandin:
                 reply = self.domain_view()
             elif cmd == "stats":
                 reply = self.state_doc()
-            elif cmd == "table":  # ``nvidia-imex-ctl -N`` without -j (the bash ctl)
+            elif cmd == "table":  # ``nvidia-imex-ctl -N`` without -j
                 reply = {"table": render_table(self.domain_view())}
             else:
                 reply = {"error": f"unknown command {cmd!r}"}

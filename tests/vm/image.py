@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.sandbox.ctl_build import CtlBuildError, guest_ctl
 from tests.vm.binfmt import foreign_arch
 
 log = logging.getLogger("vm.image")
@@ -119,7 +120,6 @@ SUITE = BOOKWORM_AMD64.suite
 PACKAGES = BOOKWORM_AMD64.packages
 DISK_SIZE = "3G"
 STANDIN_IMEX = REPO_ROOT / "tests" / "sandbox" / "imex_standin.py"
-STANDIN_CTL = REPO_ROOT / "tests" / "sandbox" / "imex_ctl.py"
 
 #: the stand-in's unit, shaped like the one NVIDIA ships (Type=forking, config via -c); the
 #: state file is the stand-in's test hook (peers, counters) and lives in /run
@@ -193,12 +193,17 @@ def base_key(packages: tuple[str, ...] = PACKAGES, suite: str = SUITE,
                  "mirror": os.environ.get("IMEX_VM_MIRROR", ""), "v": 3})
 
 
-def overlay_files() -> dict[str, tuple[int, bytes]]:
-    """Pure apart from reading the two stand-in sources: image path -> (mode, bytes)."""
+def overlay_files(arch: str = "amd64") -> dict[str, tuple[int, bytes]]:
+    """Image path -> (mode, bytes): the stand-ins, their unit and cloud.cfg.d defaults.
+
+    Pure apart from reading the daemon stand-in's source and building the ctl stand-in
+    for ``arch`` (static C, :func:`tests.sandbox.ctl_build.guest_ctl`): the agent execs
+    the ctl 18 times a minute, and a Python one cost an idle TCG guest most of its CPU.
+    """
     shebang = b"#!/usr/bin/python3\n"
     return {
         "usr/bin/nvidia-imex": (0o755, shebang + STANDIN_IMEX.read_bytes()),
-        "usr/bin/nvidia-imex-ctl": (0o755, shebang + STANDIN_CTL.read_bytes()),
+        "usr/bin/nvidia-imex-ctl": (0o755, guest_ctl(arch)),
         "lib/systemd/system/nvidia-imex.service": (0o644, IMEX_UNIT.encode()),
         "etc/cloud/cloud.cfg.d/90-imex-vmtest.cfg": (0o644, CLOUD_CFG.encode()),
     }
@@ -331,7 +336,10 @@ def ensure_image(root: Path | None = None, guest: GuestOs = BOOKWORM_AMD64) -> I
     """The cached image, building what is missing; :class:`ImageError` says what failed."""
     root = root or cache_root()
     bkey = base_key(guest.packages, guest.suite, guest.arch)
-    overlay = overlay_files()
+    try:
+        overlay = overlay_files(guest.arch)
+    except CtlBuildError as e:
+        raise ImageError(str(e)) from e
     dkey = disk_key(bkey, overlay)
     with _locked(root, f"base-{guest.id}-{bkey}"):
         base = build_base(root, bkey, guest)

@@ -28,11 +28,24 @@ def test_disk_key_changes_with_the_stand_in_bytes() -> None:
     assert image.disk_key("b", overlay) != image.disk_key("c", overlay)
 
 
-def test_stand_ins_use_only_the_standard_library() -> None:
-    # they run on the guest's system python3, outside any venv
-    for rel in ("usr/bin/nvidia-imex", "usr/bin/nvidia-imex-ctl"):
-        src = image.overlay_files()[rel][1].decode()
-        assert "from tests" not in src and "import tests" not in src, rel
+def test_the_daemon_stand_in_uses_only_the_standard_library() -> None:
+    # it runs on the guest's system python3, outside any venv
+    src = image.overlay_files()["usr/bin/nvidia-imex"][1].decode()
+    assert "from tests" not in src and "import tests" not in src
+
+
+def test_the_ctl_stand_in_is_a_static_binary_for_the_guest() -> None:
+    # ELF, 64-bit, little-endian, x86-64 (e_machine 62), and no PT_INTERP (type 3) among
+    # its program headers: a static program runs whatever the guest's glibc
+    data = image.overlay_files("amd64")["usr/bin/nvidia-imex-ctl"][1]
+    assert data[:6] == b"\x7fELF\x02\x01"
+    assert int.from_bytes(data[18:20], "little") == 62
+    phoff = int.from_bytes(data[32:40], "little")
+    size, count = int.from_bytes(data[54:56], "little"), int.from_bytes(data[56:58], "little")
+    types = [int.from_bytes(data[phoff + i * size:phoff + i * size + 4], "little")
+             for i in range(count)]
+    assert 1 in types and 3 not in types, types
+    assert image.overlay_files("amd64")["usr/bin/nvidia-imex-ctl"][1] == data  # reproducible
 
 
 def test_boot_files_pick_the_kernel_and_its_initrd() -> None:
