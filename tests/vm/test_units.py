@@ -48,6 +48,27 @@ def test_the_ctl_stand_in_is_a_static_binary_for_the_guest() -> None:
     assert image.overlay_files("amd64")["usr/bin/nvidia-imex-ctl"][1] == data  # reproducible
 
 
+def test_idle_probe_counts_this_machines_cpu_and_forks() -> None:
+    # the probe's two readings, on this machine's own /proc: a child started between two
+    # reads of /proc/stat counts as a fork, and CPU burnt shows in this process's utime
+    import os
+    import subprocess
+
+    from tests.vm.idle_cpu import host_cpu_s, parse_proc_stat
+
+    before = parse_proc_stat(Path("/proc/stat").read_text())
+    cpu0 = host_cpu_s(os.getpid())
+    subprocess.run(["true"], check=True)
+    for _ in range(100_000):  # 0.05 s of CPU takes ~1,000 rounds; the bound never binds
+        if host_cpu_s(os.getpid()) >= cpu0 + 0.05:
+            break
+        sum(range(10_000))
+    assert host_cpu_s(os.getpid()) >= cpu0 + 0.05
+    after = parse_proc_stat(Path("/proc/stat").read_text())
+    assert after[2] >= before[2] + 1
+    assert after[1] > before[1] and 0 <= after[0] - before[0] <= after[1] - before[1]
+
+
 def test_boot_files_pick_the_kernel_and_its_initrd() -> None:
     import tarfile
 
