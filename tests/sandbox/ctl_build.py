@@ -39,6 +39,24 @@ class CtlBuildError(RuntimeError):
     """The stand-in could not be built (the message says what is missing)."""
 
 
+def _build(out: Path, cc: str, variants: tuple[list[str], ...], what: str) -> Path:
+    """``out`` compiled from SOURCE with the first flag variant that links, once per change."""
+    if out.exists() and out.stat().st_mtime_ns > SOURCE.stat().st_mtime_ns:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    errors = ""
+    for extra in variants:
+        done = subprocess.run([cc, "-O2", "-Wall", *extra, "-o", str(tmp), str(SOURCE)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            os.replace(tmp, out)  # atomic: a concurrent build never leaves half a file
+            return out
+        errors = done.stderr
+    tmp.unlink(missing_ok=True)
+    raise CtlBuildError(f"building {SOURCE} {what} with {cc} failed: {errors.strip()[-2000:]}")
+
+
 def standin_ctl() -> Path:
     """The built stand-in, built first when missing or older than its source."""
     if BINARY.exists() and BINARY.stat().st_mtime_ns > SOURCE.stat().st_mtime_ns:
@@ -47,20 +65,10 @@ def standin_ctl() -> Path:
     if gcc is None:
         raise CtlBuildError("no C compiler: the nvidia-imex-ctl stand-in (tests/sandbox/"
                             "imex_ctl.c) needs gcc (Debian: apt-get install gcc libc6-dev)")
-    BINARY.parent.mkdir(parents=True, exist_ok=True)
-    tmp = BINARY.with_name(f".{BINARY.name}.{os.getpid()}")
-    errors = ""
-    for extra in (["-static"], []):  # static when libc's archive is there
-        done = subprocess.run([gcc, "-O2", "-Wall", *extra, "-o", str(tmp), str(SOURCE)],
-                              capture_output=True, text=True, check=False)
-        if done.returncode == 0:
-            os.replace(tmp, BINARY)  # atomic: a concurrent build never leaves half a file
-            return BINARY
-        errors = done.stderr
-    raise CtlBuildError(f"building {SOURCE} with {gcc} failed: {errors.strip()[-2000:]}")
+    return _build(BINARY, gcc, (["-static"], []), "for this host")  # static when libc.a is there
 
 
-def _compiler(arch: str) -> list[str]:
+def _compiler(arch: str) -> str:
     """The compiler that targets ``arch``: the host's own, or Debian's cross gcc."""
     if arch not in CROSS:
         raise CtlBuildError(f"no known compiler for architecture {arch!r} "
@@ -73,7 +81,7 @@ def _compiler(arch: str) -> list[str]:
     for name in names:
         found = shutil.which(name)
         if found:
-            return [found]
+            return found
     raise CtlBuildError(f"no C compiler for {arch}: the guest image's nvidia-imex-ctl "
                         f"stand-in needs {names[0]} (Debian: apt-get install {packages})")
 
@@ -86,18 +94,8 @@ def guest_ctl(arch: str) -> bytes:
     static getaddrinfo never loads the guest's NSS modules.
     """
     out = BINARY.with_name(f"nvidia-imex-ctl-{arch}")
-    if out.exists() and out.stat().st_mtime_ns > SOURCE.stat().st_mtime_ns:
-        return out.read_bytes()
-    cc = _compiler(arch)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}")
-    done = subprocess.run([*cc, "-O2", "-Wall", "-static", "-o", str(tmp), str(SOURCE)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise CtlBuildError(f"building {SOURCE} for {arch} with {cc[0]} -static failed: "
-                            f"{done.stderr.strip()[-2000:]}")
-    os.replace(tmp, out)
+    if not (out.exists() and out.stat().st_mtime_ns > SOURCE.stat().st_mtime_ns):
+        _build(out, _compiler(arch), (["-static"],), f"for {arch} (-static)")
     return out.read_bytes()
 
 

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.bench.sandbox_cpu import stat
 from tests.vm.harness import HarnessSettings, harness
 from tests.vm.observe import Guest
 
@@ -30,9 +31,11 @@ OUT = REPO / "test-artifacts" / "idle-cpu.json"
 
 
 def host_cpu_s(pid: int) -> float:
-    """utime + stime of ``pid`` in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of ``pid`` in seconds (:func:`tests.bench.sandbox_cpu.stat`)."""
+    got = stat(pid)
+    if got is None:
+        raise RuntimeError(f"process {pid} is gone")
+    return got[0]
 
 
 def parse_proc_stat(text: str) -> tuple[int, int, int]:
