@@ -2,8 +2,9 @@
 
 Bringing 18 namespace VMs up costs most of the budget, so the session builds one
 :class:`~tests.sandbox.ensemble.Sandbox` (prefix ``e2e``) with the ensemble ``rack-a/gb200``
-and every test starts by waiting until it has converged again (each test leaves it whole,
-and a test that broke it fails there, not in the next one). Teardown runs however the
+and every test starts by waiting until it has converged again (each test leaves it whole;
+a member a failed test left crashed is replaced first, by :meth:`Rack.make_whole`, so the
+failure shows in that test, not in the next one). Teardown runs however the
 session ends, then checks that no ``e2e-<tag>-*`` namespace and no child process is left.
 
 Convergence times are collected in :data:`TIMINGS` and printed in the terminal summary.
@@ -48,6 +49,13 @@ class Rack:
         """Wait until every running VM pins every running VM and IMEX is all CONNECTED."""
         with self.sbx.diagnostics_on_failure():
             return self.sbx.wait_converged(self.spec, timeout)
+
+    def make_whole(self) -> None:
+        """All ``VMS`` members again: a crashed one replaced, a missing one created."""
+        for index in sorted(self.pool.members):
+            if not self.vm(index).running():
+                self.pool.restore(index)
+        self.pool.scale(VMS)
 
     def timed(self, what: str, seconds: float) -> float:
         TIMINGS[what] = seconds
