@@ -12,6 +12,7 @@ converged ensemble and leaves one behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import time
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from tests.e2e.domain_support import (
     wait_domain,
     wait_page,
 )
-from tests.sandbox.ensemble import RACK_CLUSTER_UUID, EnsembleSpec, Sandbox, wait_for
+from tests.sandbox.ensemble import RACK_CLUSTER_UUID, EnsembleSpec, Sandbox, Vm, wait_for
 from tests.timing import measured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(180)]
@@ -331,6 +332,10 @@ def _unconnected(rack: Rack) -> dict[int, list[int]]:
     return {i: g for i, g in gaps.items() if g}
 
 
+def _connected_to_exactly(vm: Vm, peers: set[int]) -> bool:
+    return vm.connected_peers() == peers
+
+
 def _links_detail(rack: Rack) -> str:
     """The unconnected links' stand-in entries and their members' last signals."""
     lines = []
@@ -390,7 +395,9 @@ def test_two_ensembles_side_by_side_never_mix(settled: Rack) -> None:
         for vm in b_vms:
             text = vm.hosts_path.read_bytes()
             assert a_header not in text and not any(ip.encode() in text for ip in a_ips)
-            assert set(vm.connected_peers()) == {v.index for v in b_vms} - {vm.index}
+            own = {v.index for v in b_vms} - {vm.index}  # up, or back within a redial
+            wait_for(f"{vm.vmi} connected to exactly its own ensemble's peers",
+                     functools.partial(_connected_to_exactly, vm, own), 3 * 3 + 5, 0.25)
             lines = (vm.dir / "imex" / "nodes_config.cfg").read_text().splitlines()
             assert lines == [spec_b.id.slot(i) for i in range(4)]
     finally:
