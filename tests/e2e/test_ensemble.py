@@ -12,7 +12,6 @@ converged ensemble and leaves one behind.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import time
 from collections.abc import Iterator
@@ -35,10 +34,16 @@ from tests.e2e.domain_support import (
     wait_domain,
     wait_page,
 )
-from tests.sandbox.ensemble import RACK_CLUSTER_UUID, EnsembleSpec, Sandbox, Vm, wait_for
+from tests.sandbox.ensemble import RACK_CLUSTER_UUID, EnsembleSpec, Sandbox, wait_for
+from tests.sandbox.imex_standin import CONNECT_TIMEOUT_S, PEER_TIMEOUT_S, RETRY_MAX_S
 from tests.timing import measured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(180)]
+
+#: How long a live IMEX link may be down before a test calls it lost: the stand-in's
+#: keepalive timeout (a loaded machine can starve a peer that long), then two redials at
+#: its longest backoff, each with its connect timeout, and a second to spare (14 s).
+LINK_BACK_S = PEER_TIMEOUT_S + 2 * (RETRY_MAX_S + CONNECT_TIMEOUT_S) + 1
 
 
 def srv_targets(sbx: Sandbox, spec: EnsembleSpec) -> dict[str, str]:
@@ -306,11 +311,10 @@ def test_dns_down_too_keeps_last_known_good(settled: Rack) -> None:
             assert vm.hosts_block()[victim] == victim_ip  # type: ignore[index]
             assert (vm.dir / "imex" / "nodes_config.cfg").read_bytes() == nodes[vm.index]
         # Every live link is up, or comes back on its own over the pinned names, DNS down
-        # or not. Up at one instant is not the claim: a link drops on the stand-in's 3 s
-        # keepalive timeout when a loaded machine starves a peer (CI, 2026-12-05: one of
-        # 17 x 16 links was down at the look), and redials within its backoff (3 s at most).
+        # or not. Up at one instant is not the claim (CI, 2026-12-05: one of 17 x 16
+        # links was down at the look): see LINK_BACK_S.
         wait_for("every live member connected to every other", lambda: not _unconnected(rack),
-                 3 * 3 + 5, 0.25, lambda: _links_detail(rack))
+                 LINK_BACK_S, 0.25, lambda: _links_detail(rack))
         for vm in rack.vms():  # and the agents still held last-known-good meanwhile
             assert vm.hosts_block() == blocks[vm.index]
     finally:
@@ -330,10 +334,6 @@ def _unconnected(rack: Rack) -> dict[int, list[int]]:
     live = set(expected(rack))
     gaps = {vm.index: sorted(live - {vm.index} - vm.connected_peers()) for vm in rack.vms()}
     return {i: g for i, g in gaps.items() if g}
-
-
-def _connected_to_exactly(vm: Vm, peers: set[int]) -> bool:
-    return vm.connected_peers() == peers
 
 
 def _links_detail(rack: Rack) -> str:
@@ -392,12 +392,12 @@ def test_two_ensembles_side_by_side_never_mix(settled: Rack) -> None:
         b_nodes = {hashlib.sha256((vm.dir / "imex" / "nodes_config.cfg").read_bytes())
                    .hexdigest() for vm in b_vms}
         assert len(b_nodes) == 1
+        b_index = {v.index for v in b_vms}  # each connected to exactly its own peers
+        wait_for("B's members connected to exactly each other", lambda: all(
+            v.connected_peers() == b_index - {v.index} for v in b_vms), LINK_BACK_S, 0.25)
         for vm in b_vms:
             text = vm.hosts_path.read_bytes()
             assert a_header not in text and not any(ip.encode() in text for ip in a_ips)
-            own = {v.index for v in b_vms} - {vm.index}  # up, or back within a redial
-            wait_for(f"{vm.vmi} connected to exactly its own ensemble's peers",
-                     functools.partial(_connected_to_exactly, vm, own), 3 * 3 + 5, 0.25)
             lines = (vm.dir / "imex" / "nodes_config.cfg").read_text().splitlines()
             assert lines == [spec_b.id.slot(i) for i in range(4)]
     finally:
