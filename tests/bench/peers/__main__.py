@@ -249,8 +249,8 @@ PHASES = ("recipe", "ours", "ours-dns", "ours-local", "floor", "resolved")
 RESOLVED_WATCH_S = 35.0
 
 #: KubeSecondaryDNS (issue 18, "if it can be built here"): this run does not try to build it,
-#: so it prints no build error as its own (issue 27: the attempt of 2026-12-01 and the
-#: error it met are in docs/benchmarks.md "KubeSecondaryDNS", dated)
+#: so it prints no build error as its own (issue 27: the attempts of 2026-12-01 and
+#: 2026-12-06 and the error they met are in docs/benchmarks.md "KubeSecondaryDNS", dated)
 KSD_NOTE = {
     "built": False,
     "column": "not measured: this run does not try to build it, so its column is left out "
