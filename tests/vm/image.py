@@ -107,13 +107,24 @@ BULLSEYE_PYTHON = GuestOs("bullseye", 11, "amd64", "3.9", only=("python3",))
 #: default (MODULES=most) runs modprobe/modinfo for thousands of modules, which under
 #: qemu-user (the arm64 image) took most of a 40-minute build; a smaller initrd also
 #: boots faster under TCG. Written before any package is installed (mmdebstrap hook).
-INITRAMFS_CONF = "MODULES=list\n"
+INITRAMFS_CONF = "MODULES=list\nCOMPRESS=gzip\n"
 INITRAMFS_HOOK = """\
 #!/bin/sh
 # imex-ensemble vm test image (tests/vm/image.py): the virtio guest's boot modules
 [ "$1" = prereqs ] && exit 0
 . /usr/share/initramfs-tools/hook-functions
 manual_add_modules virtio_pci virtio_blk virtio_net virtio_console virtio_rng ext4
+"""
+#: ``update-initramfs`` while the image is built: the kernel's postinst creates the initrd
+#: (``-c``) once every package is unpacked, so a ``-u`` (initramfs-tools' own trigger,
+#: activated by its postinst, udev's and kmod's) would build the same initrd again; under
+#: qemu-user that second build took 34 of an arm64 base's 406 s (2026-12-06). Diverted in
+#: after the essential packages, removed before the tarball (``_one_initrd_hooks``).
+UPDATE_INITRAMFS_WRAPPER = """\
+#!/bin/sh
+# imex-ensemble vm test image build only (tests/vm/image.py): removed before the tarball
+case " $* " in *" -u "*) echo "update-initramfs: -u skipped during the image build"; exit 0;; esac
+exec /usr/sbin/update-initramfs.real "$@"
 """
 #: the suite today's scenario boots (pinned, not the host's: FACTS.md)
 SUITE = BOOKWORM_AMD64.suite
@@ -189,7 +200,8 @@ def base_key(packages: tuple[str, ...] = PACKAGES, suite: str = SUITE,
              arch: str = "amd64") -> str:
     """Pure: the base cache key (suite, architecture, variant, sorted package list, mirror)."""
     return _sha({"suite": suite, "arch": arch, "variant": VARIANT,
-                 "packages": sorted(packages), "initramfs": [INITRAMFS_CONF, INITRAMFS_HOOK],
+                 "packages": sorted(packages),
+                 "initramfs": [INITRAMFS_CONF, INITRAMFS_HOOK, UPDATE_INITRAMFS_WRAPPER],
                  "mirror": os.environ.get("IMEX_VM_MIRROR", ""), "v": 3})
 
 
@@ -242,6 +254,9 @@ def _run(argv: list[str], what: str, timeout: float) -> None:
 def _boot_files(members: list[tarfile.TarInfo]) -> tuple[str, str]:
     """Pure: the newest ``boot/vmlinuz-*`` and its ``boot/initrd.img-*`` in the tarball."""
     names = {m.name.removeprefix("./") for m in members if m.isfile()}
+    if "usr/sbin/update-initramfs.real" in names:
+        raise ImageError("the rootfs still has the build's update-initramfs diversion "
+                         "(usr/sbin/update-initramfs.real): the customize hook failed")
     kernels = sorted(n for n in names if n.startswith("boot/vmlinuz-"))
     if not kernels:
         raise ImageError("the rootfs has no boot/vmlinuz-*: linux-image-<arch> not installed?")
@@ -250,6 +265,19 @@ def _boot_files(members: list[tarfile.TarInfo]) -> tuple[str, str]:
     if initrd not in names:
         raise ImageError(f"the rootfs has {kernel} but no {initrd} (initramfs-tools failed?)")
     return kernel, initrd
+
+
+def _one_initrd_hooks(wrapper: Path) -> tuple[str, str]:
+    """Pure: mmdebstrap's essential and customize hooks that divert ``update-initramfs``
+    to :data:`UPDATE_INITRAMFS_WRAPPER` and then put it back (the image keeps no trace:
+    the diversion is removed and the real script renamed back)."""
+    target = "/usr/sbin/update-initramfs"
+    essential = (f'chroot "$1" dpkg-divert --quiet --local --rename --divert {target}.real '
+                 f'--add {target} && install -m 0755 {wrapper} "$1{target}"')
+    customize = (f'rm -f "$1{target}" && '
+                 f'chroot "$1" dpkg-divert --quiet --local --rename --remove {target} && '
+                 f'test -x "$1{target}"')
+    return essential, customize
 
 
 def build_base(root: Path, key: str, guest: GuestOs = BOOKWORM_AMD64) -> Path:
@@ -272,8 +300,12 @@ def build_base(root: Path, key: str, guest: GuestOs = BOOKWORM_AMD64) -> Path:
         setup = (f'mkdir -p "$1/etc/initramfs-tools/conf.d" "$1/etc/initramfs-tools/hooks" && '
                  f'cp {hooks}/modules.conf "$1/etc/initramfs-tools/conf.d/imex-vmtest" && '
                  f'install -m 0755 {hooks}/virtio-hook "$1/etc/initramfs-tools/hooks/imex-vmtest"')
+        (hooks / "update-initramfs").write_text(UPDATE_INITRAMFS_WRAPPER)
+        essential, customize = _one_initrd_hooks(hooks / "update-initramfs")
         argv = ["mmdebstrap", "--quiet", f"--variant={VARIANT}", f"--arch={guest.arch}",
                 "--include=" + ",".join(guest.packages), f"--setup-hook={setup}",
+                *([f"--essential-hook={essential}", f"--customize-hook={customize}"]
+                  if guest.bootable else []),
                 guest.suite, str(tmp / "rootfs.tar")]
         mirror = os.environ.get("IMEX_VM_MIRROR")
         if mirror:

@@ -196,3 +196,38 @@ def test_every_seed_asks_dhcp4_on_eth0_only(tmp_path: Path) -> None:
     assert NETWORK_CONFIG.encode() in raw and b"instance-id: i-1" in raw
     bare = make_seed(tmp_path / "bare.img", "#cloud-config\n", "instance-id: i-1\n", None)
     assert b"dhcp4" not in bare.read_bytes()
+
+
+def test_boot_files_refuse_a_rootfs_left_with_the_builds_diversion() -> None:
+    import tarfile
+
+    import pytest
+
+    members = [tarfile.TarInfo(n) for n in ("./boot/vmlinuz-6.1.0-9-amd64",
+                                            "./boot/initrd.img-6.1.0-9-amd64",
+                                            "./usr/sbin/update-initramfs.real")]
+    with pytest.raises(image.ImageError, match=r"update-initramfs\.real"):
+        image._boot_files(members)
+
+
+def test_the_build_skips_only_update_initramfs_u(tmp_path: Path) -> None:
+    """The wrapper the base build diverts in: ``-u`` (the trigger's second initrd) is a
+    no-op, anything else (the kernel postinst's ``-c``) runs the real script."""
+    import subprocess
+
+    real = tmp_path / "real"
+    real.write_text('#!/bin/sh\necho "real $*"\n')
+    real.chmod(0o755)
+    wrapper = tmp_path / "update-initramfs"
+    wrapper.write_text(image.UPDATE_INITRAMFS_WRAPPER.replace(
+        "/usr/sbin/update-initramfs.real", str(real)))
+
+    def run(*args: str) -> str:
+        done = subprocess.run(["sh", str(wrapper), *args], capture_output=True, text=True,
+                              check=True)
+        return done.stdout.strip()
+
+    assert run("-u") == "update-initramfs: -u skipped during the image build"
+    assert run("-u", "-k", "all") == "update-initramfs: -u skipped during the image build"
+    assert run("-c", "-k", "6.1.0-9-arm64") == "real -c -k 6.1.0-9-arm64"
+    assert run("-d", "-k", "6.1.0-9-arm64") == "real -d -k 6.1.0-9-arm64"
