@@ -489,3 +489,33 @@ async def test_another_holders_renew_wakes_nobody_but_a_leader_sees_a_taker_at_o
         # not at its next renew, 2 s on
         measured("host.election.taker_seen", await until(lambda: not leader.leading, 1.0))
     assert not leader.may_write() and mine.writes[-1] == ("update", "someone-by-hand")
+
+
+async def test_a_renewal_that_lands_first_does_not_stop_the_release() -> None:
+    """The loop's last renewal moved the resourceVersion after the loop's read: the
+    release's update is refused (409), the lease is read again, still ours, and released;
+    a lease someone else holds by then is left alone."""
+    lease = MemLease()
+    clock = [0.0]
+    el = LeaseElection(FakeApi(lease), "a", CFG, clock=lambda: clock[0])
+    await el.step()
+    assert el.leading and lease.obj is not None
+    renewed = copy.deepcopy(lease.obj)
+    renewed["spec"]["renewTime"] = "2026-12-06T07:00:01.000000Z"
+    lease.update(renewed)  # the renewal in flight when the stop began
+    gets = lease.gets
+    assert await el.release()
+    assert lease.obj["spec"]["holderIdentity"] == ""
+    assert lease.writes[-2:] == [("update", "a"), ("update", "")]
+    assert lease.gets == gets + 1
+
+    lease = MemLease()
+    el = LeaseElection(FakeApi(lease), "a", CFG, clock=lambda: clock[0])
+    await el.step()
+    assert lease.obj is not None
+    taken = copy.deepcopy(lease.obj)
+    taken["spec"]["holderIdentity"] = "b"
+    lease.update(taken)
+    assert not await el.release()
+    assert lease.obj["spec"]["holderIdentity"] == "b"
+    assert [w for w in lease.writes if w[1] == ""] == []
