@@ -376,33 +376,37 @@ class LeaseElection:
         last = self._last
         if not held or last is None:
             return False
+        body = self._release_body(last)
+        if body is None:
+            return False
         deadline = self._clock() + timeout
-        for attempt in (1, 2):
-            record = record_of(last)
-            if record.holder != self.elector.identity or \
-                    record.instance != self.elector.instance:
-                return False
-            body = lease_body(getattr(self.api, "namespace", ""), getattr(self.api, "name", ""),
-                              Desired("", self.elector.instance, 1.0, False, record.transitions,
-                                      record.resource_version), last, self._wall())
-            body["spec"]["holderIdentity"] = ""
+        try:
             try:
                 written = await self.api.update(body, max(0.05, deadline - self._clock()))
-            except (KubeError, TimeoutError) as exc:
-                if attempt == 1 and isinstance(exc, KubeError) and exc.status == 409:
-                    try:
-                        got = await self.api.get(max(0.05, deadline - self._clock()))
-                    except (KubeError, TimeoutError) as again:
-                        exc = again
-                    else:
-                        if got is None:
-                            return False
-                        last = got
-                        continue
-                log.warning("leader election: could not release %s: %s (the others wait "
-                            "for it to expire)", self.where, exc)
-                return False
-            self.elector.released(self._clock(), record_of(written))
-            log.info("leader election: released %s", self.where)
-            return True
-        return False
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+                got = await self.api.get(max(0.05, deadline - self._clock()))
+                body = self._release_body(got) if got is not None else None
+                if body is None:
+                    return False  # deleted, or someone else's by now
+                written = await self.api.update(body, max(0.05, deadline - self._clock()))
+        except (KubeError, TimeoutError) as exc:
+            log.warning("leader election: could not release %s: %s (the others wait for "
+                        "it to expire)", self.where, exc)
+            return False
+        self.elector.released(self._clock(), record_of(written))
+        log.info("leader election: released %s", self.where)
+        return True
+
+    def _release_body(self, lease: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The update that gives ``lease`` up, from its resourceVersion; None when it is
+        not this process's to give up."""
+        record = record_of(lease)
+        if not self.elector.is_ours(record):
+            return None
+        body = lease_body(getattr(self.api, "namespace", ""), getattr(self.api, "name", ""),
+                          Desired("", self.elector.instance, 1.0, False, record.transitions,
+                                  record.resource_version), lease, self._wall())
+        body["spec"]["holderIdentity"] = ""
+        return body
