@@ -300,13 +300,14 @@ def build_base(root: Path, key: str, guest: GuestOs = BOOKWORM_AMD64) -> Path:
         setup = (f'mkdir -p "$1/etc/initramfs-tools/conf.d" "$1/etc/initramfs-tools/hooks" && '
                  f'cp {hooks}/modules.conf "$1/etc/initramfs-tools/conf.d/imex-vmtest" && '
                  f'install -m 0755 {hooks}/virtio-hook "$1/etc/initramfs-tools/hooks/imex-vmtest"')
-        (hooks / "update-initramfs").write_text(UPDATE_INITRAMFS_WRAPPER)
-        essential, customize = _one_initrd_hooks(hooks / "update-initramfs")
+        one_initrd: list[str] = []
+        if guest.bootable:  # a chroot-only root has no kernel and no initramfs-tools
+            (hooks / "update-initramfs").write_text(UPDATE_INITRAMFS_WRAPPER)
+            essential, customize = _one_initrd_hooks(hooks / "update-initramfs")
+            one_initrd = [f"--essential-hook={essential}", f"--customize-hook={customize}"]
         argv = ["mmdebstrap", "--quiet", f"--variant={VARIANT}", f"--arch={guest.arch}",
                 "--include=" + ",".join(guest.packages), f"--setup-hook={setup}",
-                *([f"--essential-hook={essential}", f"--customize-hook={customize}"]
-                  if guest.bootable else []),
-                guest.suite, str(tmp / "rootfs.tar")]
+                *one_initrd, guest.suite, str(tmp / "rootfs.tar")]
         mirror = os.environ.get("IMEX_VM_MIRROR")
         if mirror:
             argv.append(mirror)
