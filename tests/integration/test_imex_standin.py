@@ -8,6 +8,7 @@ nodes; state is read through the ctl stand-in (``-q``, ``-N -j``) and the daemon
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -204,7 +205,9 @@ def test_the_daemon_stand_in_runs_as_a_lone_stdlib_script(tmp_path: Path) -> Non
     cmd_port = free_port()
     cfg = write_setup(tmp_path / "etc", ["127.0.0.1"], port=free_port(), cmd_port=cmd_port)
     py = [sys.executable, "-I", "-S"]  # no site-packages, no PYTHONPATH
-    proc = subprocess.Popen([*py, str(bin_dir / "nvidia-imex"), "-c", str(cfg)], cwd=tmp_path)
+    state = tmp_path / "state.json"
+    proc = subprocess.Popen([*py, str(bin_dir / "nvidia-imex"), "-c", str(cfg),
+                             "--state-file", str(state)], cwd=tmp_path)
     try:
         def ask() -> subprocess.CompletedProcess[str]:
             return subprocess.run([str(BIN / "nvidia-imex-ctl"), "-c", str(cfg), "-q"],
@@ -213,9 +216,23 @@ def test_the_daemon_stand_in_runs_as_a_lone_stdlib_script(tmp_path: Path) -> Non
 
         wait_for("READY", lambda: ask().stdout == "READY\n")
         assert ask().returncode == 0
+        # uvloop is out of reach without site-packages: the standard loop, same behaviour
+        assert json.loads(state.read_text())["event_loop"] == "asyncio"
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_the_stand_in_runs_on_uvloop_where_it_is_installed(tmp_path: Path) -> None:
+    """The tests' venv has uvloop (pyproject's test extra): the sandbox's and the
+    benchmarks' stand-ins run on its C loop, nearer what a C++ daemon costs (issue 27)."""
+    cfg = write_setup(tmp_path / "etc", ["127.0.0.1"], port=free_port(), cmd_port=free_port())
+    imex = Imex.start(cfg)
+    try:
+        wait_for("READY", lambda: imex.query_state() == "READY")
+        assert imex.state()["event_loop"] == "uvloop"
+    finally:
+        assert imex.stop() == 0
 
 
 def ctl_with_config(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:

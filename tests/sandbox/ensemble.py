@@ -65,7 +65,7 @@ from imex_shared.hostsfile import read_block
 from imex_shared.model import EnsembleId
 from tests.sandbox.ctl_build import standin_ctl
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer, follow_kubernetes
-from tests.sandbox.imex_standin import write_standin_files
+from tests.sandbox.imex_standin import precompile, write_standin_files
 from tests.sandbox.kube_api import ThreadedKubeApi
 from tests.sandbox.netns import Fabric, Node, cleanup_stale, ip, list_netns, netns_pids
 from tests.sandbox.releases import Release
@@ -592,6 +592,7 @@ class Sandbox:
         if os.geteuid() != 0:
             raise SandboxError("the namespace sandbox needs root (ip netns, veth, bridge)")
         self._install_sigterm()
+        precompile()
         s = self.settings
         stale = cleanup_dead_runs(s.prefix)
         if stale:
