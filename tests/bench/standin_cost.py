@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.bench.common import Results, wait_for
+from tests.bench.common import BenchError, Results, wait_for
 from tests.bench.sandbox_cpu import stat
 from tests.sandbox.imex_standin import StandinProcess, write_standin_files
 
@@ -98,9 +98,13 @@ def run(results: Results, *, quick: bool = False) -> None:
             wait_for(f"round {r + 1}'s redials", redialled, 60, interval=0.1)
             time.sleep(USR1_WINDOW_S)  # the next signal must be acted on
         window = (time.monotonic() - t0) / rounds
+        loops = sorted({str(p.state().get("event_loop")) for p in procs})
         gross = (_cpu_s(pids) - cpu0) / rounds / n
         reconnects = (_connects(procs)[0] - made0) / (rounds * n)
         net = max(0.0, gross - idle * window)
+        # after the rounds: a restart resets that stand-in's counters
+        restart, restart_peers = _restarts(procs, pids, links, idle, 2 if quick else 5)
+        query = _queries(procs[-1], pids[-1], idle, 5 if quick else 30)
     finally:
         for p in procs:
             with contextlib.suppress(Exception):
@@ -113,9 +117,48 @@ def run(results: Results, *, quick: bool = False) -> None:
     results.set("standin_usr1_cpu_ms", gross * 1000)
     results.set("standin_usr1_cpu_ms_net", net * 1000)
     results.set("standin_reconnects_per_usr1", reconnects)
+    results.set("standin_restart_cpu_ms", restart * 1000)
+    results.set("standin_restart_peers_cpu_ms", restart_peers * 1000)
+    results.set("standin_ctl_query_cpu_ms", query * 1000)
     results.note("standins", (
         f"{n} IMEX stand-ins on loopback: idle {idle * 1000:.1f} CPU-ms/s each (the "
         f"keepalive: {2 * (n - 1)} pings and pongs a second each way); per SIGUSR1 to "
         f"every one at once, {gross * 1000:.1f} CPU-ms each over a {window:.2f} s round "
         f"({net * 1000:.1f} net of the idle rate), "
-        f"{reconnects:.1f} outgoing reconnects each (peers: {n - 1})"))
+        f"{reconnects:.1f} outgoing reconnects each (peers: {n - 1}); "
+        f"event loop: {', '.join(loops)}; one restarted to READY with every link back "
+        f"{restart * 1000:.0f} CPU-ms, its {n - 1} peers {restart_peers * 1000:.0f} CPU-ms "
+        f"net between them; one `-N -j` {query * 1000:.2f} CPU-ms at the daemon"))
+
+
+def _restarts(procs: list[StandinProcess], pids: list[int], links: int, idle: float,
+              times: int) -> tuple[float, float]:
+    """Stop the first stand-in and start it again, ``times`` times, as a guest agent
+    does when its own address moved: (the new process's CPU to READY with every link
+    back, its peers' CPU in that window net of their idle rate, summed), each a mean.
+    A C++ daemon's start is not an interpreter's: this says how much of a sandbox change
+    is that start."""
+    own = peers = 0.0
+    for _ in range(times):
+        procs[0].stop()
+        cpu0, t0 = _cpu_s(pids[1:]), time.monotonic()
+        procs[0] = StandinProcess.start(procs[0].config,
+                                        args=["--usr1-window", str(USR1_WINDOW_S)])
+        pids[0] = procs[0].proc.pid  # the wrapper execs the interpreter: the same pid
+        wait_for("the restarted stand-in's links", lambda: _connects(procs)[1] == links,
+                 60, interval=0.05)
+        time.sleep(1.0)  # the pongs carrying the changed views
+        own += _cpu_s(pids[:1])
+        dt = time.monotonic() - t0
+        peers += _cpu_s(pids[1:]) - cpu0 - idle * dt * (len(pids) - 1)
+    return own / times, max(0.0, peers / times)
+
+
+def _queries(proc: StandinProcess, pid: int, idle: float, times: int) -> float:
+    """The daemon's CPU per ``nvidia-imex-ctl -N -j`` (the whole domain's view, encoded),
+    net of its idle rate: every guest asks once per change."""
+    cpu0, t0 = _cpu_s([pid]), time.monotonic()
+    for _ in range(times):
+        if not proc.domain():
+            raise BenchError("nvidia-imex-ctl -N -j got no answer")
+    return max(0.0, (_cpu_s([pid]) - cpu0 - idle * (time.monotonic() - t0)) / times)

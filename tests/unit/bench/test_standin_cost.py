@@ -16,3 +16,10 @@ def test_every_round_redials_every_peer_once_and_the_costs_are_measured() -> Non
     assert idle is not None and usr1 is not None
     assert 0 < idle < 1000 and usr1 > 0
     assert "4 IMEX stand-ins on loopback" in results.notes["standins"]
+    # a restart is a new interpreter with every module to import: never free
+    restart = got["standin_restart_cpu_ms_quick"]
+    assert restart is not None and restart > 5
+    query = got["standin_ctl_query_cpu_ms_quick"]
+    assert query is not None and query >= 0
+    assert got["standin_restart_peers_cpu_ms_quick"] is not None
+    assert "event loop: uvloop" in results.notes["standins"]
