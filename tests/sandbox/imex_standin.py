@@ -1173,9 +1173,6 @@ class ImexStandin:
         the link's read callback: no task per line)."""
         if link is not ln.link:
             return  # a link being replaced
-        if line == PONG_LINE:  # the view did not change (most pongs): nothing to parse
-            ln.heard = link.loop.time()
-            return
         try:
             pong = _parse_json_line(line)
         except ValueError as e:
@@ -1231,11 +1228,11 @@ class ImexStandin:
         if inc is None:
             return
         try:
-            msg = None if line == PING_LINE else _parse_json_line(line)
+            msg = _parse_json_line(line)
             inc.heard = link.loop.time()
             if not inc.greeted:
-                self._greet(link, inc, msg or {"type": "ping"})
-            elif msg is None or msg.get("type") == "ping":
+                self._greet(link, inc, msg)
+            elif msg.get("type") == "ping":
                 view = self.own_view_line()
                 # the view only when it changed: the dialler keeps the last one it got
                 link.write(view if view is not inc.sent else PONG_LINE)
