@@ -35,6 +35,7 @@ from tests.sandbox.imex_standin import (
 )
 from tests.sandbox.imex_standin import StandinProcess as Imex
 from tests.sandbox.netns import Fabric, Node
+from tests.soak.invariants import daemon_lines
 from tests.timing import measured
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,6 +158,10 @@ def test_refuses_to_start_without_a_local_match(tmp_path: Path) -> None:
     assert imex.proc.wait(20) != 0
     assert NO_MATCH_MESSAGE in (tmp_path / "imex.log").read_text()
     assert imex.ctl("-q").returncode != 0
+    # the soak's invariant 3 tells this start-up exit by the daemon's own logged line
+    own = daemon_lines(tmp_path / "imex.log", imex.proc.pid)
+    assert NO_MATCH_MESSAGE in own and f"[{imex.proc.pid}]" in own
+    assert daemon_lines(tmp_path / "imex.log", imex.proc.pid + 1) == ""
 
 
 def test_bind_interface_ip_must_be_in_the_nodes_file(tmp_path: Path) -> None:

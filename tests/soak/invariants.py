@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.guest_support.agent import pid_alive
+from tests.sandbox.imex_standin import NO_MATCH_MESSAGE
 from tests.soak.apiaudit import AGENT_UA, GUARDED
 from tests.soak.apiaudit import ident_of as _ident
 from tests.soak.faults import imex_pids, restart_agent
@@ -206,9 +207,14 @@ class Continuous:
             if known is not None:
                 del self.imex[slot]
                 if known[0] == vm.vmi:
-                    why = self.credits.ended(slot, known[1], vm.vmi)
+                    own = daemon_lines(vm.dir / "imex" / "imex.log", known[1])
+                    why = self.credits.ended(slot, known[1], vm.vmi,
+                                             no_match=NO_MATCH_MESSAGE in own)
                     if why is not None:
-                        out.append(Finding(3, why, _imex_lines(vm.log_tail(200_000))))
+                        detail = _imex_lines(vm.log_tail(200_000))
+                        if own:
+                            detail += f"\nthe daemon's own last lines:\n{own}"
+                        out.append(Finding(3, why, detail))
             pids = imex_pids(vm, daemons=True)
             if pids:
                 self.imex[slot] = (vm.vmi, max(pids))
@@ -311,6 +317,16 @@ def _imex_lines(log: str, keep: int = 12) -> str:
     lines = [ln for ln in log.splitlines()
              if "IMEX" in ln or "own slot" in ln or ln.startswith("----")]
     return "\n".join(lines[-keep:])
+
+
+def daemon_lines(log: Path, pid: int, keep: int = 8) -> str:
+    """The last lines IMEX process ``pid`` wrote to ``log``, its LOG_FILE_NAME."""
+    try:
+        text = log.read_text(errors="replace")[-200_000:]
+    except OSError:
+        return ""
+    tag = f"[{pid}]"
+    return "\n".join([ln for ln in text.splitlines() if tag in ln][-keep:])
 
 
 def _get(url: str, timeout: float = 5) -> Any:

@@ -3,7 +3,7 @@ for a fault on its own VM, one end per fault, until the next quiesce."""
 
 from __future__ import annotations
 
-from tests.soak.restarts import CAUSES, Credits
+from tests.soak.restarts import CAUSES, STARTUP_CAUSES, Credits
 
 
 def test_an_end_needs_a_fault_on_its_own_vm() -> None:
@@ -36,3 +36,19 @@ def test_only_a_guest_fault_on_the_vm_itself_is_a_cause() -> None:
     # an imex-oneway names two VMs and causes no restart on either
     c.grant("imex-oneway", (("a", 2), ("a", 3)))
     assert c.ended(("a", 2), 5, "gb200-2") is not None
+
+
+def test_a_hosts_clobber_explains_only_a_start_up_no_match_once() -> None:
+    # IMEX resolves its own name once, at start-up: a clobbered /etc/hosts can make a
+    # starting daemon exit "No matching network interface ...", and nothing else.
+    assert {"hosts-clobber"} == STARTUP_CAUSES
+    c = Credits()
+    c.grant("hosts-clobber", (("a", 1),))
+    assert c.ended(("a", 1), 7, "gb200-1") is not None  # a running daemon's end: no
+    assert c.ended(("a", 1), 8, "gb200-1", no_match=True) is None
+    why = c.ended(("a", 1), 9, "gb200-1", no_match=True)  # one end per clobber
+    assert why is not None and "no local address" in why
+    c.grant("hosts-clobber", (("a", 1),))
+    assert c.ended(("a", 0), 10, "gb200-0", no_match=True) is not None  # another VM's
+    c.quiesced()
+    assert c.ended(("a", 1), 11, "gb200-1", no_match=True) is not None
