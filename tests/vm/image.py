@@ -119,13 +119,43 @@ manual_add_modules virtio_pci virtio_blk virtio_net virtio_console virtio_rng ex
 #: (``-c``) once every package is unpacked, so a ``-u`` (initramfs-tools' own trigger,
 #: activated by its postinst, udev's and kmod's) would build the same initrd again; under
 #: qemu-user that second build took 34 of an arm64 base's 406 s (2026-12-06). Diverted in
-#: after the essential packages, removed before the tarball (``_one_initrd_hooks``).
+#: after the essential packages, removed before the tarball (``_build_wrapper_hooks``).
 UPDATE_INITRAMFS_WRAPPER = """\
 #!/bin/sh
 # imex-ensemble vm test image build only (tests/vm/image.py): removed before the tarball
 case " $* " in *" -u "*) echo "update-initramfs: -u skipped during the image build"; exit 0;; esac
 exec /usr/sbin/update-initramfs.real "$@"
 """
+#: ``update-ca-certificates`` while the image is built: ca-certificates' postinst rebuilds
+#: ``/etc/ssl/certs`` without hooks and defers a full run to its own trigger, which then
+#: walks all 148 certificates again to add nothing ("0 added, 0 removed"): 21 of an arm64
+#: base's 406 s under qemu-user (2026-12-06). A plain call is skipped only when nothing the
+#: tool reads or writes changed since its last run and no hook is installed (a hook is what
+#: the deferred run is for); any other call, or any change, runs the real script.
+UPDATE_CA_WRAPPER = """\
+#!/bin/sh
+# imex-ensemble vm test image build only (tests/vm/image.py): removed before the tarball
+stamp=/var/lib/imex-build-ca-certificates.stamp
+state() {
+  find /etc/ca-certificates.conf /usr/share/ca-certificates /usr/local/share/ca-certificates \\
+    /etc/ssl/certs /etc/ca-certificates/update.d -printf '%p %l %s %T@\\n' 2>/dev/null |
+    LC_ALL=C sort | cksum
+}
+if [ $# -eq 0 ] && [ -f "$stamp" ] && [ -z "$(ls -A /etc/ca-certificates/update.d 2>/dev/null)" ] \\
+   && [ "$(state)" = "$(cat "$stamp")" ]; then
+  echo "update-ca-certificates: nothing changed since its last run, skipped during the image build"
+  exit 0
+fi
+/usr/sbin/update-ca-certificates.real "$@" || exit $?
+state > "$stamp"
+"""
+#: what the base build diverts while it runs: target -> (wrapper file name, wrapper text)
+BUILD_WRAPPERS = {
+    "/usr/sbin/update-initramfs": ("update-initramfs", UPDATE_INITRAMFS_WRAPPER),
+    "/usr/sbin/update-ca-certificates": ("update-ca-certificates", UPDATE_CA_WRAPPER),
+}
+#: files the wrappers leave in the root, removed with them
+BUILD_LEFTOVERS = ("/var/lib/imex-build-ca-certificates.stamp",)
 #: the suite today's scenario boots (pinned, not the host's: FACTS.md)
 SUITE = BOOKWORM_AMD64.suite
 PACKAGES = BOOKWORM_AMD64.packages
@@ -202,6 +232,7 @@ def base_key(packages: tuple[str, ...] = PACKAGES, suite: str = SUITE,
     return _sha({"suite": suite, "arch": arch, "variant": VARIANT,
                  "packages": sorted(packages),
                  "initramfs": [INITRAMFS_CONF, INITRAMFS_HOOK, UPDATE_INITRAMFS_WRAPPER],
+                 "build_wrappers": sorted(BUILD_WRAPPERS.items()),
                  "mirror": os.environ.get("IMEX_VM_MIRROR", ""), "v": 3})
 
 
@@ -254,9 +285,11 @@ def _run(argv: list[str], what: str, timeout: float) -> None:
 def _boot_files(members: list[tarfile.TarInfo]) -> tuple[str, str]:
     """Pure: the newest ``boot/vmlinuz-*`` and its ``boot/initrd.img-*`` in the tarball."""
     names = {m.name.removeprefix("./") for m in members if m.isfile()}
-    if "usr/sbin/update-initramfs.real" in names:
-        raise ImageError("the rootfs still has the build's update-initramfs diversion "
-                         "(usr/sbin/update-initramfs.real): the customize hook failed")
+    left = sorted(n for n in (*(t.lstrip("/") + ".real" for t in BUILD_WRAPPERS),
+                              *(f.lstrip("/") for f in BUILD_LEFTOVERS)) if n in names)
+    if left:
+        raise ImageError(f"the rootfs still has the build's diversions ({', '.join(left)}): "
+                         "the customize hook failed")
     kernels = sorted(n for n in names if n.startswith("boot/vmlinuz-"))
     if not kernels:
         raise ImageError("the rootfs has no boot/vmlinuz-*: linux-image-<arch> not installed?")
@@ -267,17 +300,19 @@ def _boot_files(members: list[tarfile.TarInfo]) -> tuple[str, str]:
     return kernel, initrd
 
 
-def _one_initrd_hooks(wrapper: Path) -> tuple[str, str]:
-    """Pure: mmdebstrap's essential and customize hooks that divert ``update-initramfs``
-    to :data:`UPDATE_INITRAMFS_WRAPPER` and then put it back (the image keeps no trace:
-    the diversion is removed and the real script renamed back)."""
-    target = "/usr/sbin/update-initramfs"
-    essential = (f'chroot "$1" dpkg-divert --quiet --local --rename --divert {target}.real '
-                 f'--add {target} && install -m 0755 {wrapper} "$1{target}"')
-    customize = (f'rm -f "$1{target}" && '
-                 f'chroot "$1" dpkg-divert --quiet --local --rename --remove {target} && '
-                 f'test -x "$1{target}"')
-    return essential, customize
+def _build_wrapper_hooks(wrappers: dict[str, Path]) -> tuple[str, str]:
+    """Pure: mmdebstrap's essential and customize hooks that divert each target to its
+    wrapper (:data:`BUILD_WRAPPERS`) and then put it back (the image keeps no trace: the
+    diversions are removed, the real scripts renamed back, the wrappers' stamps deleted)."""
+    essential, customize = [], []
+    for target, wrapper in sorted(wrappers.items()):
+        essential.append(f'chroot "$1" dpkg-divert --quiet --local --rename --divert '
+                         f'{target}.real --add {target} && install -m 0755 {wrapper} "$1{target}"')
+        customize.append(f'rm -f "$1{target}" && '
+                         f'chroot "$1" dpkg-divert --quiet --local --rename --remove {target} && '
+                         f'test ! -e "$1{target}.real"')
+    customize.extend(f'rm -f "$1{left}"' for left in BUILD_LEFTOVERS)
+    return " && ".join(essential), " && ".join(customize)
 
 
 def build_base(root: Path, key: str, guest: GuestOs = BOOKWORM_AMD64) -> Path:
@@ -300,14 +335,17 @@ def build_base(root: Path, key: str, guest: GuestOs = BOOKWORM_AMD64) -> Path:
         setup = (f'mkdir -p "$1/etc/initramfs-tools/conf.d" "$1/etc/initramfs-tools/hooks" && '
                  f'cp {hooks}/modules.conf "$1/etc/initramfs-tools/conf.d/imex-vmtest" && '
                  f'install -m 0755 {hooks}/virtio-hook "$1/etc/initramfs-tools/hooks/imex-vmtest"')
-        one_initrd: list[str] = []
-        if guest.bootable:  # a chroot-only root has no kernel and no initramfs-tools
-            (hooks / "update-initramfs").write_text(UPDATE_INITRAMFS_WRAPPER)
-            essential, customize = _one_initrd_hooks(hooks / "update-initramfs")
-            one_initrd = [f"--essential-hook={essential}", f"--customize-hook={customize}"]
+        diverted: list[str] = []
+        if guest.bootable:  # a chroot-only root has no kernel, initramfs-tools or CAs
+            wrappers = {}
+            for target, (name, text) in BUILD_WRAPPERS.items():
+                (hooks / name).write_text(text)
+                wrappers[target] = hooks / name
+            essential, customize = _build_wrapper_hooks(wrappers)
+            diverted = [f"--essential-hook={essential}", f"--customize-hook={customize}"]
         argv = ["mmdebstrap", "--quiet", f"--variant={VARIANT}", f"--arch={guest.arch}",
                 "--include=" + ",".join(guest.packages), f"--setup-hook={setup}",
-                *one_initrd, guest.suite, str(tmp / "rootfs.tar")]
+                *diverted, guest.suite, str(tmp / "rootfs.tar")]
         mirror = os.environ.get("IMEX_VM_MIRROR")
         if mirror:
             argv.append(mirror)

@@ -231,3 +231,58 @@ def test_the_build_skips_only_update_initramfs_u(tmp_path: Path) -> None:
     assert run("-u", "-k", "all") == "update-initramfs: -u skipped during the image build"
     assert run("-c", "-k", "6.1.0-9-arm64") == "real -c -k 6.1.0-9-arm64"
     assert run("-d", "-k", "6.1.0-9-arm64") == "real -d -k 6.1.0-9-arm64"
+
+
+def test_the_build_skips_only_a_ca_rebuild_that_would_change_nothing(tmp_path: Path) -> None:
+    """The ``update-ca-certificates`` wrapper: the deferred plain run after an unchanged
+    earlier one is skipped; a change to what the tool reads, a hook to run, or any
+    argument runs the real script. Run against a root under ``tmp_path``."""
+    import re
+    import subprocess
+
+    root = tmp_path / "root"
+    for d in ("etc/ssl/certs", "etc/ca-certificates/update.d", "usr/share/ca-certificates",
+              "usr/local/share/ca-certificates", "var/lib", "usr/sbin"):
+        (root / d).mkdir(parents=True)
+    (root / "etc/ca-certificates.conf").write_text("mozilla/A.crt\n")
+    (root / "usr/share/ca-certificates/A.crt").write_text("A\n")
+    real = root / "usr/sbin/update-ca-certificates.real"
+    # like the real one: it rewrites the bundle on every run
+    real.write_text(f'#!/bin/sh\necho "real $*"\necho bundle > {root}/etc/ssl/certs/ca.crt\n')
+    real.chmod(0o755)
+    text = re.sub(r"(?<=[\s=(])/(etc|usr|var)/", rf"{root}/\1/", image.UPDATE_CA_WRAPPER)
+    assert str(tmp_path) in text and " /etc/" not in text
+    wrapper = tmp_path / "update-ca-certificates"
+    wrapper.write_text(text)
+
+    def run(*args: str) -> str:
+        done = subprocess.run(["sh", str(wrapper), *args], capture_output=True, text=True,
+                              check=True)
+        return done.stdout.strip()
+
+    skipped = ("update-ca-certificates: nothing changed since its last run, skipped during "
+               "the image build")
+    assert run() == "real"  # no stamp yet
+    assert run("--hooksdir", "") == "real --hooksdir"  # the postinst's own run
+    assert run() == skipped  # the trigger's, with nothing changed
+    assert run("--fresh") == "real --fresh"
+    (root / "usr/local/share/ca-certificates/B.crt").write_text("B\n")
+    assert run() == "real"  # a certificate was added since
+    assert run() == skipped
+    hook = root / "etc/ca-certificates/update.d/jks"
+    hook.write_text("#!/bin/sh\n")
+    assert run() == "real"  # a hook is what the deferred run is for
+    hook.unlink()
+    assert run() == "real"  # the hooks directory changed
+    assert run() == skipped
+
+
+def test_the_build_wrapper_hooks_divert_and_restore_each_target() -> None:
+    essential, customize = image._build_wrapper_hooks(
+        {t: Path("/h") / name for t, (name, _) in image.BUILD_WRAPPERS.items()})
+    for target in image.BUILD_WRAPPERS:
+        assert (f"dpkg-divert --quiet --local --rename --divert {target}.real --add {target}"
+                in essential)
+        assert f"dpkg-divert --quiet --local --rename --remove {target}" in customize
+        assert f'test ! -e "$1{target}.real"' in customize
+    assert 'rm -f "$1/var/lib/imex-build-ca-certificates.stamp"' in customize
