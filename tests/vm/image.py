@@ -231,7 +231,7 @@ def base_key(packages: tuple[str, ...] = PACKAGES, suite: str = SUITE,
     """Pure: the base cache key (suite, architecture, variant, sorted package list, mirror)."""
     return _sha({"suite": suite, "arch": arch, "variant": VARIANT,
                  "packages": sorted(packages),
-                 "initramfs": [INITRAMFS_CONF, INITRAMFS_HOOK, UPDATE_INITRAMFS_WRAPPER],
+                 "initramfs": [INITRAMFS_CONF, INITRAMFS_HOOK],
                  "build_wrappers": sorted(BUILD_WRAPPERS.items()),
                  "mirror": os.environ.get("IMEX_VM_MIRROR", ""), "v": 3})
 
