@@ -151,6 +151,7 @@ def test_own_node_is_the_first_entry_on_a_local_address() -> None:
 # ---- single process, no namespaces
 
 
+@pytest.mark.usefixtures("imex_impl")
 def test_refuses_to_start_without_a_local_match(tmp_path: Path) -> None:
     cfg = write_setup(tmp_path, ["192.0.2.10", "192.0.2.11"], port=free_port(),
                       cmd_port=free_port())
@@ -164,12 +165,14 @@ def test_refuses_to_start_without_a_local_match(tmp_path: Path) -> None:
     assert daemon_lines(tmp_path / "imex.log", imex.proc.pid + 1) == ""
 
 
+@pytest.mark.usefixtures("imex_impl")
 def test_bind_interface_ip_must_be_in_the_nodes_file(tmp_path: Path) -> None:
     cfg = write_setup(tmp_path, ["127.0.0.1"], bind_ip="127.0.0.9", port=free_port(),
                       cmd_port=free_port())
     assert start(None, cfg).proc.wait(20) != 0
 
 
+@pytest.mark.usefixtures("imex_impl")
 def test_bad_config_or_missing_nodes_file_exit_with_a_message(tmp_path: Path) -> None:
     cfg = tmp_path / "config.cfg"
     cfg.write_text("SERVER_PORT=many\n")
@@ -182,6 +185,7 @@ def test_bad_config_or_missing_nodes_file_exit_with_a_message(tmp_path: Path) ->
     assert out.returncode != 0 and "missing.cfg" in out.stderr
 
 
+@pytest.mark.usefixtures("imex_impl")
 def test_garbage_on_its_ports_does_not_stop_the_daemon(
     tmp_path: Path, daemons: list[Imex]
 ) -> None:
@@ -269,6 +273,7 @@ def test_ctl_fails_when_daemon_is_unreachable(tmp_path: Path) -> None:
     assert "cannot connect" in out.stderr
 
 
+@pytest.mark.usefixtures("imex_impl")
 def test_single_node_ready_and_stuck_state(tmp_path: Path, daemons: list[Imex]) -> None:
     cfg = write_setup(tmp_path / "a", ["127.0.0.1", "127.0.0.2"], port=free_port(),
                       cmd_port=free_port())
@@ -294,6 +299,7 @@ def test_single_node_ready_and_stuck_state(tmp_path: Path, daemons: list[Imex]) 
     assert stuck.domain()["status"] == "DOWN"
 
 
+@pytest.mark.usefixtures("imex_impl")
 def test_daemonize_forks_after_listening_and_writes_pid_file(tmp_path: Path) -> None:
     cmd_port = free_port()
     cfg = write_setup(tmp_path, ["127.0.0.1"], port=free_port(), cmd_port=cmd_port)
@@ -321,10 +327,49 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def test_the_python_and_native_daemons_form_one_domain(tmp_path: Path,
+                                                       daemons: list[Imex]) -> None:
+    """A mixed domain (the Python daemon and two native ones, on loopback addresses)
+    reaches UP, every node relays the same view of every other, and a SIGUSR1 round to
+    all three redials every link: the two speak one wire, so neither is a cheaper copy
+    that only talks to itself."""
+    ips = ["127.0.2.1", "127.0.2.2", "127.0.2.3"]
+    port, cmd_port = free_port(), free_port()
+    nodes = []
+    for ip, impl in zip(ips, ("python", "c", "c"), strict=True):
+        cfg = write_standin_files(tmp_path / ip, ips, server_port=port, cmd_port=cmd_port,
+                                  bind_ip=ip, cmd_ip=ip)
+        nodes.append(Imex.start(cfg, impl=impl, args=["--usr1-window", "0.5"]))
+        daemons.append(nodes[-1])
+    loops = [wait_for("its state file", lambda n=n: n.state().get("event_loop"))  # type: ignore[misc]
+             for n in nodes]
+    assert loops[0] != "c" and loops[1:] == ["c", "c"]
+
+    def views() -> list[dict[str, Any]] | None:
+        got = [n.domain() for n in nodes]
+        if not all(d.get("status") == "UP" for d in got):
+            return None
+        # what node j says of itself, as each node relays it (the timestamp aside)
+        relayed = [{k: d["nodes"][k] for k in sorted(d["nodes"])} for d in got]
+        return relayed if all(r == relayed[0] for r in relayed) else None
+
+    first = wait_for("a mixed domain UP with one view", views)
+    assert [first[0][str(i)]["host"] for i in range(3)] == ips
+    connects = [sum(p["connects"] for p in n.state()["peers"].values()) for n in nodes]
+    assert connects == [2, 2, 2]
+    for n in nodes:
+        n.signal(signal.SIGUSR1)
+    wait_for("every link redialled once", lambda: [
+        sum(p["connects"] for p in n.state()["peers"].values()) for n in nodes] == [4, 4, 4])
+    wait_for("UP again", views)
+    assert [n.state()["signals_acted"] for n in nodes] == [1, 1, 1]
+
+
 # ---- several nodes in network namespaces
 
 
 @pytest.mark.root
+@pytest.mark.usefixtures("imex_impl")
 def test_three_nodes_reach_each_other_by_name(
     fabric: Fabric, tmp_path: Path, daemons: list[Imex]
 ) -> None:
@@ -353,6 +398,7 @@ def test_three_nodes_reach_each_other_by_name(
 
 
 @pytest.mark.root
+@pytest.mark.usefixtures("imex_impl")
 def test_a_frozen_peer_is_dropped_by_the_keepalive_and_taken_back_when_it_thaws(
     fabric: Fabric, tmp_path: Path, daemons: list[Imex]
 ) -> None:
@@ -376,6 +422,7 @@ def test_a_frozen_peer_is_dropped_by_the_keepalive_and_taken_back_when_it_thaws(
 
 
 @pytest.mark.root
+@pytest.mark.usefixtures("imex_impl")
 def test_sigusr1_is_acted_on_at_most_once_per_5s(
     fabric: Fabric, tmp_path: Path, daemons: list[Imex]
 ) -> None:
@@ -394,6 +441,7 @@ def test_sigusr1_is_acted_on_at_most_once_per_5s(
 
 
 @pytest.mark.root
+@pytest.mark.usefixtures("imex_impl")
 def test_sigusr1_re_resolves_names_from_etc_hosts(
     fabric: Fabric, tmp_path: Path, daemons: list[Imex]
 ) -> None:
@@ -417,6 +465,7 @@ def test_sigusr1_re_resolves_names_from_etc_hosts(
 
 
 @pytest.mark.root
+@pytest.mark.usefixtures("imex_impl")
 def test_different_nodes_files_are_a_node_map_mismatch(
     fabric: Fabric, tmp_path: Path, daemons: list[Imex]
 ) -> None:
@@ -433,6 +482,7 @@ def test_different_nodes_files_are_a_node_map_mismatch(
     assert "!M!" in table.stdout
 
 
+@pytest.mark.usefixtures("imex_impl")
 def test_sigterm_exits_at_once_while_a_lookup_hangs(
     fabric: Fabric, tmp_path: Path, daemons: list[Imex]
 ) -> None:

@@ -22,7 +22,7 @@ import pytest
 from tests.sandbox.imex_standin import StandinProcess, write_standin_files
 from tests.sandbox.netns import Fabric
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.usefixtures("imex_impl")]
 
 SLOT = "imex-a77e0001"
 T = TypeVar("T")

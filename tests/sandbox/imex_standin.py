@@ -1477,13 +1477,18 @@ class StandinProcess:
 
     @classmethod
     def start(cls, config: Path, *, node: NodeLike | None = None,
-              state_file: Path | None = None, args: Sequence[str] = ()) -> StandinProcess:
+              state_file: Path | None = None, args: Sequence[str] = (),
+              impl: str | None = None) -> StandinProcess:
+        """``impl``: "python" or "c" (bin/nvidia-imex's IMEX_STANDIN_IMPL); None: as this
+        process's environment says (the Python daemon when it says nothing)."""
         precompile()
         state = state_file or config.parent / "state.json"
         argv = [str(BIN_DIR / "nvidia-imex"), "-c", str(config), "--state-file", str(state),
                 *args]
-        kw: dict[str, Any] = {"cwd": REPO_ROOT, "env": _child_env(),
-                              "stderr": subprocess.DEVNULL}
+        env = _child_env()
+        if impl is not None:
+            env["IMEX_STANDIN_IMPL"] = impl
+        kw: dict[str, Any] = {"cwd": REPO_ROOT, "env": env, "stderr": subprocess.DEVNULL}
         proc = node.popen(argv, **kw) if node is not None else subprocess.Popen(argv, **kw)
         return cls(config, state, proc, node)
 
