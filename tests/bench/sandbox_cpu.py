@@ -195,7 +195,9 @@ def imex_views(bench: Any, tally: ReconnectTally) -> str:
     per_signal = tally.per_signal()
     states: dict[str, int] = {}
     connected: list[int] = []
+    loops: set[str] = set()
     for vm in bench.sbx.vms_of(bench.spec):
+        loops.add(str(vm.imex_state().get("event_loop")))
         doc = vm.domain()
         states[str(doc.get("status"))] = states.get(str(doc.get("status")), 0) + 1
         own = (doc.get("nodes") or {}).get(str(vm.imex_state().get("node_id")))
@@ -204,6 +206,8 @@ def imex_views(bench: Any, tally: ReconnectTally) -> str:
                                  if c.get("status") == "CONNECTED"))
     recon = (f"{min(per_signal):.1f}-{max(per_signal):.1f}" if per_signal else "n/a")
     links = f"{min(connected)}-{max(connected)}" if connected else "n/a"
-    return (f"IMEX stand-ins: outgoing connection attempts per SIGUSR1 acted {recon} "
+    daemon = ", ".join("native (imex_standin.c)" if x == "c" else f"Python on {x}"
+                       for x in sorted(loops))
+    return (f"IMEX stand-ins ({daemon}): outgoing connection attempts per SIGUSR1 acted {recon} "
             f"(peers: {len(bench.sbx.vms_of(bench.spec)) - 1}); nvidia-imex-ctl -N -j "
             f"domain status {dict(sorted(states.items()))}, CONNECTED links per node {links}")

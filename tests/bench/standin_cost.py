@@ -12,6 +12,10 @@ itself is a figure (``standin_idle_cpu_ms_per_s``: the keepalive, which a C++ da
 spends next to nothing on), and so is a round's gross CPU (``standin_usr1_cpu_ms``).
 ``standin_reconnects_per_usr1`` says each round did the whole work (17: one redial per
 peer), so a stand-in that does less cannot pass for a cheaper one.
+
+Both daemons are measured in one run, side by side (``IMPLS``): the native one
+(imex_standin.c), which the sandbox benchmarks run, and the Python one (imex_standin.py),
+which the tests run, with ``_python`` figures.
 """
 
 from __future__ import annotations
@@ -65,7 +69,25 @@ def _cpu_s(pids: list[int]) -> float:
     return total / 1e9
 
 
+#: the daemons measured, side by side in one run: (IMEX_STANDIN_IMPL, figure suffix).
+#: The native one is what the sandbox benchmarks run (unsuffixed figures); the Python
+#: one, which the tests run, is printed beside it with ``_python``.
+IMPLS = (("c", ""), ("python", "_python"))
+
+
 def run(results: Results, *, quick: bool = False) -> None:
+    notes = []
+    for impl, suffix in IMPLS:
+        got = _measure(impl, quick)
+        for name, value in got.items():
+            if isinstance(value, float):
+                results.set(f"standin_{name}{suffix}", value)
+        notes.append(str(got["note"]))
+    results.note("standins", "; ".join(notes))
+
+
+def _measure(impl: str, quick: bool) -> dict[str, float | str]:
+    """One daemon's figures (``impl``: IMEX_STANDIN_IMPL), and a note saying what they are."""
     n = 4 if quick else 18
     idle_s = 3.0 if quick else 20.0
     rounds = 2 if quick else 10
@@ -73,11 +95,11 @@ def run(results: Results, *, quick: bool = False) -> None:
     ips = [f"127.0.1.{i + 1}" for i in range(n)]
     base = Path(tempfile.mkdtemp(prefix="standin-cost-"))
     procs: list[StandinProcess] = []
+    args = ["--usr1-window", str(USR1_WINDOW_S)]
     try:
         for i, ip in enumerate(ips):
             cfg = write_standin_files(base / str(i), ips, bind_ip=ip, cmd_ip=ip)
-            procs.append(StandinProcess.start(
-                cfg, args=["--usr1-window", str(USR1_WINDOW_S)]))
+            procs.append(StandinProcess.start(cfg, args=args, impl=impl))
         pids = [p.pid() for p in procs]
         wait_for("every link up", lambda: _connects(procs)[1] == links, 60, interval=0.1)
         time.sleep(1.0)  # the last pongs carrying changed views
@@ -103,7 +125,8 @@ def run(results: Results, *, quick: bool = False) -> None:
         reconnects = (_connects(procs)[0] - made0) / (rounds * n)
         net = max(0.0, gross - idle * window)
         # after the rounds: a restart resets that stand-in's counters
-        restart, restart_peers = _restarts(procs, pids, links, idle, 2 if quick else 5)
+        restart, restart_peers = _restarts(procs, pids, links, idle, 2 if quick else 5,
+                                           impl)
         query = _queries(procs[-1], pids[-1], idle, 5 if quick else 30)
     finally:
         for p in procs:
@@ -113,38 +136,35 @@ def run(results: Results, *, quick: bool = False) -> None:
             with contextlib.suppress(Exception):
                 p.proc.wait(10)
         shutil.rmtree(base, ignore_errors=True)
-    results.set("standin_idle_cpu_ms_per_s", idle * 1000)
-    results.set("standin_usr1_cpu_ms", gross * 1000)
-    results.set("standin_usr1_cpu_ms_net", net * 1000)
-    results.set("standin_reconnects_per_usr1", reconnects)
-    results.set("standin_restart_cpu_ms", restart * 1000)
-    results.set("standin_restart_peers_cpu_ms", restart_peers * 1000)
-    results.set("standin_ctl_query_cpu_ms", query * 1000)
-    results.note("standins", (
-        f"{n} IMEX stand-ins on loopback: idle {idle * 1000:.1f} CPU-ms/s each (the "
+    note = (
+        f"{n} IMEX stand-ins ({impl}) on loopback: idle {idle * 1000:.1f} CPU-ms/s each (the "
         f"keepalive: {2 * (n - 1)} pings and pongs a second each way); per SIGUSR1 to "
         f"every one at once, {gross * 1000:.1f} CPU-ms each over a {window:.2f} s round "
         f"({net * 1000:.1f} net of the idle rate), "
         f"{reconnects:.1f} outgoing reconnects each (peers: {n - 1}); "
         f"event loop: {', '.join(loops)}; one restarted to READY with every link back "
         f"{restart * 1000:.0f} CPU-ms, its {n - 1} peers {restart_peers * 1000:.0f} CPU-ms "
-        f"net between them; one `-N -j` {query * 1000:.2f} CPU-ms at the daemon"))
+        f"net between them; one `-N -j` {query * 1000:.2f} CPU-ms at the daemon")
+    return {"idle_cpu_ms_per_s": idle * 1000, "usr1_cpu_ms": gross * 1000,
+            "usr1_cpu_ms_net": net * 1000, "reconnects_per_usr1": reconnects,
+            "restart_cpu_ms": restart * 1000, "restart_peers_cpu_ms": restart_peers * 1000,
+            "ctl_query_cpu_ms": query * 1000, "note": note}
 
 
 def _restarts(procs: list[StandinProcess], pids: list[int], links: int, idle: float,
-              times: int) -> tuple[float, float]:
+              times: int, impl: str) -> tuple[float, float]:
     """Stop the first stand-in and start it again, ``times`` times, as a guest agent
     does when its own address moved: (the new process's CPU to READY with every link
     back, its peers' CPU in that window net of their idle rate, summed), each a mean.
     A C++ daemon's start is not an interpreter's: this says how much of a sandbox change
-    is that start."""
+    is that start (``impl``: IMEX_STANDIN_IMPL)."""
     own = peers = 0.0
     for _ in range(times):
         procs[0].stop()
         cpu0, t0 = _cpu_s(pids[1:]), time.monotonic()
         procs[0] = StandinProcess.start(procs[0].config,
-                                        args=["--usr1-window", str(USR1_WINDOW_S)])
-        pids[0] = procs[0].proc.pid  # the wrapper execs the interpreter: the same pid
+                                        args=["--usr1-window", str(USR1_WINDOW_S)], impl=impl)
+        pids[0] = procs[0].proc.pid  # the wrapper execs the daemon: the same pid
         wait_for("the restarted stand-in's links", lambda: _connects(procs)[1] == links,
                  60, interval=0.05)
         time.sleep(1.0)  # the pongs carrying the changed views

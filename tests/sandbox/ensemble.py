@@ -143,6 +143,11 @@ class SandboxSettings:
     #: the registry serves HTTPS too (``--tls-self-issued``, its address as a SAN); guests
     #: of this tree use it, pinned to the registry CA; a previous release's keep HTTP
     registry_tls: bool = False
+    #: the IMEX stand-in the guests run: "python" (imex_standin.py: every feature, mutual
+    #: TLS included) or "c" (imex_standin.c: the same daemon for plain TCP, at the cost of
+    #: a small native one; the benchmarks' choice, issue 27). An ensemble with mutual TLS
+    #: runs the Python one either way.
+    imex_daemon: str = "python"
 
 
 @dataclass(frozen=True)
@@ -394,6 +399,19 @@ class Vm:
     def running(self) -> bool:
         return self.agent is not None and self.agent.poll() is None
 
+    def _imex_daemon(self) -> list[str]:
+        """The IMEX stand-in's command (``SandboxSettings.imex_daemon``): the native one is
+        exec'd directly, as a guest has the real binary; TLS stays on the Python one."""
+        choice = self.sandbox.settings.imex_daemon
+        if choice not in ("python", "c"):
+            raise ValueError(f"SandboxSettings.imex_daemon must be 'python' or 'c', "
+                             f"not {choice!r}")
+        if choice == "c" and not self.spec.auth_encryption:
+            from tests.sandbox.ctl_build import standin_daemon
+
+            return [str(standin_daemon())]
+        return [STANDIN_IMEX]
+
     # ---- lifecycle
     def write_config(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -416,7 +434,7 @@ class Vm:
             "nodes_config": str(self.dir / "imex" / "nodes_config.cfg"),
             "status_file": str(self.status_file),
             "imex_control": "process",
-            "imex_command": [STANDIN_IMEX, "-c", str(self.imex_cfg),
+            "imex_command": [*self._imex_daemon(), "-c", str(self.imex_cfg),
                              "--state-file", str(self.imex_state_file)],
             # the native stand-in itself, as a guest has the real binary (issue 27)
             "imex_ctl": [str(standin_ctl()), "-c", str(self.imex_cfg)],

@@ -24,6 +24,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("guest_agent.cli", "guest agents (+ their imex-ctl)"),
     ("imex_ctl", "imex-ctl stand-ins"),
+    ("nvidia-imex-ctl", "imex-ctl stand-ins"),  # the native ctl, before its daemon's name
     ("imex_standin", "IMEX stand-ins"),
     ("nvidia-imex", "IMEX stand-ins"),
     ("recipe_boot.py", "IMEX stand-ins"),  # it execs into IMEX

@@ -61,8 +61,14 @@ from tests.sandbox.netns import ip as ip_cmd
 
 log = logging.getLogger("bench.peers")
 
+
+def _daemon() -> Path:
+    """The native IMEX stand-in (tests/sandbox/imex_standin.c), built when out of date."""
+    from tests.sandbox.ctl_build import standin_daemon
+
+    return standin_daemon()
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
-STANDIN_IMEX = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-imex")
 STANDIN_CTL = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-imex-ctl")
 FLOOR_PROBE = str(Path(__file__).with_name("floor_probe.py"))
 RECIPE_BOOT = str(Path(__file__).with_name("recipe_boot.py"))
@@ -429,7 +435,10 @@ class RecipeSide(Side):
 
     def imex_argv(self, slot: Slot) -> list[str]:
         assert slot.imex_cfg is not None and slot.state_file is not None
-        return [STANDIN_IMEX, "-c", str(slot.imex_cfg), "--state-file", str(slot.state_file),
+        # the native stand-in on every side (issue 27): what each side's IMEX costs must
+        # be a small daemon's, not an interpreter's, or it is the stand-ins that race
+        return [str(_daemon()), "-c", str(slot.imex_cfg), "--state-file",
+                str(slot.state_file),
                 "--attempt-log", str(slot.attempt_log)]
 
     def start_imex(self, slot: Slot, wait_for_name: bool = False) -> None:
@@ -555,7 +564,7 @@ class OursSide(Side):
             "nodes_config": str(imex / "nodes_config.cfg"),
             "status_file": str(self.status_file(slot)),
             "imex_control": "process",
-            "imex_command": [STANDIN_IMEX, "-c", str(slot.imex_cfg), "--state-file",
+            "imex_command": [str(_daemon()), "-c", str(slot.imex_cfg), "--state-file",
                              str(slot.state_file), "--attempt-log", str(slot.attempt_log)],
             "imex_ctl": [str(standin_ctl()), "-c", str(slot.imex_cfg)],  # native (issue 27)
         }

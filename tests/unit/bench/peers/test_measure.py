@@ -160,6 +160,10 @@ def test_cpu_components_and_deltas() -> None:
         "guest agents (+ their imex-ctl)"
     assert cpu.classify("/usr/bin/python3 /r/tests/sandbox/bin/nvidia-imex -c x") == \
         "IMEX stand-ins"
+    assert cpu.classify("/r/tests/sandbox/bin/.build/nvidia-imex -c x") == "IMEX stand-ins"
+    # the native ctl's name holds its daemon's: it must not count as one
+    assert cpu.classify("/r/tests/sandbox/bin/.build/nvidia-imex-ctl -c x -N -j") == \
+        "imex-ctl stand-ins"
     assert cpu.classify("/b/kube-apiserver --etcd-servers=x") == "kube-apiserver"
     assert cpu.classify("bash") is None
     tck = cpu.CLK_TCK
