@@ -63,7 +63,7 @@ from typing import Any, TypeVar
 
 from imex_shared.hostsfile import read_block
 from imex_shared.model import EnsembleId
-from tests.sandbox.ctl_build import standin_ctl
+from tests.sandbox.ctl_build import standin_ctl, standin_daemon
 from tests.sandbox.dns_server import ClusterDnsModel, DnsServer, follow_kubernetes
 from tests.sandbox.imex_standin import precompile, write_standin_files
 from tests.sandbox.kube_api import ThreadedKubeApi
@@ -407,8 +407,6 @@ class Vm:
             raise ValueError(f"SandboxSettings.imex_daemon must be 'python' or 'c', "
                              f"not {choice!r}")
         if choice == "c" and not self.spec.auth_encryption:
-            from tests.sandbox.ctl_build import standin_daemon
-
             return [str(standin_daemon())]
         return [STANDIN_IMEX]
 

@@ -6,8 +6,9 @@
  * cost per change (an interpreter start of ~90 CPU-ms on every restart, ~8 CPU-ms per
  * SIGUSR1 round of 17 reconnects) dwarfed what the real C++ nvidia-imex spends. This one
  * costs what a small C daemon costs. tests/sandbox/bin/nvidia-imex runs it when
- * IMEX_STANDIN_IMPL=c, except for a config with mutual TLS, which stays on the Python
- * daemon; tests/sandbox/ctl_build.py (standin_daemon) builds it with the system's gcc.
+ * IMEX_STANDIN_IMPL=c; a config with mutual TLS is refused, saying so (the sandbox keeps
+ * such an ensemble on the Python daemon); tests/sandbox/ctl_build.py (standin_daemon)
+ * builds it with the system's gcc.
  *
  * Everything a test, a peer or a benchmark can see is the Python's: the command line and
  * its usage errors, config.cfg's rules and error texts, the log lines (same format, words
@@ -1512,7 +1513,7 @@ static int cfg_ip(const char *key, const char *value, char **out, sb *err) {
 }
 
 /* The TLS keys are checked as TlsFiles.from_values checks them; a good TLS config is still
- * refused: this daemon does plain TCP only (the wrapper sends TLS configs to Python). */
+ * refused: this daemon does plain TCP only (the sandbox runs TLS ensembles on Python). */
 static int cfg_tls(const kv_parse *kv, sb *err) {
     static const char *const keys[] = {"IMEX_SERVER_KEY", "IMEX_SERVER_CERT", "IMEX_SERVER_CERT_AUTH",
                                        "IMEX_CLIENT_KEY", "IMEX_CLIENT_CERT", "IMEX_CLIENT_CERT_AUTH"};

@@ -54,19 +54,12 @@ from tests.bench.peers.resolved import (
     stub_resolv_conf,
 )
 from tests.realk8s.fixtures import ENSEMBLE_LABEL, INDEX_LABEL
-from tests.sandbox.ctl_build import standin_ctl
+from tests.sandbox.ctl_build import standin_ctl, standin_daemon
 from tests.sandbox.imex_standin import write_standin_files
 from tests.sandbox.netns import DEFAULT_HOSTS, NetnsError, Node, netns_pids
 from tests.sandbox.netns import ip as ip_cmd
 
 log = logging.getLogger("bench.peers")
-
-
-def _daemon() -> Path:
-    """The native IMEX stand-in (tests/sandbox/imex_standin.c), built when out of date."""
-    from tests.sandbox.ctl_build import standin_daemon
-
-    return standin_daemon()
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STANDIN_CTL = str(REPO_ROOT / "tests" / "sandbox" / "bin" / "nvidia-imex-ctl")
@@ -437,7 +430,7 @@ class RecipeSide(Side):
         assert slot.imex_cfg is not None and slot.state_file is not None
         # the native stand-in on every side (issue 27): what each side's IMEX costs must
         # be a small daemon's, not an interpreter's, or it is the stand-ins that race
-        return [str(_daemon()), "-c", str(slot.imex_cfg), "--state-file",
+        return [str(standin_daemon()), "-c", str(slot.imex_cfg), "--state-file",
                 str(slot.state_file),
                 "--attempt-log", str(slot.attempt_log)]
 
@@ -564,7 +557,7 @@ class OursSide(Side):
             "nodes_config": str(imex / "nodes_config.cfg"),
             "status_file": str(self.status_file(slot)),
             "imex_control": "process",
-            "imex_command": [str(_daemon()), "-c", str(slot.imex_cfg), "--state-file",
+            "imex_command": [str(standin_daemon()), "-c", str(slot.imex_cfg), "--state-file",
                              str(slot.state_file), "--attempt-log", str(slot.attempt_log)],
             "imex_ctl": [str(standin_ctl()), "-c", str(slot.imex_cfg)],  # native (issue 27)
         }
