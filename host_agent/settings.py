@@ -45,8 +45,13 @@ class HostSettings:
     field_manager: str = "imex-host-agent"
     #: Ensembles reconciled at the same time.
     workers: int = 8
-    #: How long an ensemble's first event waits for the rest of a burst.
+    #: How long an event waits for the rest of its burst (one that follows another
+    #: event of its ensemble within ``quiet_seconds``).
     settle_seconds: float = 0.05
+    #: An ensemble with no event for this long is quiet, and its next event is
+    #: reconciled at once: an isolated change (a VM's new address) does not wait for
+    #: company. A burst's events (a boot storm's VMIs, a relist) come closer than this.
+    quiet_seconds: float = 0.25
     #: Server-side watch timeout (the server closes, the agent resumes).
     watch_timeout_seconds: int = 290
     #: Backoff with full jitter between failed list/watch/apply attempts.

@@ -5,10 +5,9 @@ once; while it is being reconciled, new events only mark it dirty and it is
 queued again when the pass ends. So passes for one ensemble are serialized,
 different ensembles run in parallel on ``settings.workers`` workers, and a
 burst of events for one ensemble (18 VMIs booting, a relist) collapses into
-one pass and at most one write per slice. The first event of a burst waits
-``settings.settle_seconds`` before the ensemble is queued, so the rest of the
-burst joins it; behind a backlog it waits ``BUSY_SETTLE_SECONDS``, so a storm's
-changes share a pass and its two writes rather than each paying them.
+at most two passes and two writes per slice: pacing.py decides how long each event
+waits (nothing for a quiet ensemble's first, ``settings.settle_seconds`` inside a
+burst, longer behind a backlog).
 
 Level-triggered: a pass reads only the caches, computes the whole member list
 (``state.set`` replaces it) and the whole desired slices, and the applier
@@ -52,6 +51,7 @@ from host_agent.kube.objects import Key, Obj, object_key
 from host_agent.metrics import HostMetrics
 from host_agent.persist.pair_io import Pairs
 from host_agent.persist.reports import report_applies
+from host_agent.reconcile.pacing import Pacing
 from host_agent.reconcile.reconcile import member_changes, slice_ensemble, vmi_ensemble
 from host_agent.reconcile.spec_io import Specs
 from host_agent.settings import HostSettings
@@ -59,10 +59,6 @@ from host_agent.state.snapshot import CaPublished, EnsembleSnapshot, EnsembleSpe
 from host_agent.state.store import State
 from host_agent.workqueue import WorkQueue
 from imex_shared.model import EnsembleId, ModelError
-
-#: Behind by this many keys per worker (waiting, held or settling), a key settles longer
-BUSY_BACKLOG_PER_WORKER = 2
-BUSY_SETTLE_SECONDS = 1.0
 
 log = logging.getLogger("imex.host.reconcile")
 
@@ -129,6 +125,8 @@ class Reconciler:
         self._examine = ExamineMemo()
         #: slice and Service events that came during a pass of their ensemble (``_defer``)
         self._deferred: dict[Key, list[tuple[str, Any]]] = {}
+        self._pacing = Pacing(settings.settle_seconds, settings.quiet_seconds,
+                              settings.workers)
         self._started = False
         self._initial: set[Key] | None = None
         self.passes = 0
@@ -213,10 +211,15 @@ class Reconciler:
 
     def enqueue(self, key: Key, delay: float | None = None) -> None:
         """Queue ``key`` (once) after ``delay`` (default: the settle time, longer when
-        behind). A key that already waits (queued, or on a timer: a backoff after an
-        error) keeps its place; one being reconciled is marked dirty and passed again."""
+        behind, none when the key was quiet). A key that already waits (queued, or on a
+        timer: a backoff after an error) keeps its place; one being reconciled is marked
+        dirty and passed again."""
         self.idle.clear()
         q = self._queue
+        # Every event is recorded (pacing remembers when the key was last touched),
+        # even one that finds the key already waiting.
+        wait = delay if delay is not None else self._pacing.wait(
+            key, asyncio.get_running_loop().time(), q.backlog())
         if q.is_active(key):
             q.mark_dirty(key)
             return
@@ -225,9 +228,6 @@ class Reconciler:
         if not self._started:
             self._held.add(key)  # held until the informers have synced
             return
-        wait = self._settings.settle_seconds if delay is None else delay
-        if delay is None and q.backlog() >= BUSY_BACKLOG_PER_WORKER * self._settings.workers:
-            wait = max(wait, BUSY_SETTLE_SECONDS)
         if wait <= 0:
             q.add(key)
         else:

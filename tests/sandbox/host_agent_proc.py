@@ -6,7 +6,7 @@ Why: the sandbox runs the host agent exactly as ``imex-host-agent`` does (same f
 parsing, logging and ``run``), but an API outage in a test must not cost the production
 backoff ceiling (30 s) before the agent tries again. ``--tune`` overrides numeric
 ``HostSettings`` fields that have no flag (``backoff_initial``, ``backoff_max``,
-``watch_timeout_seconds``, ``settle_seconds``, ``shutdown_grace``,
+``watch_timeout_seconds``, ``settle_seconds``, ``quiet_seconds``, ``shutdown_grace``,
 ``optional_kind_retry``, the registry's serving certificate lifetime and Secret re-read:
 ``registry_cert_lifetime``, ``tls_recheck``); everything else comes from the real CLI.
 """
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from host_agent.cli import build_settings
 from host_agent.settings import HostSettings, SettingsError
 
-TUNABLE = ("backoff_initial", "backoff_max", "watch_timeout_seconds", "settle_seconds",
+TUNABLE = ("backoff_initial", "backoff_max", "watch_timeout_seconds", "settle_seconds", "quiet_seconds",
            "shutdown_grace", "workers", "shutdown_drain", "optional_kind_retry",
            "registry_cert_lifetime", "tls_recheck")
 

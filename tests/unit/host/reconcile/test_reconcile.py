@@ -14,12 +14,9 @@ from prometheus_client import CollectorRegistry
 
 from host_agent.ensembles.slices_io import SliceApplier
 from host_agent.metrics import HostMetrics
+from host_agent.reconcile.pacing import BUSY_BACKLOG_PER_WORKER, BUSY_SETTLE_SECONDS
 from host_agent.reconcile.reconcile import new_stores
-from host_agent.reconcile.reconcile_io import (
-    BUSY_BACKLOG_PER_WORKER,
-    BUSY_SETTLE_SECONDS,
-    Reconciler,
-)
+from host_agent.reconcile.reconcile_io import Reconciler
 from host_agent.settings import HostSettings
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId
@@ -374,11 +371,42 @@ def test_member_changes_name_each_slot_that_joined_left_or_moved() -> None:
     assert member_changes(after, after) == []
 
 
+async def test_a_quiet_ensembles_change_is_published_at_once_and_a_burst_settles_after_it(
+) -> None:
+    """The leading edge: an ensemble with no event for ``quiet_seconds`` has its next
+    change queued with no settle, so an isolated move is published without waiting for
+    company. An event that follows within ``quiet_seconds`` settles ``settle_seconds``,
+    so the rest of a burst joins one more pass: a burst costs at most two."""
+    settings = replace(SETTINGS, settle_seconds=30.0, quiet_seconds=0.05)
+    rec, state, (vmis, services, _slices), client, _ = make(settings)
+    task = await start_one_member(rec, vmis, services)
+    key, ens = ("rack1", "gb200"), EnsembleId("rack1", "gb200")
+    assert client.calls == ["apply:gb200-imex"]
+    await asyncio.sleep(settings.quiet_seconds)  # the time being waited for is the point
+
+    put(vmis, rec, vmi("gb200-0", ip="10.0.0.9"), "vmi")
+    assert rec._queue.is_queued(key) and not rec._queue.has_timer(key)
+    await asyncio.wait_for(_idle(rec), 5)
+    assert client.calls == ["apply:gb200-imex"] * 2
+    snap = state.get(ens)
+    assert snap is not None and [m.member.ip for m in snap.members] == ["10.0.0.9"]
+
+    # The burst that follows settles: nothing is published until settle_seconds pass.
+    for i in (1, 2):
+        put(vmis, rec, vmi(f"gb200-{i}", ip=f"10.0.0.{i + 1}"), "vmi")
+    assert rec._queue.has_timer(key)
+    left = rec._queue._timers[key].when() - asyncio.get_running_loop().time()
+    assert settings.settle_seconds - 1 < left <= settings.settle_seconds
+    assert client.calls == ["apply:gb200-imex"] * 2
+    await cancel(task)
+
+
 async def test_behind_a_backlog_a_new_change_settles_longer_so_more_of_a_storm_joins_it() -> None:
-    """Quiet: a change waits ``settle_seconds``. Behind (BUSY_BACKLOG_PER_WORKER keys per
-    worker waiting or held): BUSY_SETTLE_SECONDS, so changes to one ensemble arriving
-    through a storm share a pass instead of paying two writes each."""
-    settings = replace(SETTINGS, settle_seconds=0.01, workers=2)
+    """Not behind: a quiet ensemble's change is queued at once. Behind
+    (BUSY_BACKLOG_PER_WORKER keys per worker waiting or held): BUSY_SETTLE_SECONDS even
+    for a quiet one, so changes to one ensemble arriving through a storm share a pass
+    instead of paying two writes each."""
+    settings = replace(SETTINGS, settle_seconds=0.01, workers=2, quiet_seconds=0.0)
     rec, _state, (vmis, services, _slices), client, _ = make(settings)
     busy_at = BUSY_BACKLOG_PER_WORKER * settings.workers
     for e in range(busy_at + 2):
@@ -392,7 +420,8 @@ async def test_behind_a_backlog_a_new_change_settles_longer_so_more_of_a_storm_j
         return rec._queue._timers[("rack1", f"e{e}")].when() - loop.time()
 
     put(vmis, rec, vmi("q-0", ensemble="e0", ip="10.0.0.1"), "vmi")
-    assert settle_of(0) <= settings.settle_seconds  # quiet: the usual settle
+    assert rec._queue.is_queued(("rack1", "e0"))  # quiet, not behind: no settle at all
+    await asyncio.wait_for(_idle(rec), 10)
     client.gate = asyncio.Event()  # every pass now blocks in its write
     for e in range(1, busy_at + 1):
         put(vmis, rec, vmi(f"q-{e}", ensemble=f"e{e}", ip=f"10.0.1.{e}"), "vmi")
