@@ -9,8 +9,8 @@ Concurrency and failure rules:
   backoff and jitter (tenacity). A newer report cuts the retry short: the
   stale one is dropped and the newer one sent at once, so at most one
   request is in flight and the registry always ends with the latest state.
-  News waits ``REPORT_SETTLE`` (50 ms) before it is sent, so a change and the
-  IMEX signal it sets off go in one PUT.
+  News waits ``REPORT_SETTLE`` (0.75 s) before it is sent, so a change, the IMEX
+  signal it sets off and the domain view taken after it go in one PUT.
 - 401/403/404/422 are not retried (a wrong token or address will not fix
   itself by repetition); each distinct refusal is logged once (then at debug level)
   and recorded as ``last_error``. The next report tries again.
@@ -55,6 +55,7 @@ from tenacity import (
 from guest_agent import http
 from guest_agent.config import Settings
 from guest_agent.registry_trust import RegistryTrust, trust_for
+from guest_agent.report.collect import KICK_SETTLE
 from guest_agent.report.report import (
     FIELD_RETRY,
     DomainAccepted,
@@ -73,11 +74,13 @@ log = logging.getLogger("guest_agent.reporter")  # logger name pinned
 
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 
-#: How long the reporter lets news settle before it sends (s): an applied change and
-#: the SIGUSR1 it sets off come a few milliseconds apart, each with a new report, and
-#: the registry answers a report only once it is stored (about half a second), so
-#: sending at the first news cost a second PUT per change.
-REPORT_SETTLE = 0.05
+#: How long the reporter lets news settle before it sends (s). An applied change, the
+#: SIGUSR1 it sets off (milliseconds later) and the domain collector's kicked pass
+#: (``KICK_SETTLE`` after it, plus one ``nvidia-imex-ctl -N -j``) each bring a new
+#: report; waiting for the last of them sends one PUT per change instead of two or
+#: three. It also keeps the PUTs out of the moments after a change, when every guest of
+#: the ensemble is rewriting its files on a host agent that is answering all of them.
+REPORT_SETTLE = KICK_SETTLE + 0.25
 
 #: The status PUT answer header of a replica that is shutting down.
 CLOSING_HEADER = "x-imex-registry"

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from guest_agent.config import settings_from_mapping
-from guest_agent.report.report_io import Reporter
+from guest_agent.report.collect import KICK_SETTLE
+from guest_agent.report.report_io import REPORT_SETTLE, Reporter
 from tests.timing import measured
 
 BODY = {"imex_state": "READY", "generation_applied": 7, "nodes_config_sha256": "a" * 64,
@@ -114,9 +115,12 @@ async def test_put_url_token_and_body(tmp_path: Path) -> None:
 async def test_a_change_and_the_signal_it_sets_off_go_in_one_put(tmp_path: Path) -> None:
     """The agent submits a report when it applies a change and another when IMEX has
     been signalled, a few ms later: the settle window sends only the second. Without
-    it (``settle=0``) the first goes at once and the second follows: two PUTs."""
+    it (``settle=0``) the first goes at once and the second follows: two PUTs. The
+    window outlasts the domain collector's wait after a change, so the view it takes
+    then joins the same PUT."""
+    assert REPORT_SETTLE > KICK_SETTLE
     signalled = {**BODY, "signals": 2}
-    for settle, puts in ((0.05, [signalled]), (0.0, [BODY, signalled])):
+    for settle, puts in ((REPORT_SETTLE, [signalled]), (0.0, [BODY, signalled])):
         async with Registry() as reg, \
                 reporter(tmp_path, f"http://127.0.0.1:{reg.port}", settle=settle) as rep:
             rep.submit(3, BODY)
