@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from host_agent.cli import build_settings
 from host_agent.settings import HostSettings, SettingsError
 
-TUNABLE = ("backoff_initial", "backoff_max", "watch_timeout_seconds", "settle_seconds", "quiet_seconds",
-           "shutdown_grace", "workers", "shutdown_drain", "optional_kind_retry",
+TUNABLE = ("backoff_initial", "backoff_max", "watch_timeout_seconds", "settle_seconds",
+           "quiet_seconds", "shutdown_grace", "workers", "shutdown_drain", "optional_kind_retry",
            "registry_cert_lifetime", "tls_recheck")
 
 
