@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from functools import partial
+from typing import Any
 
 import pytest
 
@@ -24,7 +26,7 @@ from imex_shared.version import package_version
 from tests.e2e.conftest import running
 from tests.e2e.domain_support import wait_domain
 from tests.e2e.skew_support import SkewRack, reports_in
-from tests.sandbox.ensemble import Sandbox, SandboxSettings
+from tests.sandbox.ensemble import Sandbox, SandboxSettings, Vm, wait_for
 from tests.sandbox.releases import previous_release
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(300)]
@@ -44,6 +46,12 @@ def old_host() -> Iterator[SkewRack]:
         yield SkewRack(sbx, ctl, spec, pool)
 
 
+def _with_host_verdict(vm: Vm) -> dict[str, Any] | None:
+    """The status file's ``registry`` section, once it holds the guest's verdict."""
+    registry: dict[str, Any] = vm.status().get("registry") or {}
+    return registry if registry.get("host") else None
+
+
 #: the report fields 0.2 added, which a 0.1 registry refuses (422, extra forbidden)
 NEW_IN_0_2 = {"registry_ca_sha256", "imex_channels", "preflight"}
 
@@ -56,7 +64,10 @@ def test_new_guests_converge_and_report_to_the_0_1_host_agent(old_host: SkewRack
     rack.settle()
     reports_in(rack, package_version())
     for vm in rack.vms():
-        registry = vm.status().get("registry") or {}
+        # the guest asks /version after its first delivered report, so the registry can
+        # hold that report a moment before the guest's status file holds the verdict
+        registry = wait_for(f"{vm.vmi}'s verdict on the host agent",
+                            partial(_with_host_verdict, vm), 30, 0.2)
         # the guest knows whom it talks to, and left out the fields 0.1 refuses: 0.2's
         # own (preflight rides along only once its first run is done)
         assert registry.get("host", {}).get("skew") == "older_host", registry
