@@ -109,12 +109,12 @@ async def test_publishes_exact_slice_then_follows_changes(
     await eventually(lambda: not slices(api), what="slices garbage-collected")
 
 
-async def test_burst_of_events_collapses_into_one_apply(
+async def test_a_burst_after_a_quiet_spell_costs_two_applies(
     api: KubeApiHandle, start_agent: AgentFactory
 ) -> None:
-    api.put(service("gb200", namespace=NS, annotations={"imex-ensemble.io/max-members": "18"}))
     """A quiet ensemble publishes a burst's first event at once (the leading edge) and
     the rest of the burst, settled, in one more write."""
+    api.put(service("gb200", namespace=NS, annotations={"imex-ensemble.io/max-members": "18"}))
     quiet = 0.2
     agent = await start_agent(settle_seconds=1.0, quiet_seconds=quiet)  # wide: CI is slow
     await agent.settled()
