@@ -109,22 +109,41 @@ async def test_publishes_exact_slice_then_follows_changes(
     await eventually(lambda: not slices(api), what="slices garbage-collected")
 
 
-async def test_a_burst_after_a_quiet_spell_costs_two_applies(
+async def test_a_lone_change_to_a_quiet_ensemble_waits_for_no_settle(
     api: KubeApiHandle, start_agent: AgentFactory
 ) -> None:
-    """A quiet ensemble publishes a burst's first event at once (the leading edge) and
-    the rest of the burst, settled, in one more write."""
+    """The leading edge: an ensemble with no event for ``quiet_seconds`` publishes its
+    next change at once. The settle time is a minute, so a write inside the 20 s wait
+    can only be that (the bound is the slack: 40 s between them)."""
+    api.put(service("gb200", namespace=NS, annotations={"imex-ensemble.io/max-members": "18"}))
+    quiet = 0.2
+    agent = await start_agent(settle_seconds=60.0, quiet_seconds=quiet)
+    await agent.settled()
+    await asyncio.sleep(quiet)  # the ensemble goes quiet: that time is what is waited for
+    before = slice_writes(api)
+    api.put(vmi("gb200-0", ip="10.244.1.1"))
+    await eventually(lambda: slice_pins(api) == pins((0, "10.244.1.1")), timeout=20.0,
+                     what="the lone change published before the settle time")
+    assert slice_writes(api) - before == 1
+
+
+async def test_a_burst_after_a_quiet_spell_costs_at_most_two_applies(
+    api: KubeApiHandle, start_agent: AgentFactory
+) -> None:
+    """A burst's first event goes at once and the rest, settled, in one more write. On a
+    loaded machine the watch can hand over the whole burst before that first pass runs,
+    and the pass, level-triggered, publishes all 18 in one write: 1 or 2, never more."""
     api.put(service("gb200", namespace=NS, annotations={"imex-ensemble.io/max-members": "18"}))
     quiet = 0.2
     agent = await start_agent(settle_seconds=1.0, quiet_seconds=quiet)  # wide: CI is slow
     await agent.settled()
-    await asyncio.sleep(quiet)  # the ensemble goes quiet: that time is what is waited for
+    await asyncio.sleep(quiet)
     before = slice_writes(api)
     for i in range(18):  # a boot storm: 18 VMIs come up at once
         api.put(vmi(f"gb200-{i}", ip=f"10.244.1.{i + 1}"))
     await eventually(lambda: len(slice_pins(api)) == 18, what="18 members")
     await agent.settled()
-    assert slice_writes(api) - before == 2
+    assert slice_writes(api) - before in (1, 2)
 
 
 async def test_watch_drops_lose_nothing_and_write_nothing_extra(
