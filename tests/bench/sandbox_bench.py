@@ -446,6 +446,10 @@ class Bench:
                         r.set("convergence_registry_p95_ms", percentile(lat, 95))
                         r.set("convergence_registry_p99_ms", percentile(lat, 99))
                         r.set("convergence_registry_max_ms", max(lat))
+                        r.note("hosts_watch", "the hosts files' watcher ran SCHED_FIFO"
+                               if self.watch.realtime else "the hosts files' watcher ran "
+                               "without real-time priority: its run-queue waits are in "
+                               "the convergence figures")
                         if self.written_ms:  # the last guest's write, by mtime (hostswatch)
                             r.set("convergence_registry_written_p50_ms",
                                   percentile(self.written_ms, 50))
