@@ -20,7 +20,7 @@ One sandbox serves every part asked for, in this order:
    member's published IP flips between its own address and a second address
    on the same VM (so every guest, itself included, must pin the new one).
    Latency = from sending the status patch to the API double until the last
-   guest's /etc/hosts holds it, as a watcher process of its own reads it (inotify,
+   guest's /etc/hosts holds it, as a real-time watcher process reads it (inotify,
    ``hostswatch``); ``convergence_registry_written_*`` beside it is the last
    guest's write by the files' mtimes. With ``storm`` the
    changes are spaced one signal window + 1 s apart so each is a settled change
