@@ -29,11 +29,9 @@ from a coarse clock (one tick, 4 ms at HZ=250, behind), so it errs on the early 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
-import struct
 import subprocess
 import sys
 import threading
@@ -44,12 +42,8 @@ from typing import IO, Any
 
 from imex_shared.hostsfile import read_block
 from imex_shared.model import EnsembleId
+from tests.inotify import IN_CLOSE_WRITE, IN_CREATE, IN_MODIFY, IN_MOVED_TO, Inotify
 
-IN_MODIFY = 0x002
-IN_CLOSE_WRITE = 0x008
-IN_MOVED_TO = 0x080
-IN_CREATE = 0x100
-_EVENT = struct.Struct("iIII")
 SWEEP_S = 0.5
 #: SCHED_FIFO priority of the watcher process: any real-time priority runs before every
 #: normal process; 10 leaves room below for anything that needs it more
@@ -173,26 +167,20 @@ class _Watcher:
     def __init__(self, ens: EnsembleId, out: IO[str]) -> None:
         self.ens = ens
         self.out = out
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self.ino = Inotify()
         self.paths: dict[str, Path] = {}
         self.wds: dict[int, str] = {}
         self.last: dict[str, dict[int, str] | None] = {}
 
     def set_vms(self, paths: dict[str, str]) -> None:
         for wd in list(self.wds):
-            self.libc.inotify_rm_watch(self.fd, wd)
+            self.ino.remove(wd)
         self.wds.clear()
         self.paths = {vm: Path(p) for vm, p in paths.items()}
         self.last = {vm: b for vm, b in self.last.items() if vm in paths}
         for vm, path in self.paths.items():
-            wd = self.libc.inotify_add_watch(
-                self.fd, str(path.parent).encode(),
-                IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE)
-            if wd < 0:
-                raise OSError(ctypes.get_errno(), f"inotify_add_watch {path.parent}")
+            wd = self.ino.add(str(path.parent),
+                              IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE)
             self.wds[wd] = vm
         self.check(sorted(self.paths))
 
@@ -202,13 +190,14 @@ class _Watcher:
             path = self.paths.get(vm)
             if path is None:
                 continue
-            try:
-                data = path.read_bytes()
-                at = time.monotonic()
-                mtime = os.stat(path).st_mtime_ns / 1e9 - (time.time() - time.monotonic())
-                block = read_block(data, self.ens)
+            try:  # one descriptor: the mtime is the inode's whose bytes were read
+                with open(path, "rb") as f:
+                    data = f.read()
+                    at = time.monotonic()
+                    mtime = os.fstat(f.fileno()).st_mtime_ns / 1e9 - (time.time() - at)
             except OSError:
                 continue
+            block = read_block(data, self.ens)
             if block is None or block == self.last.get(vm):
                 continue
             self.last[vm] = block
@@ -219,18 +208,8 @@ class _Watcher:
             self.out.flush()
 
     def events(self) -> set[str]:
-        vms: set[str] = set()
-        with contextlib.suppress(BlockingIOError):
-            data = os.read(self.fd, 65536)
-            off = 0
-            while off < len(data):
-                wd, _mask, _cookie, length = _EVENT.unpack_from(data, off)
-                name = data[off + _EVENT.size: off + _EVENT.size + length].rstrip(b"\0")
-                off += _EVENT.size + length
-                vm = self.wds.get(wd)
-                if vm is not None and name in (b"hosts", b""):
-                    vms.add(vm)
-        return vms
+        return {vm for wd, name in self.ino.events()
+                if (vm := self.wds.get(wd)) is not None and name in (b"hosts", b"")}
 
 
 def main(argv: list[str]) -> int:
@@ -248,7 +227,7 @@ def main(argv: list[str]) -> int:
     buf = b""
     last_sweep = time.monotonic()
     while True:
-        ready, _, _ = select.select([watcher.fd, stdin], [], [], 0.1)
+        ready, _, _ = select.select([watcher.ino.fd, stdin], [], [], 0.1)
         if stdin in ready:
             chunk = os.read(stdin, 65536)
             if not chunk:
@@ -264,7 +243,7 @@ def main(argv: list[str]) -> int:
                     reply = {"ack": cmd["seq"], "error": str(exc)}
                 sys.stdout.write(json.dumps(reply) + "\n")
                 sys.stdout.flush()
-        vms = watcher.events() if watcher.fd in ready else set()
+        vms = watcher.events() if watcher.ino.fd in ready else set()
         if time.monotonic() - last_sweep > SWEEP_S:
             vms = set(watcher.paths)
             last_sweep = time.monotonic()

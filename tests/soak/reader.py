@@ -24,50 +24,17 @@ announcement around it ends the boot's allowance. Exits on SIGTERM; stdlib and i
 from __future__ import annotations
 
 import argparse
-import ctypes
+import contextlib
 import json
 import os
-import select
 import signal
 import sys
 import time
 from pathlib import Path
 
 from imex_shared.model import EnsembleId
+from tests.inotify import IN_ATTRIB, IN_CLOSE_WRITE, IN_CREATE, IN_MODIFY, IN_MOVED_TO, Inotify
 from tests.soak.files import check_hosts, check_nodes
-
-IN_MODIFY = 0x2
-IN_CLOSE_WRITE = 0x8
-IN_MOVED_TO = 0x80
-IN_CREATE = 0x100
-IN_ATTRIB = 0x4
-
-
-class Inotify:
-    def __init__(self) -> None:
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1")
-        self.watches: dict[str, int] = {}
-
-    def watch(self, path: str, mask: int) -> None:
-        if path in self.watches:
-            return
-        wd = self.libc.inotify_add_watch(self.fd, path.encode(), mask)
-        if wd >= 0:
-            self.watches[path] = wd
-
-    def wait(self, timeout: float) -> bool:
-        ready, _, _ = select.select([self.fd], [], [], timeout)
-        if not ready:
-            return False
-        try:
-            while os.read(self.fd, 65536):
-                pass
-        except BlockingIOError:
-            pass
-        return True
 
 
 def _read(path: Path) -> tuple[bytes | None, float]:
@@ -127,14 +94,23 @@ def main(argv: list[str] | None = None) -> int:
         out.write(json.dumps(doc, separators=(",", ":")) + "\n")
 
     ino = Inotify()
+    watched: set[str] = set()
+
+    def watch(path: str, mask: int) -> None:
+        # again on every turn until it takes: the file may not exist yet
+        if path not in watched:
+            with contextlib.suppress(OSError):
+                ino.add(path, mask)
+                watched.add(path)
+
     marker = _marker(a.boot_file)
     booting = True
     last_block: dict[int, str] | None = None
     reads = 0
     next_beat = time.monotonic() + 10
     while not stop:
-        ino.watch(str(a.hosts), IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB)
-        ino.watch(str(a.nodes.parent), IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE | IN_MODIFY)
+        watch(str(a.hosts), IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB)
+        watch(str(a.nodes.parent), IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE | IN_MODIFY)
         hosts, mtime = _read(a.hosts)
         now = time.time()
         if hosts is not None:

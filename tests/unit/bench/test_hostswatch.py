@@ -72,9 +72,8 @@ def test_done_only_when_every_vm_holds_the_pin_and_timed_by_the_last_read(
 
 def test_a_busy_benchmark_thread_does_not_delay_the_time_recorded(
         vms: dict[str, Path], watch: HostsWatch) -> None:
-    """The reason the watcher is a process: the harness's threads (the API double, the
-    DNS stand-in) hold the GIL while a change is published. The time is the watcher
-    process's read, so the parent reading it late does not move it."""
+    """The time is the watcher process's read: the parent, whose threads include the API
+    double and the DNS stand-in, reading it late does not move it."""
     pending = watch.expect(0, "10.0.0.7", time.monotonic())
     hog_until = threading.Event()
     with watch._lock:  # the parent cannot look at any report meanwhile
