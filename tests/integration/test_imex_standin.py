@@ -365,6 +365,23 @@ def test_the_python_and_native_daemons_form_one_domain(tmp_path: Path,
     assert [n.state()["signals_acted"] for n in nodes] == [1, 1, 1]
 
 
+def test_a_native_daemon_is_built_before_it_starts(tmp_path: Path,
+                                                  daemons: list[Imex]) -> None:
+    """``start(impl="c")`` brings the binary up to date in the caller, before the child
+    runs: left to each child's wrapper, 18 stand-ins started together on a fresh clone each
+    ran gcc, and on 2 cores the first wrote its pid after ``pid()``'s 15 s (make bench's
+    ``standins`` part, session 34). Checked right after ``start`` returns, before any wait."""
+    from tests.sandbox.ctl_build import DAEMON_BINARY, DAEMON_SOURCE, standin_daemon
+
+    standin_daemon()
+    os.utime(DAEMON_BINARY, ns=(0, 0))  # older than its source: the next start must rebuild
+    cfg = write_standin_files(tmp_path / "n0", ["127.0.2.9"], server_port=free_port(),
+                              cmd_port=free_port(), bind_ip="127.0.2.9", cmd_ip="127.0.2.9")
+    daemons.append(Imex.start(cfg, impl="c"))
+    assert DAEMON_BINARY.stat().st_mtime_ns > DAEMON_SOURCE.stat().st_mtime_ns
+    assert wait_for("its state file", lambda: daemons[0].state().get("event_loop")) == "c"
+
+
 # ---- several nodes in network namespaces
 
 
