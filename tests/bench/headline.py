@@ -7,8 +7,9 @@ Prints (or writes between the ``<!-- headline:begin -->`` and ``<!-- headline:en
 markers of the doc) one table of every goal in ``tests/bench/common.py``'s ``GOALS``:
 the figure, the goal and the verdict ``Goal.passed`` gives, never one typed by hand;
 and above it, for each file, the commit, date, machine and load average the run
-recorded. A file that is missing, a figure a run did not measure, and a quick run's
-figures (``*_quick``: smoke sizes) show as n/a. Pure apart from reading and writing
+recorded, and any part that failed in it (``_meta.errors``: a run with a failed part is
+never shown as a clean one). A file that is missing, a figure a run did not measure, and
+a quick run's figures (``*_quick``: smoke sizes) show as n/a. Pure apart from reading and writing
 the files.
 """
 
@@ -44,11 +45,15 @@ def _source(name: str, doc: Mapping[str, Any] | None) -> str:
     speed = meta.get("machine_speed_s")
     speed_text = (f"; machine speed {speed:.2f} s (`tests/machine_speed.py`: lower is faster)"
                   if isinstance(speed, int | float) else "")
+    errors = meta.get("errors")
+    failed = ("; **parts that failed** (their figures are missing or partial): "
+              + "; ".join(f"`{k}`: {v}" for k, v in errors.items())
+              if isinstance(errors, Mapping) and errors else "")
     return (f"- `{name}`: {what}, commit `{meta.get('commit') or 'not recorded'}`, "
             f"{meta.get('date', 'no date')}; {m.get('cpus', '?')} CPUs "
             f"({m.get('cpu_model') or 'model unknown'}), {m.get('mem_gb', '?')} GB, Linux "
             f"{m.get('kernel', '?')}, Python {m.get('python', '?')}; 1-minute load average "
-            f"{load}{speed_text}")
+            f"{load}{speed_text}{failed}")
 
 
 def render(results: Mapping[str, Any] | None, peers: Mapping[str, Any] | None) -> str:

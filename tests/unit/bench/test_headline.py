@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -36,6 +37,15 @@ def test_every_goal_is_a_row_and_every_verdict_comes_from_its_goal() -> None:
     assert "0.3 at the start" in text
     # the machine's speed beside the results that recorded it, and only there
     assert text.count("machine speed") == 1 and "machine speed 0.15 s" in text
+    assert "parts that failed" not in text  # neither run recorded an error
+
+
+def test_a_part_that_failed_is_named_beside_its_run() -> None:
+    meta = dict(cast(dict[str, object], RESULTS["_meta"]))
+    meta["errors"] = {"standins": "ImexStandinError: never wrote its pid"}
+    text = render({**RESULTS, "_meta": meta}, PEERS)
+    source = next(line for line in text.splitlines() if line.startswith("- `bench-results"))
+    assert "parts that failed" in source and "`standins`: ImexStandinError" in source
 
 
 def test_quick_figures_never_pose_as_the_real_ones() -> None:
