@@ -1461,6 +1461,22 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{REPO_ROOT}:{pp}" if pp else str(REPO_ROOT)}
 
 
+def _build_native(env: dict[str, str]) -> None:
+    """Bring the C daemon (``bin/.build/nvidia-imex``) up to date here, once, before a
+    child starts: left to each child's wrapper, 18 stand-ins started together on a fresh
+    clone each ran gcc, and on 2 cores the first wrote its pid after ``pid()``'s 15 s
+    (make bench's ``standins`` part, session 34). A subprocess, not an import: this file
+    is also the guest image's ``/usr/bin/nvidia-imex``, which has no tests package."""
+    binary = BIN_DIR / ".build" / "nvidia-imex"
+    source = Path(__file__).with_name("imex_standin.c")
+    if binary.exists() and binary.stat().st_mtime_ns > source.stat().st_mtime_ns:
+        return
+    done = subprocess.run([sys.executable, "-m", "tests.sandbox.ctl_build"], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ImexStandinError(f"building the C stand-in failed: {done.stderr.strip()}")
+
+
 @dataclass
 class StandinProcess:
     """A running stand-in daemon (optionally inside a netns node) and how to ask it things.
@@ -1489,12 +1505,7 @@ class StandinProcess:
         if impl is not None:
             env["IMEX_STANDIN_IMPL"] = impl
         if env.get("IMEX_STANDIN_IMPL") == "c":
-            # Built here, once, before the child starts: left to the wrapper, 18 stand-ins
-            # started together on a fresh clone each ran gcc, and on 2 cores the first one
-            # wrote its pid after pid()'s 15 s (make bench's standins part, session 34).
-            from tests.sandbox.ctl_build import standin_daemon
-
-            standin_daemon()
+            _build_native(env)
         kw: dict[str, Any] = {"cwd": REPO_ROOT, "env": env, "stderr": subprocess.DEVNULL}
         proc = node.popen(argv, **kw) if node is not None else subprocess.Popen(argv, **kw)
         return cls(config, state, proc, node)
