@@ -79,6 +79,12 @@ def _names(obj: Body) -> Any:
     return sorted(i["metadata"]["name"] for i in obj.get("items", []))
 
 
+def _page_view(obj: Body) -> Any:
+    meta = obj.get("metadata") or {}
+    return ([o["metadata"]["name"] for o in obj.get("items") or []],
+            bool(meta.get("continue")), meta.get("remainingItemCount", "absent"))
+
+
 def _vmi_body(ns: str, name: str, **kw: Any) -> Body:
     body = vmi(ns, name, "ens", ip="10.1.0.5", **kw)
     return body
@@ -234,6 +240,15 @@ STEPS: list[Step] = [
     Step("a data key with a slash: Invalid", "POST", SECRETS,
          lambda ns, ctx: {**_ca_secret(ns, ctx, **{"a/b": "eA=="}),
                           "metadata": {"name": "bad-key", "namespace": ns}}),
+    # paged lists (the informers list with limit/continue): a second VMI makes two pages
+    Step("create a second VMI", "POST", VMIS,
+         lambda ns, ctx: _without_status(_vmi_body(ns, "ens-1")),
+         project=lambda o: _meta(o, "name")),
+    Step("page VMIs by label: a continue, no remainingItemCount", "GET", VMIS,
+         params={"labelSelector": "imex-ensemble.io/ensemble", "limit": "1"},
+         project=_page_view),
+    Step("page VMIs without a selector: the rest is counted", "GET", VMIS,
+         params={"limit": "1"}, project=_page_view),
     Step("delete VMI", "DELETE", VMIS + "/ens-0"),
     Step("get deleted VMI: NotFound", "GET", VMIS + "/ens-0"),
 ]

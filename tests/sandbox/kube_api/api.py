@@ -330,7 +330,8 @@ class KubeApi:
         meta: JSON = {"resourceVersion": page.resource_version}
         if page.continue_token:
             meta["continue"] = page.continue_token
-            meta["remainingItemCount"] = page.remaining
+            if page.remaining is not None:  # left out, not null, as the apiserver does
+                meta["remainingItemCount"] = page.remaining
         if tables.wants_table(req.headers.get("accept", "")):
             doc = tables.table(t, page.items, page.resource_version, _include(req))
             doc["metadata"] = meta

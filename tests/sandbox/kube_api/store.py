@@ -257,13 +257,30 @@ class Store:
         def obj(v: Entry | JSON) -> JSON:
             return v.obj if isinstance(v, Entry) else v
 
-        keys = sorted(k for k, v in state.items() if w.matches(obj(v))
-                      and (after is None or k > after))
-        page, rest = (keys, []) if not limit or limit <= 0 else (keys[:limit], keys[limit:])
-        token = _encode_continue(at, page[-1]) if rest and page else None
+        # As etcd serves it: the key range after the continue key, read in key order and
+        # filtered until the page is full (one more match says there is a rest). The
+        # apiserver counts what is left (remainingItemCount) only for a list without
+        # selectors, where etcd's count of the range is exact; with a selector it leaves
+        # the count out. Filtering the whole kind for every page made a 10,000-VMI list in
+        # 20 pages cost the double 20 full scans (tests/bench ``host``, issue 27).
+        keys = sorted(k for k in state if after is None or k > after)
+        paged = limit is not None and limit > 0
+        page: list[ObjKey] = []
+        more = False
+        for k in keys:
+            if not w.matches(obj(state[k])):
+                continue
+            if paged and len(page) == limit:
+                more = True
+                break
+            page.append(k)
+        token = _encode_continue(at, page[-1]) if more and page else None
+        remaining = None
+        if token is not None and not (w.labels or w.fields):
+            remaining = sum(1 for k in keys if k > page[-1] and w.matches(obj(state[k])))
         items = [self.render(v) if isinstance(v, Entry) else v
                  for v in (state[k] for k in page)]
-        return ListPage(items, str(at), token, len(rest) if rest else None)
+        return ListPage(items, str(at), token, remaining)
 
     def _state_at(self, t: ResourceType, at: int,
                   continued: bool = False) -> dict[ObjKey, Entry | JSON]:
