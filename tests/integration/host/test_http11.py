@@ -9,10 +9,15 @@ then checks that api_call really takes this path, with auth, and counts it.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import itertools
+import json
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from lightkube import AsyncClient, KubeConfig
@@ -277,3 +282,89 @@ async def test_a_list_is_paged_with_continue_against_the_double(client: AsyncCli
                                               {}, 2, lambda o: o)
     assert sorted(o["metadata"]["name"] for o in items) == [f"cm{i}" for i in range(5)]
     assert rv.isdigit()
+
+
+class _PagedHandler(http.server.BaseHTTPRequestHandler):
+    """Three pages of one object each, on a server thread of its own (not the test's
+    loop), so a request the client sends is seen while the client is still busy."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.path)
+        query = parse_qs(urlsplit(self.path).query)
+        n = int(query.get("continue", ["0"])[0])
+        meta: dict[str, Any] = {"resourceVersion": "9"}
+        if n < 2:
+            meta["continue"] = str(n + 1)
+        body = json.dumps({"kind": "ConfigMapList", "metadata": meta,
+                           "items": [{"metadata": {"name": f"cm{n}"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+async def test_the_next_page_is_asked_for_before_this_page_is_reduced() -> None:
+    """list_all sends the request for page N+1 before ``view`` runs over page N, so the
+    server builds the next page while the agent reduces this one (issue 27: the two
+    had taken turns through a 20-page list of 10,000 VMIs)."""
+    _PagedHandler.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PagedHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    pool = http11.Http11Pool("http", "127.0.0.1", server.server_address[1], "",
+                             ssl_context=None, bearer=lambda again: None,
+                             user_agent="imex-host-agent/test", timeout=5.0)
+    asked_before_reduced: list[int] = []
+
+    def view(obj: dict[str, Any]) -> dict[str, Any]:
+        # the server thread records a request as it reads it; give it up to 5 s
+        want = min(int(obj["metadata"]["name"][2:]) + 2, 3)
+        deadline = time.monotonic() + 5.0
+        while len(_PagedHandler.seen) < want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        asked_before_reduced.append(len(_PagedHandler.seen))
+        return obj
+
+    try:
+        items, rv = await lean_listwatch.list_all(pool, "/api/v1/configmaps", {}, 1, view)
+    finally:
+        await pool.aclose()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert [o["metadata"]["name"] for o in items] == ["cm0", "cm1", "cm2"] and rv == "9"
+    assert asked_before_reduced == [2, 3, 3], "page 2 (3) was asked for before page 1 (2)"
+    assert all("limit=1" in p for p in _PagedHandler.seen)
+
+
+async def test_a_failed_page_fails_the_list_and_a_failed_view_cancels_the_next_page(
+) -> None:
+    def script(n: int, head: bytes) -> bytes:
+        if b"continue=" not in head:
+            return ok(b'{"metadata":{"continue":"c1","resourceVersion":"3"},'
+                      b'"items":[{"metadata":{"name":"a"}}]}')
+        return b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\n\r\n{}"
+
+    def broken(obj: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("a bug in a view")
+
+    def pages() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__name__", "") == "_page"]
+
+    srv = Scripted(script)
+    async with srv as pool:
+        with pytest.raises(lean_listwatch.LeanError) as err:
+            await lean_listwatch.list_all(pool, "/api/v1/configmaps", {}, 5, lambda o: o)
+        assert err.value.status == 500
+        with pytest.raises(ValueError):
+            await lean_listwatch.list_all(pool, "/api/v1/configmaps", {}, 5, broken)
+        left = pages()
+        await asyncio.sleep(0)
+        assert left and all(t.cancelled() for t in left), "the next page is not left running"
