@@ -102,7 +102,7 @@ class Derivation:
 
 
 def _mapping(value: object) -> Mapping[str, object]:
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, (dict, Mapping)) else {}
 
 
 def _text(value: object) -> str | None:

@@ -26,7 +26,7 @@ _VMI_IFACE: Final = ("name", "ipAddress", "ipAddresses")
 
 def _without_managed_fields(obj: Obj) -> Obj:
     meta = obj.get("metadata")
-    if not isinstance(meta, Mapping) or "managedFields" not in meta:
+    if not isinstance(meta, (dict, Mapping)) or "managedFields" not in meta:
         return obj
     out = dict(obj)
     out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
@@ -44,7 +44,7 @@ def _vmi_metadata(meta: Mapping[str, Any]) -> Obj:
         if key in meta:
             out[key] = meta[key]
     labels = out.get("labels")
-    if isinstance(labels, Mapping):
+    if isinstance(labels, (dict, Mapping)):
         out["labels"] = {_i(k): _i(v) for k, v in labels.items()}
     if isinstance(out.get("namespace"), str):
         out["namespace"] = _i(out["namespace"])
@@ -52,7 +52,7 @@ def _vmi_metadata(meta: Mapping[str, Any]) -> Obj:
 
 
 def _vmi_interface(iface: object) -> object:
-    if not isinstance(iface, Mapping):
+    if not isinstance(iface, (dict, Mapping)):
         return iface  # malformed: members.py reports it
     out: Obj = {key: iface[key] for key in _VMI_IFACE if key in iface}
     if isinstance(out.get("name"), str):
@@ -76,7 +76,7 @@ def _vmi_status(status: Mapping[str, Any]) -> Obj:
     if isinstance(conditions, list):  # only Ready is read (members._ready)
         ready = [
             {"type": "Ready", "status": _i(c.get("status"))}
-            for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"
+            for c in conditions if isinstance(c, (dict, Mapping)) and c.get("type") == "Ready"
         ]
         value = ready[0]["status"] if len(ready) == 1 else None
         shared = _READY.get(value) if isinstance(value, str) else None
@@ -103,12 +103,12 @@ def _vmi_view(obj: Obj) -> Obj:
     """
     out: Obj = {}
     meta = obj.get("metadata")
-    if isinstance(meta, Mapping):
+    if isinstance(meta, (dict, Mapping)):
         out["metadata"] = _vmi_metadata(meta)
     elif meta is not None:
         out["metadata"] = meta  # malformed: kept as it came, members.py reports it
     status = obj.get("status")
-    if isinstance(status, Mapping):
+    if isinstance(status, (dict, Mapping)):
         out["status"] = _vmi_status(status)
     elif status is not None:
         out["status"] = status

@@ -102,7 +102,7 @@ def view_to_json(view: GuestView) -> dict[str, object]:
 
 
 def view_from_json(doc: object) -> GuestView:
-    if not isinstance(doc, Mapping):
+    if not isinstance(doc, (dict, Mapping)):
         raise MembershipError("'view' is not an object")
     known = {f.name for f in fields(GuestView)}
     kwargs = {k: _frozen(v) for k, v in doc.items() if k in known}
@@ -130,7 +130,7 @@ def decode(text: str) -> PersistedView:
         doc = json.loads(text)
     except ValueError as exc:
         raise MembershipError(f"not JSON: {exc}") from exc
-    if not isinstance(doc, Mapping):
+    if not isinstance(doc, (dict, Mapping)):
         raise MembershipError("not a JSON object")
     generation = doc.get("generation")
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
@@ -148,8 +148,9 @@ def decode(text: str) -> PersistedView:
 def annotation_text(service: Mapping[str, Any] | None) -> str | None:
     """The membership annotation's text on a Service (None: absent or not a string)."""
     meta = service.get("metadata") if service is not None else None
-    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    text = annotations.get(MEMBERSHIP_ANNOTATION) if isinstance(annotations, Mapping) else None
+    annotations = meta.get("annotations") if isinstance(meta, (dict, Mapping)) else None
+    text = annotations.get(MEMBERSHIP_ANNOTATION) \
+        if isinstance(annotations, (dict, Mapping)) else None
     return text if isinstance(text, str) else None
 
 
@@ -218,7 +219,7 @@ def pair_from_status(status: Mapping[str, Any] | None
 
     (None, None): the status holds no pair (a new CR, or one never published).
     """
-    if not isinstance(status, Mapping) or "membershipGeneration" not in status:
+    if not isinstance(status, (dict, Mapping)) or "membershipGeneration" not in status:
         return None, None
     generation = status.get("membershipGeneration")
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
@@ -232,12 +233,12 @@ def pair_from_status(status: Mapping[str, Any] | None
     cliques: list[tuple[int, str]] = []
     split = status.get("cliquesSplit") is True
     for m in members:
-        index = m.get("index") if isinstance(m, Mapping) else None
-        ip = m.get("ip") if isinstance(m, Mapping) else None
+        index = m.get("index") if isinstance(m, (dict, Mapping)) else None
+        ip = m.get("ip") if isinstance(m, (dict, Mapping)) else None
         if isinstance(index, bool) or not isinstance(index, int) or not isinstance(ip, str):
             return None, ("status.members holds an entry without an integer index and an ip; "
                           "the leader writes a new generation")
-        assert isinstance(m, Mapping)
+        assert isinstance(m, (dict, Mapping))
         pins.append((index, ip))
         at = _epoch_ms(m.get("since"))
         if at is not None:

@@ -22,8 +22,8 @@ from host_agent.state.snapshot import EnsembleSpec
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    return labels if isinstance(labels, Mapping) else {}
+    labels = meta.get("labels") if isinstance(meta, (dict, Mapping)) else None
+    return labels if isinstance(labels, (dict, Mapping)) else {}
 
 
 def vmi_ensemble(obj: Obj) -> Key | None:

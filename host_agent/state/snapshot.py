@@ -106,7 +106,7 @@ def member_cliques(
             continue
         assert report is not None
         fabric = report.fields.get("fabric")
-        if isinstance(fabric, Mapping):
+        if isinstance(fabric, (dict, Mapping)):
             out[pub.index] = f"{fabric.get('cluster_uuid')}.{fabric.get('clique_id')}"
     return out
 
