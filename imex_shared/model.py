@@ -141,6 +141,27 @@ class EnsembleId:
         return f"# END imex-ensemble {self.key}"
 
 
+def ipv4_octets(text: str) -> tuple[int, int, int, int] | None:
+    """The four octets of ``text`` when it is an IPv4 address in canonical dotted-quad
+    form (no spaces, prefix or leading zeros), else None.
+
+    A string check, about 20 times cheaper than ``ipaddress`` on the 10,000 distinct
+    addresses of a first sync (tests/bench ``sync_profile``); callers fall back to
+    ``parse_ip`` on None, so anything else is judged exactly as before.
+    """
+    parts = text.split(".")
+    if len(parts) != 4:
+        return None
+    for part in parts:
+        if not (0 < len(part) <= 3 and part.isascii() and part.isdigit()) or \
+                (len(part) > 1 and part[0] == "0"):
+            return None
+    a, b, c, d = (int(part) for part in parts)
+    if max(a, b, c, d) > 255:
+        return None
+    return a, b, c, d
+
+
 def parse_ip(text: str) -> IPAddress:
     """Parse an IPv4/IPv6 address, stripping a ``/prefix`` (KubeVirt may report one).
 

@@ -48,6 +48,7 @@ from imex_shared.model import (
     check_dns_label,
     check_index,
     index_from_name,
+    ipv4_octets,
     parse_ip,
     unusable_reason,
 )
@@ -177,6 +178,10 @@ def _interface(
     return None, f"network {DEFAULT_NETWORK!r}"
 
 
+#: GUEST_INTERNAL as text, for the fast path of ``classify_address``
+_INTERNAL: Final = frozenset(str(a) for a in GUEST_INTERNAL)
+
+
 @functools.lru_cache(maxsize=8192)
 def classify_address(raw: str) -> tuple[str | None, str | None, bool]:
     """One reported address string -> (canonical IP if usable, reason if not, parsed).
@@ -184,6 +189,22 @@ def classify_address(raw: str) -> tuple[str | None, str | None, bool]:
     ``parsed`` is False when the text is not an address at all. Pure and
     memoized (see the module docstring); the results are immutable.
     """
+    octets = ipv4_octets(raw)
+    if octets is not None and _plainly_usable(octets, raw):
+        return raw, None, True
+    return classify_parsed(raw)
+
+
+def _plainly_usable(octets: tuple[int, int, int, int], raw: str) -> bool:
+    """A canonical IPv4 address that none of ``unusable_reason``'s rules can touch: not
+    0/8, loopback, link-local, multicast or above, nor a guest-internal address. Anything
+    near those ranges goes to the full check, which words the reason."""
+    a, b = octets[0], octets[1]
+    return 0 < a < 224 and a != 127 and not (a == 169 and b == 254) and raw not in _INTERNAL
+
+
+def classify_parsed(raw: str) -> tuple[str | None, str | None, bool]:
+    """``classify_address`` by ``ipaddress`` alone (the reference its fast path agrees with)."""
     try:
         addr = parse_ip(raw)
     except ModelError as exc:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from host_agent.ensembles.members import classify_address, pick_address, vmi_addresses
 from host_agent.ensembles.slices import _family
-from imex_shared.model import ModelError, parse_ip, unusable_reason
+from imex_shared.model import ModelError, ipv4_octets, parse_ip, unusable_reason
 
 
 def reference(raw: str) -> tuple[str | None, str | None, bool]:
@@ -27,6 +27,10 @@ def reference(raw: str) -> tuple[str | None, str | None, bool]:
     "10.244.0.23", "10.244.0.23/24", " 10.1.2.3 ", "10.0.2.2", "10.0.2.2/24", "127.0.0.1",
     "169.254.1.1", "0.0.0.0", "224.0.0.1", "fd10:0:2::2", "fe80::1", "::1", "::ffff:10.1.2.3",
     "2001:DB8::1", "2001:db8::1%eth0", "", "garbage", "10.1.2", "10.1.2.300",
+    # the edges of classify_address's dotted-quad fast path (issue 27)
+    "010.1.2.3", "1.2.3.04", "0.1.2.3", "126.255.255.255", "128.0.0.0", "169.253.255.255",
+    "169.255.0.1", "223.255.255.255", "240.0.0.1", "255.255.255.255", "10.0.2.3",
+    "10.0.2.2.", ".10.0.2.2", "1.2.3.4.5", "١.٢.٣.٤", "1.2.3.+4",
 ])
 def test_verdict_matches_the_shared_model(raw: str) -> None:
     assert classify_address(raw) == reference(raw)
@@ -58,7 +62,30 @@ def test_vmi_addresses_uses_the_same_verdicts() -> None:
 
 def test_caches_are_bounded() -> None:
     assert classify_address.cache_info().maxsize == 8192
-    assert _family.cache_info().maxsize == 8192
+
+
+_OCTET = st.one_of(st.integers(0, 255).map(str), st.integers(0, 999).map(str),
+                   st.integers(0, 99).map(lambda n: f"0{n}"), st.sampled_from(["", "+1", " 1"]))
+
+
+@settings(deadline=None)
+@given(st.tuples(st.sampled_from(["10", "127", "169", "0", "224", "223", "240"]), _OCTET,
+                 _OCTET, _OCTET).map(".".join))
+def test_verdict_matches_for_dotted_quads_near_every_rule(raw: str) -> None:
+    assert classify_address.__wrapped__(raw) == reference(raw)
+
+
+@settings(deadline=None)
+@given(st.tuples(_OCTET, _OCTET, _OCTET, _OCTET).map(".".join))
+def test_ipv4_octets_reads_exactly_what_ipaddress_reads_as_canonical(raw: str) -> None:
+    try:
+        canonical = str(ipaddress.IPv4Address(raw)) == raw
+    except ValueError:
+        canonical = False
+    octets = ipv4_octets(raw)
+    assert (octets is not None) == canonical
+    if octets is not None:
+        assert ".".join(map(str, octets)) == raw
 
 
 @settings(deadline=None)
