@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import importlib
 import ipaddress
 import logging
 import signal
@@ -90,9 +91,8 @@ from host_agent.persist.reports import (
 from host_agent.persist.reports_io import ReportPersister
 from host_agent.reconcile.reconcile import managed_slice_labels, new_stores
 from host_agent.reconcile.reconcile_io import Reconciler
-from host_agent.registry import app as registry_mod
-from host_agent.registry.cert_routes import CertConfig
-from host_agent.registry.config import RegistryConfig
+from host_agent.registry.config import CertConfig, RegistryConfig
+from host_agent.registry.serving import RegistryServer, server_config
 from host_agent.registry.tls_server import TlsServing, make_tls_source
 from host_agent.settings import HostSettings
 from host_agent.state.snapshot import GuestReport
@@ -107,7 +107,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("imex.host")
 
 
-class _Server(registry_mod.RegistryServer):
+class _Server(RegistryServer):
     """The registry's server without uvicorn's own signal handlers (ours set ``stop``)."""
 
     @contextlib.contextmanager
@@ -298,20 +298,27 @@ class HostAgent:
         if self.status is not None:
             self.status.declare(key, declaration)
 
-    def _registry_app(self) -> object:
+    async def _registry_app(self) -> object:
+        """The registry's app. Its module (FastAPI and pydantic: ~0.3 s of CPU) is imported
+        in a worker thread once the informers have asked for their first lists, so the
+        API server builds those meanwhile instead of after it (issue 27: a 10,000-VMI
+        sync was the start-up, then the lists, end to end)."""
+        registry = await asyncio.get_running_loop().run_in_executor(
+            None, importlib.import_module, "host_agent.registry.app")
         config = RegistryConfig(
             trusted_proxies=tuple(
                 ipaddress.ip_network(c, strict=False) for c in self.settings.trusted_proxies
             ),
             report_stale_after=self.settings.report_stale_after,
         )
-        return registry_mod.create_app(
+        app: object = registry.create_app(
             self.state, config, self.metrics_registry, ca_source=self.cas, reports=self.reports,
             cert_config=CertConfig(lifetime=dt.timedelta(
                 seconds=self.settings.cert_lifetime_seconds)),
             not_ready=lambda: self.preflight.problem if self.preflight is not None else None,
             registry_ca=self.tls.ca_pem if self.tls is not None else None,
         )
+        return app
 
     async def run(self, stop: asyncio.Event, sock: socket.socket | None = None,
                   tls_sock: socket.socket | None = None) -> None:
@@ -330,12 +337,9 @@ class HostAgent:
                                   self._server_config(s.tls_listen_host, tls_sock))
             if self.status is not None:
                 self.status.registry_ca_sha256 = self.tls.ca_sha256
-        app = self._registry_app()
-        if self.tls is not None:
-            self.tls.config.app = app  # type: ignore[assignment]
         addr = sock.getsockname() if sock is not None else ("-", 0)
         self.address = (addr[0], addr[1])
-        server = _Server(self._server_config(s.listen_host, sock, app), self.state)
+        server = _Server(self._server_config(s.listen_host, sock), self.state)
         log.info(
             "imex-host-agent serving on %s; watching %s%s",  # the line as 0.1 wrote it
             (f"{addr[0]}:{addr[1]}" if sock is not None else "HTTPS only")
@@ -377,6 +381,11 @@ class HostAgent:
                     loops.append(tg.create_task(self.events.run(), name="event recorder"))
                 if self.reports is not None:
                     loops.append(tg.create_task(self.reports.run(), name="report writers"))
+                # after every informer's task exists: they send their lists while it loads
+                app = await self._registry_app()
+                server.config.app = app  # type: ignore[assignment]
+                if self.tls is not None:
+                    self.tls.config.app = app  # type: ignore[assignment]
                 https = None
                 if self.tls is not None:
                     https = tg.create_task(self.tls.run(), name="https")
@@ -409,8 +418,8 @@ class HostAgent:
 
     def _server_config(self, host: str, sock: socket.socket | None,
                        app: object = None) -> uvicorn.Config:
-        return registry_mod.server_config(
-            app,  # type: ignore[arg-type]
+        return server_config(
+            app,
             host,
             sock.getsockname()[1] if sock is not None else 0,
             log_config=None,

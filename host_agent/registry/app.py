@@ -30,13 +30,11 @@ peers, behind the back of ``trusted_proxies``.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import prometheus_client
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -52,10 +50,9 @@ from host_agent.registry.cert_routes import (
     CERT_BODY_LIMIT,
     CERT_PATH_PATTERN,
     CaSource,
-    CertConfig,
     add_certificate_routes,
 )
-from host_agent.registry.config import RegistryConfig
+from host_agent.registry.config import CertConfig, RegistryConfig
 from host_agent.registry.domain_routes import add_domain_routes
 from host_agent.registry.ensemble_metrics import EnsembleCollector
 from host_agent.registry.ensemble_routes import EnsembleReads, add_ensemble_routes
@@ -198,37 +195,3 @@ def create_app(
     ))
     app.add_middleware(RequestMetrics, requests=metrics.requests, routes=app.router.routes)
     return app
-
-
-# -- serving ----------------------------------------------------------------------------------
-
-
-def server_config(app: FastAPI, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
-    """A uvicorn config for the registry: proxy headers off (the app decides whom to trust)."""
-    kwargs.setdefault("log_level", "warning")
-    kwargs.setdefault("timeout_graceful_shutdown", 5)
-    return uvicorn.Config(app, host=host, port=port, proxy_headers=False, **kwargs)
-
-
-class RegistryServer(uvicorn.Server):
-    """uvicorn.Server that answers parked long-polls as soon as shutdown begins.
-
-    Listening sockets handed in by the caller get TCP_NODELAY (inherited by
-    accepted connections): asyncio sets it only on sockets created with
-    ``proto=IPPROTO_TCP``, and without it the body of a long-poll answer on
-    a kept-alive connection waits ~40 ms for a delayed ACK (Nagle).
-    """
-
-    def __init__(self, config: uvicorn.Config, state: State) -> None:
-        super().__init__(config)
-        self._state = state
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        for sock in sockets or ():
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await super().startup(sockets)
-
-    async def shutdown(self, sockets: Any = None) -> None:
-        self._state.close()
-        await super().shutdown(sockets)

@@ -33,7 +33,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Final, Protocol
 
@@ -51,6 +50,7 @@ from host_agent.registry.auth import (
     authenticate_member,
     validation_message,
 )
+from host_agent.registry.config import CertConfig
 from host_agent.state.snapshot import EnsembleSnapshot
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId
@@ -77,15 +77,6 @@ class CaSource(Protocol):
     async def load(self, ens: EnsembleId) -> ca_mod.CaState:
         """The ensemble's CA as its Secret holds it now; ``CaUnavailable`` otherwise."""
         ...
-
-
-@dataclass(frozen=True)
-class CertConfig:
-    """Issuing settings: leaf lifetime and the per-member rate limit."""
-
-    lifetime: dt.timedelta = dt.timedelta(days=7)  # host_agent.ca.authority.LEAF_LIFETIME
-    rate: int = 10
-    rate_window: float = 60.0
 
 
 class CsrIn(BaseModel):

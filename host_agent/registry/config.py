@@ -1,7 +1,10 @@
-"""The registry's settings: one frozen object, built by the agent and passed explicitly."""
+"""The registry's settings: frozen objects, built by the agent and passed explicitly.
+
+Free of FastAPI, so the agent can build them before the app's module is loaded."""
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from host_agent.registry.auth import IPNetwork
@@ -25,3 +28,12 @@ class RegistryConfig:
     status_body_bytes: int = 65536
     longpoll_cap: float = 60.0
     longpoll_default: float = 30.0
+
+
+@dataclass(frozen=True)
+class CertConfig:
+    """Issuing settings: leaf lifetime and the per-member rate limit."""
+
+    lifetime: dt.timedelta = dt.timedelta(days=7)  # host_agent.ca.authority.LEAF_LIFETIME
+    rate: int = 10
+    rate_window: float = 60.0

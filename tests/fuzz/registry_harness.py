@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from host_agent.ca import authority as ca_mod
-from host_agent.registry.cert_routes import CertConfig
-from host_agent.registry.config import RegistryConfig
+from host_agent.registry.config import CertConfig, RegistryConfig
 from host_agent.state.snapshot import EnsembleSpec
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member

@@ -50,8 +50,7 @@ def _raw_schema() -> dict[str, Any]:
     import prometheus_client
 
     from host_agent.registry.app import create_app
-    from host_agent.registry.cert_routes import CertConfig
-    from host_agent.registry.config import RegistryConfig
+    from host_agent.registry.config import CertConfig, RegistryConfig
 
     app = create_app(state_for("10.0.0.1"), RegistryConfig(),
                      prometheus_client.CollectorRegistry(), ca_source=FixedCa(),

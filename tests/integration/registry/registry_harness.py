@@ -19,8 +19,9 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from host_agent.registry.app import RegistryServer, create_app, server_config
+from host_agent.registry.app import create_app
 from host_agent.registry.config import RegistryConfig
+from host_agent.registry.serving import RegistryServer, server_config
 from host_agent.state.snapshot import EnsembleSpec
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member

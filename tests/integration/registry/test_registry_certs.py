@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from host_agent.ca import authority as ca_mod
 from host_agent.ca.secret_io import CaUnavailable
-from host_agent.registry.cert_routes import CertConfig
+from host_agent.registry.config import CertConfig
 from host_agent.state.snapshot import EnsembleSpec
 from host_agent.state.store import State
 from imex_shared.model import EnsembleId, Member
