@@ -121,6 +121,8 @@ class ApiTarget:
     token: str
     kubeconfig: Path
     ca: str | None = None
+    #: the API double's process (None: a real apiserver, which runs as several)
+    pid: int | None = None
 
 
 @contextlib.contextmanager
@@ -133,7 +135,7 @@ def api_double(work: Path, ensembles: int, per: int, log: Path) -> Iterator[ApiT
     try:
         ready = dict(kv.split("=", 1) for kv in
                      read_line(proc, "kube-api ready", timeout=300).split()[2:])
-        yield ApiTarget(ready["url"], ready["token"], kubeconfig)
+        yield ApiTarget(ready["url"], ready["token"], kubeconfig, pid=proc.pid)
     finally:
         stop(proc)
 
