@@ -14,8 +14,11 @@ ConfigMaps and shows every report from the API within one watch event.
 Writes are JSON merge patches of the members' own keys (``{"data": {"3": ...}}``), so
 two replicas writing reports of different members never undo each other. For one
 member, the API's last write wins; a guest sends its next report only after the
-previous one was answered, and a replica answers only after the write landed, so
-the API sees one member's reports in the order the guest sent them.
+previous one was answered (or timed out), and a replica answers only after the write
+landed, so the API sees one member's reports in the order the guest sent them, except
+for a request that waited unhandled past the guest's timeout: that one is refused by a
+replica that holds a later report (409), else written and then replaced by the later
+one (``after_api_change``).
 
 What is written (``persist_reason``, pure): a guest reports every
 ``report_interval`` (10 s) even when nothing changed, and a heartbeat carries no
@@ -39,7 +42,10 @@ A replica judges news against its informer's copy, which may lag: a later report
 can then be held while an older one lands in the API over it. When the informer
 shows such a copy, the replica that holds the later report writes it back
 (``after_api_change``), so the API and every replica end with a member's latest
-report whichever replica received it.
+report whichever replica received it. "Later" is the order the guest sent them in
+(each report carries the guest's ``sent`` stamp, persisted with it), not the order
+replicas handled them: a request that waited on a stopped replica is handled after
+the report that replaced it.
 
 Budget: per ensemble and replica at most one write per ``interval`` (0.5 s): the
 first report is written at once, reports arriving while a write is in flight or
@@ -67,7 +73,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from host_agent.state.snapshot import GuestReport
+from host_agent.state.snapshot import GuestReport, sent_after
 from imex_shared.model import EnsembleId, is_decimal
 
 REPORTS_LABEL: Final = "imex-ensemble.io/reports"
@@ -85,7 +91,17 @@ def encode_report(report: GuestReport) -> str:
                               "from_ip": report.from_ip}
     if report.links is not None:  # the member's own -N -j row, reduced (issue 17)
         doc["links"] = list(report.links)
+    if report.sent is not None:  # the guest's stamp: orders one member's reports
+        doc["sent"] = list(report.sent)
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def _sent(value: object) -> tuple[str, int] | None:
+    """A persisted ``[boot_id, boottime_ns]``; anything else: none (ordered by receipt)."""
+    if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
+            and 0 < len(value[0]) <= 64 and type(value[1]) is int and value[1] >= 0):
+        return value[0], value[1]
+    return None
 
 
 def _links(value: object) -> tuple[str | None, ...] | None:
@@ -110,7 +126,8 @@ def decode_report(text: object) -> GuestReport | None:
     if not isinstance(fields, Mapping) or not isinstance(at, int | float) or not isinstance(
             ip, str):
         return None
-    return GuestReport(float(at), ip, dict(fields), _links(doc.get("links")))
+    return GuestReport(float(at), ip, dict(fields), _links(doc.get("links")),
+                       _sent(doc.get("sent")))
 
 
 def reports_of(obj: Mapping[str, Any]) -> tuple[EnsembleId | None, dict[int, GuestReport]]:
@@ -186,7 +203,7 @@ def riders(held: Mapping[int, GuestReport], persisted: Mapping[int, GuestReport]
     out: dict[int, GuestReport] = {}
     for index, report in held.items():
         before = persisted.get(index)
-        if (before is not None and report.received_at > before.received_at
+        if (before is not None and sent_after(report, before)
                 and report_content(report) == report_content(before)):
             out[index] = report
     return out
@@ -213,11 +230,14 @@ def after_api_change(persisted: GuestReport, shown: GuestReport | None) -> str:
     way. The later report is the guest's state; the guest leaves an unchanged link
     row out of its reports for up to a minute, so nothing else would correct it.
 
-    "Later" is by ``received_at``, each receiving replica's wall clock: a guest sends
-    its next report only after the previous one was answered, and at least 50 ms
-    later (``REPORT_SETTLE``), so replica clocks that agree within that order a
-    member's reports as the guest sent them."""
-    if shown is None or shown.received_at <= persisted.received_at:
+    "Later" is as the guest sent them (``sent_after``: its own stamps). Not by
+    ``received_at``: a guest that timed out on a replica sends its next report to
+    another, and the first replica may handle the old request later still (it was
+    stopped or starved), stamping it later than the report that replaced it. Reports
+    without stamps (guests before 0.2) are ordered by ``received_at``: a guest sends its
+    next report after the previous one was answered or timed out, so that order holds
+    while no request waits unhandled past the guest's timeout."""
+    if shown is None or not sent_after(shown, persisted):
         return ADOPT
     if report_content(shown) == report_content(persisted):
         return KEEP

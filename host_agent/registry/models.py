@@ -30,6 +30,17 @@ class PreflightCheck(BaseModel):
     message: Annotated[str, Field(max_length=255)]
 
 
+class SentIn(BaseModel):
+    """When the guest sent the report, by its own clock: the boot's id and
+    ``CLOCK_BOOTTIME`` in ns. Only a member's reports of one boot are compared with it
+    (``host_agent.state.snapshot.sent_after``); extra keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    boot_id: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[0-9A-Za-z-]+$")]
+    boottime_ns: Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
 class StatusReport(BaseModel):
     """A guest's report (``PUT .../members/{index}/status``); unknown fields are kept
     aside (``model_extra``), counted and dropped by the route."""
@@ -66,6 +77,9 @@ class StatusReport(BaseModel):
     preflight: Annotated[list[PreflightCheck], Field(max_length=32)] | None = Field(
         default=None, description="the guest's preflight checks (imex-guest-agent "
         "preflight), at most 32")
+    sent: SentIn | None = Field(
+        default=None, description="0.2: when the guest sent this report, by its own clock; "
+        "a report sent before the one the registry holds for the member is refused (409)")
 
 
 class ErrorOut(BaseModel):

@@ -5,7 +5,8 @@ Checked in this order, so a caller learns nothing it is not entitled to: body si
 (404), bearer token (401: sha256 of the token compared in constant time with the
 ensemble's ``tokenSHA256``), member published (404), caller address equals the
 member's published IP (403; ``X-Forwarded-For`` is honoured only when the direct
-peer is in a trusted proxy network), body schema (422). A top-level field the
+peer is in a trusted proxy network), body schema (422), and last whether the guest
+sent it before the member's report held here (409, dropped: ``superseded``). A top-level field the
 registry does not know (a newer guest's) is ignored: counted in
 ``imex_registry_unknown_report_fields_total{field}`` (:class:`UnknownFields`: a
 fixed number of label values) and logged once per name at INFO. The report is stored with
@@ -38,7 +39,13 @@ from host_agent.registry.ensemble_routes import EnsembleReads, now
 from host_agent.registry.metrics import RegistryMetrics
 from host_agent.registry.models import StatusAccepted, StatusReport, inline_schema, json_errors
 from host_agent.registry.params import Name, Namespace, SlotIndex
-from host_agent.state.snapshot import EnsembleSnapshot, GuestReport, report_counts
+from host_agent.state.snapshot import (
+    EnsembleSnapshot,
+    GuestReport,
+    PublishedMember,
+    report_counts,
+    sent_after,
+)
 from imex_shared.model import EnsembleId
 
 log = logging.getLogger("host_agent.registry")  # logger name pinned
@@ -111,7 +118,7 @@ def add_report_routes(app: FastAPI, reads: EnsembleReads,
         "/v1/ensembles/{ns}/{name}/members/{index}/status",
         summary="A guest reports its IMEX status (bearer token; from the member's own IP)",
         response_model=StatusAccepted,
-        responses=json_errors(400, 401, 403, 404, 413, 422),
+        responses=json_errors(400, 401, 403, 404, 409, 413, 422),
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -148,6 +155,11 @@ def add_report_routes(app: FastAPI, reads: EnsembleReads,
         received = now()
         guest = guest_report(report, snap, index, received, str(caller),
                              transport=request.url.scheme)
+        if superseded(guest, snap.reports.get(index), pub):
+            log.info("registry: report for %s member %d dropped: the guest sent it before "
+                     "the report held here (a request that waited unhandled)", ens.key, index)
+            return JSONResponse({"error": "a later report of this member is held; this one "
+                                 "was sent before it and is dropped"}, status_code=409)
         state.report(ens, index, guest)
         if reports is not None:  # news into the API before the answer: no replica loses it
             try:
@@ -206,9 +218,19 @@ def guest_report(
         pub = snap.member(index)
         if pub is not None and report_counts(pub, previous):
             links = previous.links
-    fields = report.model_dump(exclude={"imex_domain", *(report.model_extra or ())})
+    fields = report.model_dump(exclude={"imex_domain", "sent", *(report.model_extra or ())})
     if transport is not None:
         fields["transport"] = transport
     if "fabric" not in report.model_fields_set and previous is not None:
         fields["fabric"] = previous.fields.get("fabric")
-    return GuestReport(received, caller, fields, links)
+    sent = (report.sent.boot_id, report.sent.boottime_ns) if report.sent is not None else None
+    return GuestReport(received, caller, fields, links, sent)
+
+
+def superseded(report: GuestReport, held: GuestReport | None, pub: PublishedMember) -> bool:
+    """Whether the member's report held here was sent after ``report`` by the same VM:
+    then ``report`` is a request that waited unhandled (a stopped or starved replica)
+    while the guest went on, and storing it would show the older state as the newest."""
+    return (held is not None and report_counts(pub, held) and held.from_ip == report.from_ip
+            and held.sent is not None and report.sent is not None
+            and held.sent[0] == report.sent[0] and not sent_after(report, held))

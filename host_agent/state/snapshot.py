@@ -86,6 +86,23 @@ class GuestReport:
     from_ip: str
     fields: Mapping[str, object]
     links: tuple[str | None, ...] | None = None
+    #: (boot id, CLOCK_BOOTTIME ns) when the guest sent it; None: a guest before 0.2
+    sent: tuple[str, int] | None = None
+
+
+def sent_after(a: GuestReport, b: GuestReport) -> bool:
+    """Whether the guest sent ``a`` after ``b``: by the guest's own stamps when both
+    carry one of the same boot, else by when each replica received it.
+
+    Why the guest's order: a replica stamps ``received_at`` when it handles a request,
+    and a request can wait unhandled (a replica stopped or starved while the guest
+    timed out and sent its next report elsewhere). Handled later, the older report had
+    the later ``received_at`` and overwrote the newer one everywhere (the CI soak's
+    seed 0xecef7e8e). Stamps of different boots are not comparable: a guest rebooted
+    inside the same VMI starts its clock again."""
+    if a.sent is not None and b.sent is not None and a.sent[0] == b.sent[0]:
+        return a.sent[1] > b.sent[1]
+    return a.received_at > b.received_at
 
 
 def report_counts(pub: PublishedMember, report: GuestReport | None) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +29,7 @@ from host_agent.persist.reports import (
     riders,
 )
 from host_agent.persist.reports_io import ReportPersister
-from host_agent.state.snapshot import GuestReport
+from host_agent.state.snapshot import GuestReport, sent_after
 from imex_shared.model import EnsembleId
 
 ENS = EnsembleId("gpu", "gb200")
@@ -37,8 +38,11 @@ FIELDS: dict[str, Any] = {"imex_state": "READY", "generation_applied": 3, "signa
 
 
 def rep(at: float, ip: str = "10.0.0.1", links: tuple[str | None, ...] | None = ("UP", None),
-        **changes: Any) -> GuestReport:
-    return GuestReport(at, ip, {**FIELDS, **changes}, links)
+        sent: tuple[str, int] | None = None, **changes: Any) -> GuestReport:
+    return GuestReport(at, ip, {**FIELDS, **changes}, links, sent)
+
+
+BOOT = "6f1c2a4e-0000-4000-8000-00000000abcd"
 
 
 def reason(report: GuestReport, persisted: GuestReport | None, since: float = 0.0,
@@ -108,6 +112,48 @@ def test_a_copy_from_the_api_is_adopted_unless_this_replica_shows_a_later_report
     # older news landed over a later report held here (a lagging informer): written back
     assert after_api_change(rep(1000, imex_state="DOWN"), rep(1010)) == WRITE_BACK
     assert after_api_change(rep(1000), rep(1010, links=("DOWN", None))) == WRITE_BACK
+
+
+def test_the_order_is_the_guests_own_when_both_reports_carry_its_stamp() -> None:
+    """The CI soak's seed 0xecef7e8e: a guest reported a link down to a replica that was
+    then stopped; it timed out, reported the link back up to another replica, and the
+    stopped one handled the old request when it woke, 13 s later by its clock. By
+    ``received_at`` the old report was the newest: every replica showed the link down
+    until the guest's minute refresh. By the guest's stamps it is the older one."""
+    down = rep(1013, imex_state="DOWN", sent=(BOOT, 5_000))   # handled late
+    up = rep(1000, sent=(BOOT, 9_000))                          # sent after it
+    assert sent_after(up, down) and not sent_after(down, up)
+    # the replica showing the report the guest sent last writes it back over the old one
+    assert after_api_change(down, up) == WRITE_BACK
+    # and the replica showing the old one adopts the later one when it lands
+    assert after_api_change(up, down) == ADOPT
+    # a held heartbeat sent before the copy does not ride over it
+    assert riders({0: rep(1020, imex_state="DOWN", sent=(BOOT, 4_000))}, {0: down}) == {}
+    assert riders({0: rep(990, imex_state="DOWN", sent=(BOOT, 6_000))}, {0: down}) != {}
+
+
+def test_stamps_of_another_boot_or_none_fall_back_to_the_receiving_clock() -> None:
+    """A guest rebooted inside its VMI starts CLOCK_BOOTTIME again, and a guest before
+    0.2 sends no stamp: then the receiving replicas' clocks order the reports."""
+    old_boot = rep(1000, sent=("another-boot", 9_000_000))
+    new_boot = rep(1010, sent=(BOOT, 1_000))
+    assert sent_after(new_boot, old_boot) and not sent_after(old_boot, new_boot)
+    assert sent_after(rep(1010), rep(1000, sent=(BOOT, 5))) and \
+        not sent_after(rep(1000, sent=(BOOT, 5)), rep(1010))
+    assert not sent_after(rep(1000, sent=(BOOT, 5)), rep(1000, sent=(BOOT, 5)))
+
+
+def test_the_stamp_survives_the_round_trip_and_bad_ones_are_dropped() -> None:
+    a = rep(1000, sent=(BOOT, 123))
+    back = decode_report(encode_report(a))
+    assert back == a
+    assert report_content(back) == report_content(rep(1000))  # not news by itself
+    doc = json.loads(encode_report(a))
+    for bad in ([BOOT], [BOOT, -1], [BOOT, 1.5], [BOOT, True], ["", 1], [1, 2], "x",
+                ["b" * 65, 1], None):
+        doc["sent"] = bad
+        got = decode_report(json.dumps(doc))
+        assert got is not None and got.sent is None, bad  # the report stays, unordered
 
 
 async def test_a_write_back_is_written_and_counted() -> None:

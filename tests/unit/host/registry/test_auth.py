@@ -91,7 +91,12 @@ def test_report_schema() -> None:
         "registry_ca_sha256": None,
         "imex_channels": None,
         "preflight": None,
+        "sent": None,
     }
+    stamped = StatusReport.model_validate_json(
+        '{"imex_state": "READY", "sent": {"boot_id": "6f1c-ab", "boottime_ns": 12, "x": 1}}')
+    assert stamped.sent is not None and (stamped.sent.boot_id, stamped.sent.boottime_ns) == \
+        ("6f1c-ab", 12)  # a key the registry does not know inside the stamp: ignored
     newer = StatusReport.model_validate_json('{"imex_state": "READY", "extra": 1}')
     assert newer.model_extra == {"extra": 1}  # a newer guest's field: the route drops it
     for bad in (
@@ -105,6 +110,12 @@ def test_report_schema() -> None:
         '{"imex_state": "READY", "preflight": [{"name": "Bad Name", "result": "PASS", '
         '"message": ""}]}',
         '{"imex_state": "READY", "cert_not_after": "tomorrow"}',
+        '{"imex_state": "READY", "sent": {"boot_id": "b", "boottime_ns": -1}}',
+        '{"imex_state": "READY", "sent": {"boot_id": "b", "boottime_ns": "1"}}',
+        '{"imex_state": "READY", "sent": {"boot_id": "", "boottime_ns": 1}}',
+        '{"imex_state": "READY", "sent": {"boot_id": "a b", "boottime_ns": 1}}',
+        '{"imex_state": "READY", "sent": {"boottime_ns": 1}}',
+        '{"imex_state": "READY", "sent": 5}',
         "{}",  # imex_state missing
         '{"imex_state": "READY", "registry_ca_sha256": "ABC"}',
         '{"imex_state": "READY", "signals": -1}',
