@@ -11,7 +11,7 @@ Concurrency and failure rules:
   request is in flight and the registry always ends with the latest state.
   News waits ``REPORT_SETTLE`` (0.75 s) before it is sent, so a change, the IMEX
   signal it sets off and the domain view taken after it go in one PUT.
-- 401/403/404/422 are not retried (a wrong token or address will not fix
+- 401/403/404/409/422 are not retried (a wrong token or address will not fix
   itself by repetition); each distinct refusal is logged once (then at debug level)
   and recorded as ``last_error``. The next report tries again.
 - Version skew (docs/install.md "Upgrades"): after its first delivered report (never
@@ -27,6 +27,10 @@ Concurrency and failure rules:
   seen and the host agent's version.
 - The bearer token is read from ``token_file`` for every send, so a rotated
   Secret is picked up without a restart.
+- Every PUT carries ``sent`` (this boot's id and ``CLOCK_BOOTTIME``, taken for each
+  attempt): a request that timed out here may still be handled by a stopped replica
+  after the report that replaced it, and the registry orders a member's reports by
+  this stamp, not by when it handled them (a 409 answers such a late one).
 - ``imex_domain`` (the member's own entry of the view, ~1.3 KB at 18 nodes) goes
   only when the registry needs it (``guest_agent.report.report.send_domain``); the
   registry's answer says whether it was accepted (a replica that is shutting down
@@ -132,6 +136,24 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, http.HttpError)
 
 
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_stamper(path: Path = BOOT_ID_PATH) -> Callable[[], dict[str, Any] | None]:
+    """The ``sent`` stamp of each PUT: this boot's id and ``CLOCK_BOOTTIME`` in ns, which
+    only grows while the guest runs (across agent restarts and live migrations), so the
+    registry can order a member's reports as they were sent even when an old request is
+    handled late (host_agent.state.snapshot.sent_after). No readable boot id: no stamp."""
+    try:
+        boot_id = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        boot_id = ""
+    if not boot_id:
+        return lambda: None
+    return lambda: {"boot_id": boot_id,
+                    "boottime_ns": time.clock_gettime_ns(time.CLOCK_BOOTTIME)}
+
+
 class _Superseded(Exception):
     """A newer report arrived while this one was being retried."""
 
@@ -150,9 +172,11 @@ class Reporter:
         on_registry: Callable[[dict[str, Any]], None] | None = None,
         agent_version: str = "0+unknown",
         settle: float = REPORT_SETTLE,
+        stamp: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.settings = settings
         self.settle = settle
+        self.stamp = stamp if stamp is not None else boot_stamper()
         self.on_error = on_error
         self.on_registry = on_registry
         self.agent_version = agent_version
@@ -207,6 +231,10 @@ class Reporter:
         # 0.2: the registry CA this guest pins (null: plain HTTP); a 0.1 registry refuses
         # it, and it is left out there (module docstring)
         body["registry_ca_sha256"] = self.settings.registry_ca_sha256
+        # 0.2: stamped for each attempt, so a retry is ordered after what it replaces
+        sent = self.stamp()
+        if sent is not None:
+            body["sent"] = sent
         for name in left_out(self.dropped, self.clock()):
             body.pop(name, None)
         if "imex_domain" not in body:

@@ -53,7 +53,7 @@ def _with_host_verdict(vm: Vm) -> dict[str, Any] | None:
 
 
 #: the report fields 0.2 added, which a 0.1 registry refuses (422, extra forbidden)
-NEW_IN_0_2 = {"registry_ca_sha256", "imex_channels", "preflight"}
+NEW_IN_0_2 = {"registry_ca_sha256", "imex_channels", "preflight", "sent"}
 
 
 def test_new_guests_converge_and_report_to_the_0_1_host_agent(old_host: SkewRack) -> None:

@@ -173,7 +173,7 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
         assert set(r["body"]) - {"imex_domain", "fabric", "imex_channel0", "imex_channels",
                                  "preflight"} == {
             "imex_state", "generation_applied", "nodes_config_sha256", "hosts_sha256",
-            "signals", "restarts", "agent_version", "registry_ca_sha256"}
+            "signals", "restarts", "agent_version", "registry_ca_sha256", "sent"}
         assert r["body"]["hosts_sha256"] == st["hosts_sha256"]
 
         # Every report_interval: -N -j, the fabric and the channel, sent even if unchanged.
@@ -189,7 +189,10 @@ def test_registry_views_applied_and_status_reported(tmp_path: Path, registry: Fa
         wait_until("two more heartbeats", lambda: len(registry.reports) >= seen + 2, 5,
                    log=agent.log)
         with registry.cond:
-            assert registry.reports[-1]["body"] == registry.reports[-2]["body"]
+            last, before = (dict(r["body"]) for r in registry.reports[-2:][::-1])
+        # heartbeats repeat the report; only the stamp of when each was sent moves on
+        assert last.pop("sent")["boottime_ns"] > before.pop("sent")["boottime_ns"]
+        assert last == before
         st = agent.wait("status shows the clique",
                         lambda s: s.get("clique") == f"{FABRIC['cluster_uuid']}.7")
         assert st["fabric"] == FABRIC and st["domain_errors"] == 0

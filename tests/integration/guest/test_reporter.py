@@ -12,9 +12,11 @@ from typing import Any
 
 from guest_agent.config import settings_from_mapping
 from guest_agent.report.collect import KICK_SETTLE
-from guest_agent.report.report_io import REPORT_SETTLE, Reporter
+from guest_agent.report.report_io import REPORT_SETTLE, Reporter, boot_stamper
 from tests.timing import measured
 
+#: this machine's boot id: what the reporter's stamp must carry
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text()
 BODY = {"imex_state": "READY", "generation_applied": 7, "nodes_config_sha256": "a" * 64,
         "hosts_sha256": "b" * 64, "signals": 1, "restarts": 0, "agent_version": "0.1.0"}
 
@@ -87,6 +89,7 @@ async def reporter(tmp_path: Path, url: str, **kw: Any) -> AsyncIterator[Reporte
     settings = settings_from_mapping({"ensemble": "rack-a", "namespace": "gpu",
                                       "registry_url": url, "token_file": str(token),
                                       "imex_control": "none"})
+    kw.setdefault("stamp", lambda: None)  # the bodies below without the ``sent`` stamp
     rep = Reporter(settings, initial_wait=0.1, max_wait=0.2, **kw)
     task = asyncio.create_task(rep.run())
     try:
@@ -98,14 +101,22 @@ async def reporter(tmp_path: Path, url: str, **kw: Any) -> AsyncIterator[Reporte
 
 
 async def test_put_url_token_and_body(tmp_path: Path) -> None:
-    async with Registry() as reg, reporter(tmp_path, f"http://127.0.0.1:{reg.port}/") as rep:
+    boot_id = BOOT_ID.strip()
+    async with Registry() as reg, \
+            reporter(tmp_path, f"http://127.0.0.1:{reg.port}/", stamp=boot_stamper()) as rep:
+        before = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         rep.submit(3, BODY)
         await reg.wait_requests(1)
+        after = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         req = reg.requests[0]
         assert req["method"] == "PUT"
         assert req["path"] == "/v1/ensembles/gpu/rack-a/members/3/status"
         assert req["headers"]["authorization"] == "Bearer s3cret"
+        sent = req["body"].pop("sent")
         assert req["body"] == {**BODY, "registry_ca_sha256": None}
+        # the stamp that orders this member's reports: this boot, taken as it was sent
+        assert sent["boot_id"] == boot_id
+        assert before <= sent["boottime_ns"] <= after
         rep.submit(3, BODY)  # unchanged: not sent again
         await asyncio.sleep(0.2)
         await delivered(rep, 1)

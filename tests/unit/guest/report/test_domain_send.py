@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from pathlib import Path
 
 from guest_agent.config import Settings
 from guest_agent.http import Response
@@ -15,7 +16,7 @@ from guest_agent.report.report import (
     domain_refresh,
     send_domain,
 )
-from guest_agent.report.report_io import Reporter, asks_for_domain, lists_itself
+from guest_agent.report.report_io import Reporter, asks_for_domain, boot_stamper, lists_itself
 from tests.unit.shared.test_imex_domain import domain_doc
 
 
@@ -70,7 +71,7 @@ def test_an_unchanged_view_reaches_the_registry_at_least_once_a_minute() -> None
 def test_wire_body_leaves_out_only_an_unchanged_accepted_view() -> None:
     now = [1000.0]
     reporter = Reporter(Settings(ensemble="e", namespace="n", max_members=4),
-                        clock=lambda: now[0])
+                        clock=lambda: now[0], stamp=lambda: None)
     view = {**domain_doc(4), "timestamp": 1}
     body = {"imex_state": "READY", "imex_domain": view}
     ready = {"imex_state": "READY", "registry_ca_sha256": None}  # 0.2: always said
@@ -113,3 +114,26 @@ def test_a_view_is_resent_on_request_only_when_it_lists_the_member_itself() -> N
     odd["nodes"]["1"] = "CONNECTED"
     assert not lists_itself(Report(1, {"imex_domain": odd}))
     assert not lists_itself(Report(1, {"imex_domain": {"nodes": ["1"]}}))
+
+
+def test_every_body_is_stamped_as_it_goes_and_the_stamp_is_left_out_where_refused(
+    tmp_path: Path,
+) -> None:
+    """``sent``: the boot's id and CLOCK_BOOTTIME of each attempt, so the registry orders
+    a member's reports as they were sent (a late-handled request is older); a 0.1
+    registry refuses the field and it is left out like any 0.2 field."""
+    boot = tmp_path / "boot_id"
+    boot.write_text("6f1c2a4e-0000-4000-8000-00000000abcd\n")
+    reporter = Reporter(Settings(ensemble="e", namespace="n", max_members=4),
+                        stamp=boot_stamper(boot))
+    first, _ = reporter.wire_body(Report(0, {"imex_state": "READY"}))
+    second, _ = reporter.wire_body(Report(0, {"imex_state": "READY"}))
+    assert first["sent"]["boot_id"] == second["sent"]["boot_id"] == \
+        "6f1c2a4e-0000-4000-8000-00000000abcd"
+    assert second["sent"]["boottime_ns"] > first["sent"]["boottime_ns"]
+    reporter.dropped["sent"] = reporter.clock()
+    assert "sent" not in reporter.wire_body(Report(0, {"imex_state": "READY"}))[0]
+    # no boot id to read (an odd guest): reports go unstamped, ordered by receipt
+    assert boot_stamper(tmp_path / "missing")() is None
+    boot.write_text("")
+    assert boot_stamper(boot)() is None
