@@ -282,6 +282,8 @@ def _second(s: Settings, f: Facts) -> Check:
     if outside:
         named = ", ".join(f"pid {p.pid}" + (f" in {p.unit}" if p.unit else "")
                           for p in outside[:4])
+        if len(outside) > 4:
+            named += f" and {len(outside) - 4} more"
         units = sorted({p.unit for p in outside if p.unit})
         fix = (f"systemctl disable --now {' '.join(units)}" if units
                else "stop it and find what starts it")

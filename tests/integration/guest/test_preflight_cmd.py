@@ -83,6 +83,10 @@ def test_preflight_finds_a_second_imex_and_an_old_driver(tmp_path: Path,
     rc, doc = preflight(config(tmp_path, port=50001, driver="570.148.08"))
     got = results(doc)
     assert rc == 1
-    assert got["second_imex"][0] == "FAIL" and f"pid {second_imex}" in got["second_imex"][1]
+    result, message = got["second_imex"]
+    # the check names four; tests running beside this one may have stand-ins of their own
+    # (pytest -n): then ours may be among the ones it only counts
+    assert result == "FAIL"
+    assert f"pid {second_imex}" in message or " more (only " in message, message
     assert got["driver_version"][0] == "FAIL"
     assert got["imex_config"][0] == "FAIL" and "SERVER_PORT is '50001'" in got["imex_config"][1]

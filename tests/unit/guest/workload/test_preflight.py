@@ -145,6 +145,11 @@ def test_a_second_imex_depends_on_who_controls_imex() -> None:
     assert check("second_imex", s, good(processes=two)).result == "FAIL"
     assert check("second_imex", s, good(processes=None, processes_error="EACCES")).result \
         == "WARN"
+    # many: four are named, the rest counted
+    many = [ImexProcess(100 + i, "") for i in range(7)]
+    c = check("second_imex", settings(), good(processes=many))
+    assert "pid 103" in c.message and "pid 104" not in c.message
+    assert "pid 103 and 3 more (only nvidia-imex.service" in c.message, c.message
 
 
 def test_channels() -> None:
