@@ -96,10 +96,19 @@ def run_one(a: argparse.Namespace, seed: int, kinds: list[str] | None) -> int:
                 print(f"  invariant {v.invariant} at {v.t} s: {v.what}")
             if run.violations:
                 print(f"replay: {run.replay}")
+                # what the replicas and guests last said, so a failed CI run can be read
+                # without the work dir (gone by then); the test shows this block
+                print(f"{LOGS_BEGIN}\n{run.violations[0].logs[-LOGS_MAX:]}\n{LOGS_END}")
             print(f"results: {a.results}; wall {res['wall_s']} s", flush=True)
         if not a.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     return 1 if run is None or run.violations else 0
+
+
+#: the first violation's log tails, printed between these lines (test_soak_ci.py)
+LOGS_BEGIN = "--- logs at the first violation ---"
+LOGS_END = "--- end of the logs ---"
+LOGS_MAX = 12_000
 
 
 def main(argv: list[str] | None = None) -> int:

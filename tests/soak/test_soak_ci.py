@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.sandbox.ensemble import REPO_ROOT
+from tests.soak.__main__ import LOGS_BEGIN, LOGS_END
 
 pytestmark = [pytest.mark.soak, pytest.mark.root, pytest.mark.timeout(420)]
 
@@ -34,6 +35,35 @@ def _commit() -> str:
                           cwd=REPO_ROOT, check=True).stdout.strip()
 
 
+def split_output(out: str) -> tuple[str, str]:
+    """(the soak's tables and violations without its timestamped log lines, the log
+    tails it printed at each run's first violation)."""
+    summary: list[str] = []
+    logs: list[str] = []
+    inside = False
+    for ln in out.splitlines():
+        if ln == LOGS_BEGIN:
+            inside = True
+        if inside:
+            logs.append(ln)
+        elif not ln[:2].isdigit() or "VIOLATION" in ln:
+            summary.append(ln)
+        if ln == LOGS_END:
+            inside = False
+    return "\n".join(summary), "\n".join(logs)
+
+
+def test_the_soaks_output_is_split_into_the_summary_and_the_logs() -> None:
+    out = "\n".join(["soak: seed 1", "09:00:01 soak inject #1", "violations: 1",
+                     "09:00:02 soak VIOLATION of invariant 8", LOGS_BEGIN, "--- h-a ---",
+                     "12:00 a replica's line", LOGS_END, "results: x"])
+    summary, logs = split_output(out)
+    assert summary.splitlines() == ["soak: seed 1", "violations: 1",
+                                    "09:00:02 soak VIOLATION of invariant 8", "results: x"]
+    assert logs.splitlines() == [LOGS_BEGIN, "--- h-a ---", "12:00 a replica's line",
+                                 LOGS_END]
+
+
 def test_the_ci_soak_finds_no_violation(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("nft") is None:
         pytest.skip("needs root and nftables (namespaces, tmpfs, the kube-proxy stand-in)")
@@ -46,10 +76,9 @@ def test_the_ci_soak_finds_no_violation(tmp_path: Path) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, timeout=400,
                           check=False)
     out = proc.stdout + proc.stderr
-    summary = "\n".join(ln for ln in out.splitlines()
-                        if not ln[:2].isdigit() or "VIOLATION" in ln)
+    summary, logs = split_output(out)
     print(summary)
-    assert proc.returncode == 0, summary[-8000:]
+    assert proc.returncode == 0, summary[-6000:] + "\n" + logs[:10_000]
     doc = json.loads(results.read_text())
     assert doc["violations"] == []
     assert sum(k["injected"] for k in doc["faults"].values()) > 0
