@@ -233,9 +233,11 @@ async def test_docs_and_openapi(registry: Running) -> None:
         "registry_ca_sha256",
         "imex_channels",
         "preflight",
+        "sent",
     }
     assert "$ref" not in json.dumps(body)  # inlined: a #/$defs reference would point nowhere
-    assert {"401", "403", "404", "413", "422"} <= set(status["responses"])
+    assert {"401", "403", "404", "409", "413", "422"} <= set(status["responses"])
+    assert set(body["properties"]["sent"]["anyOf"][0]["required"]) == {"boot_id", "boottime_ns"}
 
 
 # -- guest status over loopback (the address checks with real addresses: test_registry_netns) --
