@@ -6,8 +6,8 @@ Checked in this order, so a caller learns nothing it is not entitled to: body si
 ensemble's ``tokenSHA256``), member published (404), caller address equals the
 member's published IP (403; ``X-Forwarded-For`` is honoured only when the direct
 peer is in a trusted proxy network), body schema (422), and last whether the guest
-sent it before the member's report held here (409, dropped: ``superseded``). A top-level field the
-registry does not know (a newer guest's) is ignored: counted in
+sent it before the member's report held here (409, dropped: ``superseded``). A
+top-level field the registry does not know (a newer guest's) is ignored: counted in
 ``imex_registry_unknown_report_fields_total{field}`` (:class:`UnknownFields`: a
 fixed number of label values) and logged once per name at INFO. The report is stored with
 ``State.report`` (it never changes the generation) and, where reports are persisted,
@@ -43,8 +43,8 @@ from host_agent.state.snapshot import (
     EnsembleSnapshot,
     GuestReport,
     PublishedMember,
+    guest_order,
     report_counts,
-    sent_after,
 )
 from imex_shared.model import EnsembleId
 
@@ -232,5 +232,4 @@ def superseded(report: GuestReport, held: GuestReport | None, pub: PublishedMemb
     then ``report`` is a request that waited unhandled (a stopped or starved replica)
     while the guest went on, and storing it would show the older state as the newest."""
     return (held is not None and report_counts(pub, held) and held.from_ip == report.from_ip
-            and held.sent is not None and report.sent is not None
-            and held.sent[0] == report.sent[0] and not sent_after(report, held))
+            and guest_order(report, held) is False)

@@ -90,19 +90,26 @@ class GuestReport:
     sent: tuple[str, int] | None = None
 
 
+def guest_order(a: GuestReport, b: GuestReport) -> bool | None:
+    """Whether the guest sent ``a`` after ``b`` by its own stamps; None when they cannot
+    say: a stamp is missing (a guest before 0.2) or they are of two boots (a guest
+    rebooted inside the same VMI starts its clock again)."""
+    if a.sent is None or b.sent is None or a.sent[0] != b.sent[0]:
+        return None
+    return a.sent[1] > b.sent[1]
+
+
 def sent_after(a: GuestReport, b: GuestReport) -> bool:
-    """Whether the guest sent ``a`` after ``b``: by the guest's own stamps when both
-    carry one of the same boot, else by when each replica received it.
+    """Whether the guest sent ``a`` after ``b``: by the guest's own stamps where they
+    order the two (:func:`guest_order`), else by when each replica received it.
 
     Why the guest's order: a replica stamps ``received_at`` when it handles a request,
     and a request can wait unhandled (a replica stopped or starved while the guest
     timed out and sent its next report elsewhere). Handled later, the older report had
     the later ``received_at`` and overwrote the newer one everywhere (the CI soak's
-    seed 0xecef7e8e). Stamps of different boots are not comparable: a guest rebooted
-    inside the same VMI starts its clock again."""
-    if a.sent is not None and b.sent is not None and a.sent[0] == b.sent[0]:
-        return a.sent[1] > b.sent[1]
-    return a.received_at > b.received_at
+    seed 0xecef7e8e)."""
+    by_guest = guest_order(a, b)
+    return a.received_at > b.received_at if by_guest is None else by_guest
 
 
 def report_counts(pub: PublishedMember, report: GuestReport | None) -> bool:

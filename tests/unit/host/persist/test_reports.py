@@ -29,7 +29,7 @@ from host_agent.persist.reports import (
     riders,
 )
 from host_agent.persist.reports_io import ReportPersister
-from host_agent.state.snapshot import GuestReport, sent_after
+from host_agent.state.snapshot import GuestReport, guest_order, sent_after
 from imex_shared.model import EnsembleId
 
 ENS = EnsembleId("gpu", "gb200")
@@ -141,6 +141,11 @@ def test_stamps_of_another_boot_or_none_fall_back_to_the_receiving_clock() -> No
     assert sent_after(rep(1010), rep(1000, sent=(BOOT, 5))) and \
         not sent_after(rep(1000, sent=(BOOT, 5)), rep(1010))
     assert not sent_after(rep(1000, sent=(BOOT, 5)), rep(1000, sent=(BOOT, 5)))
+    # what the guest's stamps say alone (a 409 needs them to say "sent before")
+    assert guest_order(new_boot, old_boot) is None
+    assert guest_order(rep(1010), rep(1000, sent=(BOOT, 5))) is None
+    assert guest_order(rep(1000, sent=(BOOT, 5)), rep(1010, sent=(BOOT, 5))) is False
+    assert guest_order(rep(900, sent=(BOOT, 6)), rep(1010, sent=(BOOT, 5))) is True
 
 
 def test_the_stamp_survives_the_round_trip_and_bad_ones_are_dropped() -> None:
