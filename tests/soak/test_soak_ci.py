@@ -80,8 +80,8 @@ def test_the_ci_soak_finds_no_violation(tmp_path: Path) -> None:
             "--duration", str(DURATION), "--vms", str(VMS), "--rate-scale", str(RATE_SCALE),
             "--check-every", str(CHECK_EVERY), "--quiesce", str(QUIESCE),
             "--results", str(results)]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, timeout=RUN_TIMEOUT,
-                          check=False)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT,
+                          timeout=RUN_TIMEOUT, check=False)
     out = proc.stdout + proc.stderr
     summary, logs = split_output(out)
     print(summary)

@@ -212,11 +212,19 @@ def setup_reported(api: KubeApiHandle, n: int) -> None:
         api.put(vmi(f"gb200-{i}", ensemble="gb200", ip=f"10.244.0.{i + 1}"))
 
 
+#: the boot id of a stamped report (``put_report(..., sent_ns=)``)
+BOOT = "6f1c2a4e-0000-4000-8000-00000000abcd"
+
+
 async def put_report(client: httpx.AsyncClient, agent: RunningAgent, index: int,
-                     state: str) -> httpx.Response:
+                     state: str, sent_ns: int | None = None) -> httpx.Response:
+    """Member ``index``'s report; with ``sent_ns``, stamped as a 0.2 guest does."""
+    body: dict[str, object] = {"imex_state": state, "generation_applied": 1}
+    if sent_ns is not None:
+        body["sent"] = {"boot_id": BOOT, "boottime_ns": sent_ns}
     return await client.put(
         url(agent, f"/v1/ensembles/{ENS.key}/members/{index}/status"),
-        json={"imex_state": state, "generation_applied": 1},
+        json=body,
         headers={"Authorization": f"Bearer {TOKEN}",
                  "X-Forwarded-For": f"10.244.0.{index + 1}"})
 

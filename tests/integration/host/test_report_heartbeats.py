@@ -19,14 +19,13 @@ import pytest
 from host_agent.persist.reports import configmap_name, decode_report
 from tests.integration.host.conftest import AgentFactory, RunningAgent, eventually
 from tests.integration.host.test_leader_election import (
+    BOOT,
     ELECT,
     ENS,
-    TOKEN,
     elected,
     put_report,
     serve_json,
     setup_reported,
-    url,
 )
 from tests.sandbox.kube_api.fixtures import KubeApiHandle
 from tests.timing import measured
@@ -195,20 +194,6 @@ async def test_a_later_report_judged_against_a_lagging_copy_wins_when_the_older_
         assert snap is not None and in_api(api, 0) == snap.reports[0]
 
 
-BOOT = "6f1c2a4e-0000-4000-8000-00000000abcd"
-
-
-async def put_sent(client: httpx.AsyncClient, agent: RunningAgent, index: int, state: str,
-                   sent_ns: int) -> httpx.Response:
-    """A 0.2 guest's report: stamped with when it was sent (boot id, CLOCK_BOOTTIME)."""
-    return await client.put(
-        url(agent, f"/v1/ensembles/{ENS.key}/members/{index}/status"),
-        json={"imex_state": state, "generation_applied": 1,
-              "sent": {"boot_id": BOOT, "boottime_ns": sent_ns}},
-        headers={"Authorization": f"Bearer {TOKEN}",
-                 "X-Forwarded-For": f"10.244.0.{index + 1}"})
-
-
 async def test_a_report_handled_after_the_one_that_replaced_it_loses_everywhere(
     api: KubeApiHandle, start_agent: AgentFactory
 ) -> None:
@@ -221,14 +206,14 @@ async def test_a_report_handled_after_the_one_that_replaced_it_loses_everywhere(
     later report when the old one comes. The guest's ``sent`` stamps order them."""
     first, second = await two(api, start_agent)
     async with httpx.AsyncClient(timeout=10) as client:
-        assert (await put_sent(client, first, 0, "READY", 1_000)).status_code == 200
+        assert (await put_report(client, first, 0, "READY", sent_ns=1_000)).status_code == 200
         await eventually(lambda: state_of(second, 0) == "READY", 10, "the copy on both")
         api.fail(500, verbs={"list", "watch"}, resources={"configmaps"})
         api.drop_watches()
         # the report the guest sent last reaches the first replica and the API
-        assert (await put_sent(client, first, 0, "READY", 3_000)).status_code == 200
+        assert (await put_report(client, first, 0, "READY", sent_ns=3_000)).status_code == 200
         # the one it sent before, handled only now by the replica that had not seen it
-        r = await put_sent(client, second, 0, "DOWN", 2_000)
+        r = await put_report(client, second, 0, "DOWN", sent_ns=2_000)
         assert r.status_code == 200, r.text
         assert in_api(api, 0).fields["imex_state"] == "DOWN"  # written over the later one
         api.clear_faults()
@@ -239,11 +224,11 @@ async def test_a_report_handled_after_the_one_that_replaced_it_loses_everywhere(
             await eventually(lambda a=agent: state_of(a, 0) == "READY", 10,
                              f"{agent.agent.settings.identity} showing the later report")
         # the late one again, now that the second replica holds the later report: refused
-        r = await put_sent(client, second, 0, "DOWN", 2_000)
+        r = await put_report(client, second, 0, "DOWN", sent_ns=2_000)
         assert r.status_code == 409, r.text
         assert "sent before" in r.json()["error"]
         assert state_of(second, 0) == "READY"
         assert in_api(api, 0).sent == (BOOT, 3_000)
         # the guest's next report goes through as usual
-        assert (await put_sent(client, second, 0, "DOWN", 4_000)).status_code == 200
+        assert (await put_report(client, second, 0, "DOWN", sent_ns=4_000)).status_code == 200
         assert in_api(api, 0).fields["imex_state"] == "DOWN"
